@@ -1,0 +1,37 @@
+//! Access to a request's live output-token list.
+//!
+//! The engine appends to each request's output list every step; processors keep a handle to it
+//! and re-read it (its length for min_tokens, its new tail for penalties and bad words). The core
+//! is generic over the handle so it stays free of Python: the bindings implement this trait for
+//! a Python list, tests for a shared `Vec`.
+
+use std::sync::{Arc, RwLock};
+
+pub trait TokenHistory {
+    /// Current number of generated tokens.
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends tokens `[start, len)` to `out` (ids as i64: async placeholders are -1).
+    fn read_from(&self, start: usize, out: &mut Vec<i64>);
+}
+
+/// A history shared between an engine and its processors, for Rust tests and benches.
+pub type SharedHistory = Arc<RwLock<Vec<i64>>>;
+
+impl TokenHistory for SharedHistory {
+    fn len(&self) -> usize {
+        self.read().map(|v| v.len()).unwrap_or(0)
+    }
+
+    fn read_from(&self, start: usize, out: &mut Vec<i64>) {
+        if let Ok(v) = self.read() {
+            if start < v.len() {
+                out.extend_from_slice(&v[start..]);
+            }
+        }
+    }
+}

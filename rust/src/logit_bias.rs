@@ -1,0 +1,152 @@
+//! LogitBias state: per-slot sparse `token -> bias`, flattened to (row, token, bias) triples.
+//!
+//! Each request may carry at most `max_entries` biases (a stated cap, so the flattened buffers
+//! have a fixed size). Triples are rebuilt only when some slot's biases changed or a batch-size
+//! change hid or exposed a biased row. Within a row, entries keep the request's own order.
+
+use crate::batch::BatchUpdate;
+use crate::error::{Error, Result};
+use crate::sparse::{resize_touches_active, SparseRows};
+use crate::table::SlotTable;
+
+pub struct LogitBiasState {
+    table: SlotTable<Vec<(i32, f32)>>,
+    triples: SparseRows,
+    vocab_size: usize,
+    max_entries: usize,
+    batch_size: usize,
+}
+
+impl LogitBiasState {
+    pub fn new(capacity: usize, vocab_size: usize, max_entries: usize) -> Self {
+        LogitBiasState {
+            table: SlotTable::new(capacity),
+            triples: SparseRows::new(capacity * max_entries),
+            vocab_size,
+            max_entries,
+            batch_size: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    pub fn max_entries(&self) -> usize {
+        self.max_entries
+    }
+
+    /// Slots holding a non-empty bias.
+    pub fn active(&self) -> usize {
+        self.table.active()
+    }
+
+    pub fn triples(&self) -> &SparseRows {
+        &self.triples
+    }
+
+    pub fn get(&self, index: usize) -> Option<&[(i32, f32)]> {
+        self.table.get(index).map(Vec::as_slice)
+    }
+
+    /// Checks one request's biases: ids in `[0, vocab_size)`, finite values, at most the cap.
+    /// An empty list means "no bias", as an empty dict does in vLLM.
+    pub fn check(&self, index: usize, entries: Vec<(i64, f64)>) -> Result<Option<Vec<(i32, f32)>>> {
+        if entries.len() > self.max_entries {
+            return Err(Error::TooManyEntries {
+                index,
+                field: "logit_bias",
+                count: entries.len(),
+                cap: self.max_entries,
+            });
+        }
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        let mut out = Vec::with_capacity(entries.len());
+        for (token, bias) in entries {
+            if token < 0 || token as u64 >= self.vocab_size as u64 {
+                return Err(Error::invalid(
+                    index,
+                    "logit_bias",
+                    format!("token id {token} outside [0, {})", self.vocab_size),
+                ));
+            }
+            if !bias.is_finite() {
+                return Err(Error::invalid(
+                    index,
+                    "logit_bias",
+                    format!("bias for token {token} must be finite, got {bias}"),
+                ));
+            }
+            out.push((token as i32, bias as f32));
+        }
+        Ok(Some(out))
+    }
+
+    /// Validates everything, applies the update, and rebuilds the triples if needed.
+    /// Returns whether the triples were rebuilt.
+    pub fn update(&mut self, update: BatchUpdate<Vec<(i64, f64)>>) -> Result<bool> {
+        update.validate(self.capacity())?;
+        let update = update.try_map_added(|i, e| self.check(i, e))?;
+        let new_bs = update.batch_size;
+        let changed = self.table.apply_validated(update);
+        let resized = resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
+        self.batch_size = new_bs;
+        if changed || resized {
+            self.rebuild();
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn rebuild(&mut self) {
+        let bs = self.batch_size;
+        let table = &self.table;
+        self.triples.rebuild(
+            table
+                .iter()
+                .take_while(|(row, _)| *row < bs)
+                .flat_map(|(row, e)| e.iter().map(move |&(t, b)| (row, t, b))),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Move;
+
+    #[test]
+    fn flatten_follows_rows_and_batch_size() {
+        let mut s = LogitBiasState::new(4, 100, 3);
+        let mut u = BatchUpdate::new(3);
+        u.added = vec![(2, vec![(5, 1.0), (7, -2.0)]), (0, vec![(1, 0.5)]), (1, vec![])];
+        assert!(s.update(u).unwrap());
+        assert_eq!(
+            s.triples().triples(),
+            vec![(0, 1, 0.5), (2, 5, 1.0), (2, 7, -2.0)]
+        );
+        // Shrinking past row 2 hides it.
+        let mut u = BatchUpdate::new(2);
+        u.moved = vec![Move::swap(0, 1)];
+        assert!(s.update(u).unwrap());
+        assert_eq!(s.triples().triples(), vec![(1, 1, 0.5)]);
+        // An add without bias into an empty slot changes nothing.
+        let mut u = BatchUpdate::new(2);
+        u.added = vec![(0, vec![])];
+        assert!(!s.update(u).unwrap());
+    }
+
+    #[test]
+    fn rejects_bad_entries() {
+        let mut s = LogitBiasState::new(4, 100, 2);
+        for bad in [vec![(100, 1.0)], vec![(-1, 1.0)], vec![(3, f64::INFINITY)], vec![(1, 0.0), (2, 0.0), (3, 0.0)]] {
+            let mut u = BatchUpdate::new(2);
+            u.added = vec![(0, vec![(1, 1.0)]), (1, bad)];
+            let e = s.update(u).unwrap_err().to_string();
+            assert!(e.contains("index 1") && e.contains("logit_bias"), "{e}");
+            assert_eq!(s.active(), 0);
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! MinP state: one float32 per slot, plus the count of slots with min_p != 0.
+//!
+//! The exported buffer holds `ln(min_p)` (−inf for "no min_p"), because apply works in logit
+//! space: keep a token iff `logit >= max_logit + ln(min_p)`, the same set as vLLM's
+//! `p >= min_p * p_max` without a softmax. The raw float32 values are kept too, so the
+//! bookkeeping (count, what changed) matches vLLM's float32 comparisons exactly.
+
+use std::sync::Arc;
+
+use crate::batch::{BatchUpdate, MoveDirectionality};
+use crate::buffer::HostBuffer;
+use crate::error::{Error, Result};
+
+pub struct MinPState {
+    values: Vec<f32>,
+    log_min_p: Arc<HostBuffer<f32>>,
+    count: usize,
+    batch_size: usize,
+}
+
+/// What a MinP update means for the device copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MinPUpdate {
+    /// Some row in `[0, batch_size)` changed, or the batch size did: re-copy the prefix.
+    pub needs_copy: bool,
+}
+
+impl MinPState {
+    pub fn new(capacity: usize) -> Self {
+        MinPState {
+            values: vec![0.0; capacity],
+            log_min_p: Arc::new(HostBuffer::new(capacity, f32::NEG_INFINITY)),
+            count: 0,
+            batch_size: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Slots with a non-zero min_p.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    pub fn get(&self, index: usize) -> Option<f32> {
+        self.values.get(index).copied()
+    }
+
+    /// The per-slot `ln(min_p)` buffer Python views.
+    pub fn log_min_p(&self) -> &Arc<HostBuffer<f32>> {
+        &self.log_min_p
+    }
+
+    /// Checks one request's min_p: a number in [0, 1].
+    pub fn check(index: usize, min_p: f64) -> Result<f32> {
+        if min_p.is_nan() || !(0.0..=1.0).contains(&min_p) {
+            return Err(Error::invalid(
+                index,
+                "min_p",
+                format!("must be in [0, 1], got {min_p}"),
+            ));
+        }
+        Ok(min_p as f32)
+    }
+
+    fn write(&mut self, index: usize, value: f32) -> bool {
+        let old = self.values[index];
+        if old == value {
+            return false;
+        }
+        self.count = self.count + usize::from(value != 0.0) - usize::from(old != 0.0);
+        self.values[index] = value;
+        self.log_min_p.set(index, value.ln());
+        true
+    }
+
+    /// Validates the update and every added min_p, then applies added, removed, moved.
+    pub fn update(&mut self, update: BatchUpdate<f64>) -> Result<MinPUpdate> {
+        update.validate(self.capacity())?;
+        let update = update.try_map_added(Self::check)?;
+        let mut changed = false;
+        for &(index, v) in &update.added {
+            changed |= self.write(index, v);
+        }
+        for &index in &update.removed {
+            changed |= self.write(index, 0.0);
+        }
+        for m in &update.moved {
+            let (a, b) = (self.values[m.from], self.values[m.to]);
+            changed |= self.write(m.to, a);
+            match m.dir {
+                MoveDirectionality::Swap => changed |= self.write(m.from, b),
+                MoveDirectionality::Unidirectional => changed |= self.write(m.from, 0.0),
+            }
+        }
+        let resized = update.batch_size != self.batch_size;
+        self.batch_size = update.batch_size;
+        Ok(MinPUpdate {
+            needs_copy: self.count > 0 && (changed || resized),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Move;
+
+    #[test]
+    fn counts_and_moves() {
+        let mut s = MinPState::new(4);
+        let mut u = BatchUpdate::new(3);
+        u.added = vec![(0, 0.1), (1, 0.0), (2, 0.5)];
+        assert!(s.update(u).unwrap().needs_copy);
+        assert_eq!(s.count(), 2);
+        let mut u = BatchUpdate::new(2);
+        u.moved = vec![Move::unidirectional(2, 0)];
+        s.update(u).unwrap();
+        assert_eq!((s.get(0), s.get(2), s.count()), (Some(0.5), Some(0.0), 1));
+        assert_eq!(s.log_min_p().get(2), f32::NEG_INFINITY);
+        assert_eq!(s.log_min_p().get(0), 0.5f32.ln());
+    }
+
+    #[test]
+    fn rejects_bad_min_p_without_change() {
+        let mut s = MinPState::new(4);
+        let mut u = BatchUpdate::new(2);
+        u.added = vec![(0, 0.3), (1, f64::NAN)];
+        let err = s.update(u).unwrap_err();
+        assert!(err.to_string().contains("index 1"));
+        assert!(err.to_string().contains("min_p"));
+        assert_eq!(s.count(), 0);
+        assert_eq!(s.get(0), Some(0.0));
+    }
+}

@@ -1,0 +1,176 @@
+//! MinTokens state: while a request has fewer than `min_tokens` outputs, its stop tokens
+//! (stop_token_ids ∪ EOS) are masked to −inf.
+//!
+//! The state holds a handle to the request's live output list and re-checks its length on every
+//! step, also on steps without a batch change: an entry whose output has reached `min_tokens` is
+//! dropped and the (row, token) triples are rebuilt.
+
+use crate::batch::BatchUpdate;
+use crate::error::{Error, Result};
+use crate::history::TokenHistory;
+use crate::sparse::{resize_touches_active, SparseRows};
+use crate::table::SlotTable;
+
+/// One added request's parameters, as read from its sampling params.
+pub struct MinTokensParams<H> {
+    pub min_tokens: i64,
+    pub stop_token_ids: Vec<i64>,
+    pub output: H,
+}
+
+struct Entry<H> {
+    min_tokens: usize,
+    stop: Vec<i32>,
+    output: H,
+}
+
+pub struct MinTokensState<H> {
+    table: SlotTable<Entry<H>>,
+    triples: SparseRows,
+    vocab_size: usize,
+    max_stop_ids: usize,
+    batch_size: usize,
+}
+
+impl<H: TokenHistory> MinTokensState<H> {
+    pub fn new(capacity: usize, vocab_size: usize, max_stop_ids: usize) -> Self {
+        MinTokensState {
+            table: SlotTable::new(capacity),
+            triples: SparseRows::new(capacity * max_stop_ids),
+            vocab_size,
+            max_stop_ids,
+            batch_size: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    /// Requests still below their min_tokens.
+    pub fn active(&self) -> usize {
+        self.table.active()
+    }
+
+    pub fn triples(&self) -> &SparseRows {
+        &self.triples
+    }
+
+    /// Checks one request and decides whether it needs an entry at all (vLLM: none when
+    /// min_tokens is 0 or the output is already long enough).
+    fn check(&self, index: usize, p: MinTokensParams<H>) -> Result<Option<Entry<H>>> {
+        if p.min_tokens < 0 {
+            return Err(Error::invalid(
+                index,
+                "min_tokens",
+                format!("must be >= 0, got {}", p.min_tokens),
+            ));
+        }
+        if p.stop_token_ids.len() > self.max_stop_ids {
+            return Err(Error::TooManyEntries {
+                index,
+                field: "stop_token_ids",
+                count: p.stop_token_ids.len(),
+                cap: self.max_stop_ids,
+            });
+        }
+        let mut stop = Vec::with_capacity(p.stop_token_ids.len());
+        for t in p.stop_token_ids {
+            if t < 0 || t as u64 >= self.vocab_size as u64 {
+                return Err(Error::invalid(
+                    index,
+                    "stop_token_ids",
+                    format!("token id {t} outside [0, {})", self.vocab_size),
+                ));
+            }
+            if !stop.contains(&(t as i32)) {
+                stop.push(t as i32);
+            }
+        }
+        let min_tokens = p.min_tokens as usize;
+        if min_tokens == 0 || p.output.len() >= min_tokens {
+            return Ok(None);
+        }
+        Ok(Some(Entry {
+            min_tokens,
+            stop,
+            output: p.output,
+        }))
+    }
+
+    /// Applies a batch change (validated first), then the per-step length check.
+    /// Returns whether the triples were rebuilt.
+    pub fn update(&mut self, update: BatchUpdate<MinTokensParams<H>>) -> Result<bool> {
+        update.validate(self.capacity())?;
+        let update = update.try_map_added(|i, p| self.check(i, p))?;
+        let new_bs = update.batch_size;
+        let mut changed = self.table.apply_validated(update);
+        changed |= resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
+        self.batch_size = new_bs;
+        Ok(self.step(changed))
+    }
+
+    /// A step without a batch change: only the output lengths are re-checked.
+    pub fn update_none(&mut self) -> bool {
+        self.step(false)
+    }
+
+    fn step(&mut self, mut changed: bool) -> bool {
+        if self.table.active() > 0 {
+            changed |= self.table.retain(|_, e| e.output.len() < e.min_tokens);
+        }
+        if changed {
+            let bs = self.batch_size;
+            self.triples.rebuild(
+                self.table
+                    .iter()
+                    .take_while(|(row, _)| *row < bs)
+                    .flat_map(|(row, e)| e.stop.iter().map(move |&t| (row, t, f32::NEG_INFINITY))),
+            );
+        }
+        changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::SharedHistory;
+
+    fn params(min: i64, stop: Vec<i64>, out: &SharedHistory) -> MinTokensParams<SharedHistory> {
+        MinTokensParams {
+            min_tokens: min,
+            stop_token_ids: stop,
+            output: out.clone(),
+        }
+    }
+
+    #[test]
+    fn masks_until_output_long_enough() {
+        let out = SharedHistory::default();
+        let mut s = MinTokensState::new(4, 10, 4);
+        let mut u = BatchUpdate::new(1);
+        u.added = vec![(0, params(2, vec![2, 3], &out))];
+        assert!(s.update(u).unwrap());
+        assert_eq!(s.triples().len(), 2);
+        out.write().unwrap().push(5);
+        assert!(!s.update_none());
+        out.write().unwrap().push(6);
+        assert!(s.update_none());
+        assert_eq!(s.triples().len(), 0);
+        assert_eq!(s.active(), 0);
+    }
+
+    #[test]
+    fn rejects_negative_and_out_of_vocab() {
+        let out = SharedHistory::default();
+        let mut s = MinTokensState::new(4, 10, 4);
+        let mut u = BatchUpdate::new(1);
+        u.added = vec![(0, params(-1, vec![], &out))];
+        assert!(s.update(u).unwrap_err().to_string().contains("min_tokens"));
+        let mut u = BatchUpdate::new(1);
+        u.added = vec![(0, params(3, vec![10], &out))];
+        assert!(s.update(u).unwrap_err().to_string().contains("stop_token_ids"));
+        assert_eq!(s.active(), 0);
+    }
+}

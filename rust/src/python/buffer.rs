@@ -1,0 +1,179 @@
+//! `HostBufferView`: a DLPack producer over one core host buffer.
+//!
+//! `torch.from_dlpack(view)` / `numpy.from_dlpack(view)` alias the Rust memory (device kDLCPU).
+//! The capsule's managed tensor holds an `Arc` of the buffer, so the memory lives as long as any
+//! tensor does; its deleter never touches Python.
+
+use std::ffi::{c_void, CStr};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+
+use crate::buffer::HostBuffer;
+use crate::dlpack::{self, DLManagedTensor, DLManagedTensorVersioned, KDL_CPU};
+
+const NAME_VERSIONED: &CStr = c"dltensor_versioned";
+const NAME_LEGACY: &CStr = c"dltensor";
+
+#[derive(Clone)]
+pub enum AnyBuffer {
+    F32(Arc<HostBuffer<f32>>),
+    I32(Arc<HostBuffer<i32>>),
+}
+
+#[pyclass(module = "logitsproc_rs._core", frozen)]
+pub struct HostBufferView {
+    buf: AnyBuffer,
+}
+
+impl HostBufferView {
+    pub fn f32(buf: &Arc<HostBuffer<f32>>) -> Self {
+        HostBufferView {
+            buf: AnyBuffer::F32(Arc::clone(buf)),
+        }
+    }
+
+    pub fn i32(buf: &Arc<HostBuffer<i32>>) -> Self {
+        HostBufferView {
+            buf: AnyBuffer::I32(Arc::clone(buf)),
+        }
+    }
+}
+
+/// Capsule destructor: runs only if no consumer took the tensor (the consumer renames the
+/// capsule to `used_dltensor*` and owns the tensor from then on).
+unsafe extern "C" fn drop_versioned_capsule(cap: *mut ffi::PyObject) {
+    // SAFETY: called by CPython with a valid capsule object.
+    unsafe {
+        if ffi::PyCapsule_IsValid(cap, NAME_VERSIONED.as_ptr()) == 1 {
+            let p = ffi::PyCapsule_GetPointer(cap, NAME_VERSIONED.as_ptr())
+                as *mut DLManagedTensorVersioned;
+            if let Some(d) = (*p).deleter {
+                d(p)
+            }
+        }
+    }
+}
+
+unsafe extern "C" fn drop_legacy_capsule(cap: *mut ffi::PyObject) {
+    // SAFETY: called by CPython with a valid capsule object.
+    unsafe {
+        if ffi::PyCapsule_IsValid(cap, NAME_LEGACY.as_ptr()) == 1 {
+            let p = ffi::PyCapsule_GetPointer(cap, NAME_LEGACY.as_ptr()) as *mut DLManagedTensor;
+            if let Some(d) = (*p).deleter {
+                d(p)
+            }
+        }
+    }
+}
+
+#[pymethods]
+impl HostBufferView {
+    /// DLPack producer. Returns a versioned capsule when the consumer accepts DLPack >= 1.0.
+    #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
+    fn __dlpack__<'py>(
+        &self,
+        py: Python<'py>,
+        stream: Option<Bound<'py, PyAny>>,
+        max_version: Option<(u32, u32)>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = stream; // host memory: no stream to synchronise with
+        if let Some((dev, _)) = dl_device {
+            if dev != KDL_CPU {
+                return Err(PyBufferError::new_err(
+                    "HostBufferView can only be exported to the CPU (kDLCPU)",
+                ));
+            }
+        }
+        if copy == Some(true) {
+            return Err(PyBufferError::new_err(
+                "HostBufferView is exported zero-copy; copy=True is not supported",
+            ));
+        }
+        let versioned = matches!(max_version, Some((major, _)) if major >= 1);
+        if versioned {
+            let raw = match &self.buf {
+                AnyBuffer::F32(b) => dlpack::export_versioned(b),
+                AnyBuffer::I32(b) => dlpack::export_versioned(b),
+            };
+            let ptr = NonNull::new(raw as *mut c_void).expect("Box pointer is non-null");
+            // SAFETY: `ptr` is a fresh DLManagedTensorVersioned; the destructor matches the name.
+            let cap = unsafe {
+                PyCapsule::new_with_pointer_and_destructor(
+                    py,
+                    ptr,
+                    NAME_VERSIONED,
+                    Some(drop_versioned_capsule),
+                )
+            };
+            if cap.is_err() {
+                // SAFETY: the capsule was not created, so nobody else owns the tensor.
+                unsafe { ((*raw).deleter.expect("deleter set"))(raw) };
+            }
+            cap
+        } else {
+            let raw = match &self.buf {
+                AnyBuffer::F32(b) => dlpack::export_legacy(b),
+                AnyBuffer::I32(b) => dlpack::export_legacy(b),
+            };
+            let ptr = NonNull::new(raw as *mut c_void).expect("Box pointer is non-null");
+            // SAFETY: as above, for the legacy layout.
+            let cap = unsafe {
+                PyCapsule::new_with_pointer_and_destructor(
+                    py,
+                    ptr,
+                    NAME_LEGACY,
+                    Some(drop_legacy_capsule),
+                )
+            };
+            if cap.is_err() {
+                // SAFETY: as above.
+                unsafe { ((*raw).deleter.expect("deleter set"))(raw) };
+            }
+            cap
+        }
+    }
+
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (KDL_CPU, 0)
+    }
+
+    fn __len__(&self) -> usize {
+        match &self.buf {
+            AnyBuffer::F32(b) => b.len(),
+            AnyBuffer::I32(b) => b.len(),
+        }
+    }
+
+    /// Address of the first element (for `cudaHostRegister`).
+    #[getter]
+    fn data_ptr(&self) -> usize {
+        match &self.buf {
+            AnyBuffer::F32(b) => b.as_ptr() as usize,
+            AnyBuffer::I32(b) => b.as_ptr() as usize,
+        }
+    }
+
+    /// Allocated bytes, a whole number of pages (the range to register).
+    #[getter]
+    fn nbytes(&self) -> usize {
+        match &self.buf {
+            AnyBuffer::F32(b) => b.nbytes(),
+            AnyBuffer::I32(b) => b.nbytes(),
+        }
+    }
+
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        match &self.buf {
+            AnyBuffer::F32(_) => "float32",
+            AnyBuffer::I32(_) => "int32",
+        }
+    }
+}

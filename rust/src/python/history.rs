@@ -1,0 +1,31 @@
+//! `TokenHistory` for a Python list: the live output list vLLM hands over in `added`.
+
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use crate::history::TokenHistory;
+
+pub struct PyTokenList(pub Py<PyList>);
+
+impl TokenHistory for PyTokenList {
+    fn len(&self) -> usize {
+        // Every caller already holds the GIL (tables are only driven from Python), so attaching
+        // is a cheap re-entrant check.
+        Python::attach(|py| self.0.bind(py).len())
+    }
+
+    fn read_from(&self, start: usize, out: &mut Vec<i64>) {
+        Python::attach(|py| {
+            let list = self.0.bind(py);
+            for i in start..list.len() {
+                // A non-int entry is treated as an async placeholder (-1), never a crash.
+                let v = list
+                    .get_item(i)
+                    .ok()
+                    .and_then(|x| x.extract::<i64>().ok())
+                    .unwrap_or(-1);
+                out.push(v);
+            }
+        })
+    }
+}

@@ -1,0 +1,81 @@
+//! Binding for [`crate::logit_bias::LogitBiasState`].
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::buffer::HostBufferView;
+use super::errors::bad_value;
+use super::update::{extract_as, param, parse_update};
+use crate::logit_bias;
+
+#[pyclass(module = "logitsproc_rs._core")]
+pub struct LogitBiasState {
+    inner: logit_bias::LogitBiasState,
+}
+
+#[pymethods]
+impl LogitBiasState {
+    #[new]
+    fn new(capacity: usize, vocab_size: usize, max_entries: usize) -> Self {
+        LogitBiasState {
+            inner: logit_bias::LogitBiasState::new(capacity, vocab_size, max_entries),
+        }
+    }
+
+    /// Applies a batch update (reads each added request's `params.logit_bias`, a dict or None).
+    /// Returns True when the (row, token, bias) triples were rebuilt.
+    fn update(&mut self, batch_update: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let cap = self.inner.max_entries();
+        let update = parse_update(batch_update, |e| {
+            let lb = param(e.index, &e.params, "logit_bias")?;
+            if lb.is_none() {
+                return Ok(Vec::new());
+            }
+            let dict = lb
+                .cast::<PyDict>()
+                .map_err(|_| bad_value(e.index, "logit_bias", "expected a dict or None"))?;
+            if dict.len() > cap {
+                // Reject before extracting a huge dict; the core reports the same error.
+                return Ok(vec![(0, 0.0); dict.len()]);
+            }
+            let mut out = Vec::with_capacity(dict.len());
+            for (k, v) in dict.iter() {
+                out.push((
+                    extract_as::<i64>(e.index, "logit_bias", &k, "int token ids")?,
+                    extract_as::<f64>(e.index, "logit_bias", &v, "float biases")?,
+                ));
+            }
+            Ok(out)
+        })?;
+        Ok(self.inner.update(update)?)
+    }
+
+    fn rows(&self) -> HostBufferView {
+        HostBufferView::i32(self.inner.triples().rows())
+    }
+
+    fn cols(&self) -> HostBufferView {
+        HostBufferView::i32(self.inner.triples().cols())
+    }
+
+    fn vals(&self) -> HostBufferView {
+        HostBufferView::f32(self.inner.triples().vals())
+    }
+
+    /// Number of valid triples.
+    #[getter]
+    fn len(&self) -> usize {
+        self.inner.triples().len()
+    }
+
+    /// Requests with a non-empty bias.
+    #[getter]
+    fn active(&self) -> usize {
+        self.inner.active()
+    }
+
+    #[getter]
+    fn max_entries(&self) -> usize {
+        self.inner.max_entries()
+    }
+}

@@ -1,0 +1,57 @@
+//! Binding for [`crate::min_p::MinPState`].
+
+use pyo3::prelude::*;
+
+use super::buffer::HostBufferView;
+use super::update::{extract_as, param, parse_update};
+use crate::min_p;
+
+#[pyclass(module = "logitsproc_rs._core")]
+pub struct MinPState {
+    inner: min_p::MinPState,
+}
+
+#[pymethods]
+impl MinPState {
+    #[new]
+    fn new(capacity: usize) -> Self {
+        MinPState {
+            inner: min_p::MinPState::new(capacity),
+        }
+    }
+
+    /// Applies a batch update (reads each added request's `params.min_p`). Returns True when
+    /// the device copy of `ln(min_p)[:batch_size]` must be refreshed.
+    fn update(&mut self, batch_update: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let update = parse_update(batch_update, |e| {
+            let v = param(e.index, &e.params, "min_p")?;
+            extract_as::<f64>(e.index, "min_p", &v, "a float")
+        })?;
+        Ok(self.inner.update(update)?.needs_copy)
+    }
+
+    /// The per-slot `ln(min_p)` buffer (float32, −inf where unset).
+    fn log_min_p(&self) -> HostBufferView {
+        HostBufferView::f32(self.inner.log_min_p())
+    }
+
+    /// Stored min_p of one slot (float32 rounded).
+    fn get(&self, index: usize) -> Option<f32> {
+        self.inner.get(index)
+    }
+
+    #[getter]
+    fn count(&self) -> usize {
+        self.inner.count()
+    }
+
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.inner.batch_size()
+    }
+
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+}

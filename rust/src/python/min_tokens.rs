@@ -1,0 +1,89 @@
+//! Binding for [`crate::min_tokens::MinTokensState`] over live Python output lists.
+
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use super::buffer::HostBufferView;
+use super::errors::bad_value;
+use super::history::PyTokenList;
+use super::update::{extract_as, param, parse_update};
+use crate::min_tokens::{self, MinTokensParams};
+
+#[pyclass(module = "logitsproc_rs._core")]
+pub struct MinTokensState {
+    inner: min_tokens::MinTokensState<PyTokenList>,
+}
+
+#[pymethods]
+impl MinTokensState {
+    #[new]
+    fn new(capacity: usize, vocab_size: usize, max_stop_ids: usize) -> Self {
+        MinTokensState {
+            inner: min_tokens::MinTokensState::new(capacity, vocab_size, max_stop_ids),
+        }
+    }
+
+    /// Applies a batch update, or (with None) only re-checks the output lengths. Reads each
+    /// added request's `params.min_tokens` and `params.all_stop_token_ids`, and keeps its live
+    /// output list. Returns True when the (row, token) triples were rebuilt.
+    #[pyo3(signature = (batch_update))]
+    fn update(&mut self, batch_update: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        let Some(bu) = batch_update else {
+            return Ok(self.inner.update_none());
+        };
+        let update = parse_update(bu, |e| {
+            let min = param(e.index, &e.params, "min_tokens")?;
+            let min_tokens = if min.is_none() {
+                0
+            } else {
+                extract_as::<i64>(e.index, "min_tokens", &min, "an int")?
+            };
+            let output = e.output_tok_ids.cast::<PyList>().map_err(|_| {
+                bad_value(e.index, "output_tok_ids", "expected the live output list (a list)")
+            })?;
+            let mut stop_token_ids = Vec::new();
+            if min_tokens > 0 {
+                let stop = param(e.index, &e.params, "all_stop_token_ids")?;
+                if !stop.is_none() {
+                    for t in stop.try_iter()? {
+                        stop_token_ids.push(extract_as::<i64>(
+                            e.index,
+                            "stop_token_ids",
+                            &t?,
+                            "int token ids",
+                        )?);
+                    }
+                }
+            }
+            Ok(MinTokensParams {
+                min_tokens,
+                stop_token_ids,
+                output: PyTokenList(output.clone().unbind()),
+            })
+        })?;
+        Ok(self.inner.update(update)?)
+    }
+
+    fn rows(&self) -> HostBufferView {
+        HostBufferView::i32(self.inner.triples().rows())
+    }
+
+    fn cols(&self) -> HostBufferView {
+        HostBufferView::i32(self.inner.triples().cols())
+    }
+
+    fn vals(&self) -> HostBufferView {
+        HostBufferView::f32(self.inner.triples().vals())
+    }
+
+    #[getter]
+    fn len(&self) -> usize {
+        self.inner.triples().len()
+    }
+
+    /// Requests still below their min_tokens.
+    #[getter]
+    fn active(&self) -> usize {
+        self.inner.active()
+    }
+}

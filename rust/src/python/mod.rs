@@ -1,0 +1,33 @@
+//! PyO3 bindings: wiring only. Each exposed class is a thin wrapper around one core state;
+//! parsing of vLLM-shaped Python objects lives in `update.rs`, error mapping in `errors.rs`.
+
+mod buffer;
+mod errors;
+mod history;
+mod logit_bias;
+mod min_p;
+mod min_tokens;
+mod update;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+mod _core {
+    #[pymodule_export]
+    use super::buffer::HostBufferView;
+    #[pymodule_export]
+    use super::logit_bias::LogitBiasState;
+    #[pymodule_export]
+    use super::min_p::MinPState;
+    #[pymodule_export]
+    use super::min_tokens::MinTokensState;
+
+    use pyo3::prelude::*;
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("PAGE_SIZE", crate::buffer::PAGE_SIZE)?;
+        Ok(())
+    }
+}
