@@ -1,0 +1,64 @@
+"""logitsproc_rs: vLLM-compatible logits processors with a Rust state core.
+
+The Rust extension (``_core``) owns each processor's per-request tables and applies every
+batch change in one call; torch does the math on the logits' device.
+"""
+
+from . import _core
+from .builtin import (
+    BUILTIN_LOGITS_PROCESSORS,
+    LogitBiasLogitsProcessor,
+    MinPLogitsProcessor,
+    MinTokensLogitsProcessor,
+)
+from .interface import (
+    AddedRequest,
+    BatchUpdate,
+    LogitsProcessor,
+    MovedRequest,
+    MoveDirectionality,
+    RemovedRequest,
+)
+from .loader import (
+    STR_POOLING_REJECTS_LOGITSPROCS,
+    STR_SPEC_DEC_REJECTS_LOGITSPROCS,
+    build_logitsprocs,
+    validate_logits_processors_parameters,
+)
+from .params import EngineConfig, SamplingParams, SamplingType
+from .sampler import Sampler, SamplerOutput, SamplingMetadata
+from .state import BatchUpdateBuilder, LogitsProcessors
+
+__version__ = "0.1.0"
+
+if _core.__version__ != __version__:
+    raise ImportError(
+        f"logitsproc_rs: native module version {_core.__version__} does not match the "
+        f"package version {__version__}; rebuild the extension (make build)"
+    )
+
+__all__ = [
+    "BUILTIN_LOGITS_PROCESSORS",
+    "STR_POOLING_REJECTS_LOGITSPROCS",
+    "STR_SPEC_DEC_REJECTS_LOGITSPROCS",
+    "AddedRequest",
+    "BatchUpdate",
+    "BatchUpdateBuilder",
+    "EngineConfig",
+    "LogitBiasLogitsProcessor",
+    "LogitsProcessor",
+    "LogitsProcessors",
+    "MinPLogitsProcessor",
+    "MinTokensLogitsProcessor",
+    "MoveDirectionality",
+    "MovedRequest",
+    "RemovedRequest",
+    "Sampler",
+    "SamplerOutput",
+    "SamplingMetadata",
+    "SamplingParams",
+    "SamplingType",
+    "__version__",
+    "build_logitsprocs",
+    "validate_logits_processors_parameters",
+]

@@ -1,0 +1,59 @@
+"""MinP: drop tokens whose probability is below ``min_p`` times the row's top probability."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _core
+from .._transfer import DeviceMirror
+from ..interface import BatchUpdate, LogitsProcessor
+from ..params import config_max_num_seqs, config_vocab_size
+from ._common import check_logits
+
+
+def min_p_mask_(logits: torch.Tensor, log_min_p: torch.Tensor) -> torch.Tensor:
+    """In place: ``logits[i, j] = -inf`` where ``logits[i, j] < max_j logits[i] + log_min_p[i]``.
+
+    The logit-space form of vLLM's ``p < min_p * p_max``: no softmax. ``log_min_p`` is
+    ``[rows, 1]`` with −inf for rows without min_p (threshold −inf masks nothing).
+    """
+    threshold = logits.amax(dim=-1, keepdim=True).add_(log_min_p)
+    return logits.masked_fill_(logits < threshold, float("-inf"))
+
+
+class MinPLogitsProcessor(LogitsProcessor):
+    """Argmax-invariant: runs only for batches with randomly sampled rows."""
+
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+        self._state = _core.MinPState(config_max_num_seqs(vllm_config))
+        self._vocab_size = config_vocab_size(vllm_config)
+        self._mirror = DeviceMirror([self._state.log_min_p()], device, is_pin_memory)
+        self._count = 0
+        self._rows = 0
+        self._log_min_p = self._mirror.dev[0][:0].unsqueeze(1)
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is None:
+            return
+        self._mirror.before_host_write()
+        needs_copy = self._state.update(batch_update)
+        self._count = self._state.count
+        rows = self._state.batch_size
+        if needs_copy:
+            self._mirror.upload(rows)
+        if rows != self._rows or needs_copy:
+            self._rows = rows
+            self._log_min_p = self._mirror.dev[0][:rows].unsqueeze(1)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self._count:
+            return logits
+        check_logits("MinPLogitsProcessor", logits, self._rows, self._vocab_size)
+        return min_p_mask_(logits, self._log_min_p)
+
+    def get_min_p_by_index(self, index: int) -> float:
+        """The stored (float32) min_p of a slot, as vLLM's helper."""
+        return float(self._state.get(index))

@@ -1,0 +1,98 @@
+"""Building the processor list: built-ins, entry-point plugins and ``module:Class`` names,
+with vLLM 0.25.1's rules (``__init__.py`` §4 of the semantics note)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Sequence
+from importlib.metadata import entry_points
+from itertools import chain
+from typing import Any
+
+import torch
+
+from .builtin import BUILTIN_LOGITS_PROCESSORS, MinTokensLogitsProcessor
+from .interface import LogitsProcessor
+from .state import LogitsProcessors
+
+STR_POOLING_REJECTS_LOGITSPROCS = "Pooling models do not support custom logits processors."
+STR_SPEC_DEC_REJECTS_LOGITSPROCS = (
+    "Custom logits processors are not supported when speculative decoding is enabled."
+)
+# Our own entry-point group, plus vLLM's so its plugins load here unchanged.
+LOGITSPROCS_GROUPS = ("logitsproc_rs.logits_processors", "vllm.logits_processors")
+
+
+def _load_plugins() -> list[type[LogitsProcessor]]:
+    classes = []
+    for group in LOGITSPROCS_GROUPS:
+        for ep in entry_points(group=group):
+            try:
+                classes.append(ep.load())
+            except Exception as e:
+                raise RuntimeError(f"Failed to load LogitsProcessor plugin {ep}") from e
+    return classes
+
+
+def _load_by_names(lps: Sequence[str | type] | None) -> list[type[LogitsProcessor]]:
+    classes: list[type[LogitsProcessor]] = []
+    for ldx, lp in enumerate(lps or ()):
+        if isinstance(lp, type):
+            if not issubclass(lp, LogitsProcessor):
+                raise ValueError(f"{lp.__name__} is not a subclass of LogitsProcessor")
+            classes.append(lp)
+            continue
+        if not isinstance(lp, str) or lp.count(":") != 1:
+            raise ValueError(
+                f"Invalid logits processor FQCN '{lp}'. Expected format: '<module>:<type>'"
+            )
+        module_path, qualname = lp.split(":")
+        try:
+            obj: Any = importlib.import_module(module_path)
+        except Exception as e:
+            raise RuntimeError(f"Failed to load {ldx}th LogitsProcessor plugin {lp}") from e
+        for attr in qualname.split("."):
+            obj = getattr(obj, attr)
+        if not isinstance(obj, type):
+            raise ValueError("Loaded logit processor must be a type.")
+        if not issubclass(obj, LogitsProcessor):
+            raise ValueError(f"{obj.__name__} must be a subclass of LogitsProcessor")
+        classes.append(obj)
+    return classes
+
+
+def build_logitsprocs(
+    vllm_config: Any,
+    device: torch.device | str,
+    is_pin_memory: bool,
+    is_pooling_model: bool = False,
+    custom_logitsprocs: Iterable[str | type] = (),
+) -> LogitsProcessors:
+    """Built-ins (MinTokens, LogitBias, MinP) then plugins then named processors.
+
+    Pooling models get none; with speculative decoding only MinTokens is built and custom
+    processors are rejected, as in vLLM.
+    """
+    custom = tuple(custom_logitsprocs)
+    device = torch.device(device)
+    if is_pooling_model:
+        if custom:
+            raise ValueError(STR_POOLING_REJECTS_LOGITSPROCS)
+        return LogitsProcessors()
+    if getattr(vllm_config, "speculative_config", None):
+        if custom:
+            raise ValueError(STR_SPEC_DEC_REJECTS_LOGITSPROCS)
+        return LogitsProcessors([MinTokensLogitsProcessor(vllm_config, device, is_pin_memory)])
+    classes = _load_plugins() + _load_by_names(custom)
+    return LogitsProcessors(
+        ctor(vllm_config, device, is_pin_memory)
+        for ctor in chain(BUILTIN_LOGITS_PROCESSORS, classes)
+    )
+
+
+def validate_logits_processors_parameters(
+    logits_processors: Sequence[str | type] | None, sampling_params: Any
+) -> None:
+    """Run every custom processor's ``validate_params`` on one request (built-ins excluded)."""
+    for cls in _load_plugins() + _load_by_names(logits_processors):
+        cls.validate_params(sampling_params)

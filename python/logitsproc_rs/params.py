@@ -1,0 +1,256 @@
+"""``SamplingParams`` and ``EngineConfig``: the parts of vLLM's that the processors read.
+
+Field names are vLLM 0.25.1's, so code written for vLLM reads them unchanged; processors also
+accept vLLM's own ``SamplingParams`` (they only read attributes). Values are validated on
+construction with vLLM's ranges; a bad one raises ``ValueError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import IntEnum
+from types import SimpleNamespace
+from typing import Any
+
+_SAMPLING_EPS = 1e-5  # temperature below this is greedy (vLLM sampler.py:17)
+_MAX_TEMP = 1e-2  # 0 < temperature < this is raised to it (vLLM sampling_params.py:449-458)
+
+
+class SamplingType(IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _token_ids(name: str, ids: Any) -> list[int]:
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise ValueError(f"{name} must be a list of token ids, got {ids!r}")
+    out = list(ids)
+    for t in out:
+        if not _is_int(t) or t < 0:
+            raise ValueError(f"{name} must contain non-negative int token ids, got {t!r}")
+    return out
+
+
+def validate_thinking_token_budget(budget: Any) -> int | None:
+    """vLLM's rule: None -> None; -1 -> None (unlimited); an int >= 0 is kept; anything else
+    (bool, float, other negative) is an error."""
+    if budget is None:
+        return None
+    if not _is_int(budget):
+        raise ValueError(f"thinking_token_budget must be an int, got {type(budget).__name__}")
+    if budget == -1:
+        return None
+    if budget < 0:
+        raise ValueError(f"thinking_token_budget must be -1 (unlimited) or >= 0, got {budget}")
+    return budget
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling parameters (vLLM names)."""
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop_token_ids: list[int] | None = None
+    eos_token_id: int | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
+    thinking_token_budget: int | None = None
+    _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._verify()
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.thinking_token_budget = validate_thinking_token_budget(self.thinking_token_budget)
+        if self.top_k == -1:
+            self.top_k = 0
+        if 0 < self.temperature < _MAX_TEMP:
+            self.temperature = _MAX_TEMP
+        if self.temperature < _SAMPLING_EPS:
+            # Greedy: the random-sampling knobs are reset, as vLLM does.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        self._all_stop_token_ids = set(self.stop_token_ids)
+        if self.eos_token_id is not None:
+            # vLLM adds EOS to the stop set even with ignore_eos.
+            self._all_stop_token_ids.add(self.eos_token_id)
+
+    def _verify(self) -> None:
+        def number(name: str, lo: float, hi: float, lo_open: bool = False) -> None:
+            v = getattr(self, name)
+            if not _is_number(v) or math.isnan(v):
+                raise ValueError(f"{name} must be a number, got {v!r}")
+            if (v <= lo if lo_open else v < lo) or v > hi:
+                lo_b = "(" if lo_open else "["
+                raise ValueError(f"{name} must be in {lo_b}{lo}, {hi}], got {v}")
+
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
+        number("presence_penalty", -2.0, 2.0)
+        number("frequency_penalty", -2.0, 2.0)
+        number("repetition_penalty", 0.0, math.inf, lo_open=True)
+        if math.isinf(self.repetition_penalty):
+            raise ValueError("repetition_penalty must be finite and > 0, got inf")
+        number("temperature", 0.0, math.inf)
+        if math.isinf(self.temperature):
+            raise ValueError("temperature must be finite, got inf")
+        number("top_p", 0.0, 1.0, lo_open=True)
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be -1, 0 (disabled) or a positive int, got {self.top_k!r}")
+        number("min_p", 0.0, 1.0)
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}"
+            )
+        if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
+            raise ValueError(f"logprobs must be an int >= 0, got {self.logprobs!r}")
+        if self.stop_token_ids is not None:
+            self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
+        if self.eos_token_id is not None and (not _is_int(self.eos_token_id) or self.eos_token_id < 0):
+            raise ValueError(f"eos_token_id must be a non-negative int, got {self.eos_token_id!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a dict, got {type(self.logit_bias).__name__}")
+            clean: dict[int, float] = {}
+            for k, v in self.logit_bias.items():
+                tok = int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k
+                if not _is_int(tok) or tok < 0:
+                    raise ValueError(f"logit_bias keys must be non-negative token ids, got {k!r}")
+                if not _is_number(v) or not math.isfinite(v):
+                    raise ValueError(f"logit_bias value for token {k} must be finite, got {v!r}")
+                clean[tok] = float(v)
+            self.logit_bias = clean
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty")
+        if self.bad_words_token_ids is not None:
+            words = []
+            for w in self.bad_words_token_ids:
+                w = _token_ids("bad_words_token_ids", w)
+                if not w:
+                    raise ValueError("bad_words_token_ids must not contain an empty word")
+                words.append(w)
+            self.bad_words_token_ids = words
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        """stop_token_ids ∪ {eos_token_id} (EOS included even with ignore_eos, as vLLM)."""
+        return self._all_stop_token_ids
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < _SAMPLING_EPS:
+            return SamplingType.GREEDY
+        if self.seed is not None:
+            return SamplingType.RANDOM_SEED
+        return SamplingType.RANDOM
+
+
+@dataclass
+class EngineConfig:
+    """Engine-wide settings the processors are built with.
+
+    Also answers ``scheduler_config.max_num_seqs``, ``model_config.get_vocab_size()``,
+    ``speculative_config`` and ``reasoning_config`` like vLLM's ``VllmConfig``, so processors
+    written for vLLM read it unchanged.
+    """
+
+    max_num_seqs: int = 256
+    vocab_size: int = 32000
+    # Stated per-request caps: the Rust tables are sized max_num_seqs × cap and never grow.
+    max_logit_bias_entries: int = 1024
+    max_stop_token_ids: int = 128
+    # Speculative decoding: number of draft tokens per request, or None when off.
+    num_speculative_tokens: int | None = None
+    # Reasoning ("thinking") markers; both None when the model has no thinking section.
+    reasoning_start_token_ids: list[int] | None = None
+    reasoning_end_token_ids: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "vocab_size", "max_logit_bias_entries", "max_stop_token_ids"):
+            v = getattr(self, name)
+            if not _is_int(v) or v < 1:
+                raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {v!r}")
+        if self.vocab_size >= 2**31:
+            raise ValueError("EngineConfig.vocab_size must be < 2**31 (token ids are int32)")
+        if self.num_speculative_tokens is not None and (
+            not _is_int(self.num_speculative_tokens) or self.num_speculative_tokens < 1
+        ):
+            raise ValueError(
+                f"EngineConfig.num_speculative_tokens must be None or an int >= 1, "
+                f"got {self.num_speculative_tokens!r}"
+            )
+        starts, ends = self.reasoning_start_token_ids, self.reasoning_end_token_ids
+        if (starts is None) != (ends is None):
+            raise ValueError(
+                "EngineConfig.reasoning_start_token_ids and reasoning_end_token_ids must be set together"
+            )
+        if starts is not None:
+            self.reasoning_start_token_ids = _token_ids("reasoning_start_token_ids", starts)
+            self.reasoning_end_token_ids = _token_ids("reasoning_end_token_ids", ends)
+
+    @property
+    def scheduler_config(self) -> SimpleNamespace:
+        return SimpleNamespace(max_num_seqs=self.max_num_seqs)
+
+    @property
+    def model_config(self) -> SimpleNamespace:
+        return SimpleNamespace(get_vocab_size=lambda: self.vocab_size, logits_processors=None)
+
+    @property
+    def speculative_config(self) -> SimpleNamespace | None:
+        if self.num_speculative_tokens is None:
+            return None
+        return SimpleNamespace(num_speculative_tokens=self.num_speculative_tokens)
+
+    @property
+    def reasoning_config(self) -> SimpleNamespace | None:
+        if self.reasoning_start_token_ids is None:
+            return None
+        return SimpleNamespace(
+            reasoning_start_token_ids=self.reasoning_start_token_ids,
+            reasoning_end_token_ids=self.reasoning_end_token_ids,
+        )
+
+
+def config_max_num_seqs(config: Any) -> int:
+    """``max_num_seqs`` from our ``EngineConfig`` or vLLM's ``VllmConfig``."""
+    return int(config.scheduler_config.max_num_seqs)
+
+
+def config_vocab_size(config: Any) -> int:
+    """Vocabulary size from our ``EngineConfig`` or vLLM's ``VllmConfig``."""
+    return int(config.model_config.get_vocab_size())
+
+
+def config_cap(config: Any, name: str, default: int) -> int:
+    """A per-request cap: ours are ``EngineConfig`` fields; a vLLM config gets the default."""
+    return int(getattr(config, name, default))

@@ -1,0 +1,165 @@
+"""The two-phase ``Sampler``: vLLM 0.25.1's order of transforms around the processors.
+
+fp32 cast → non-argmax-invariant processors → (all-greedy batch: argmax, stop) → greedy
+snapshot → temperature (greedy rows ÷ 1) → argmax-invariant processors → top-k → top-p →
+exponential-race sampling with per-request generators → greedy/random merge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .params import _SAMPLING_EPS, SamplingParams, SamplingType
+from .state import LogitsProcessors
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-step sampling inputs, one entry per batch row (vLLM's field names).
+
+    ``top_k`` holds ``vocab_size`` for rows without top-k; ``max_top_k`` is its host-side max,
+    so top-k needs no device sync.
+    """
+
+    temperature: torch.Tensor | None
+    all_greedy: bool
+    all_random: bool
+    top_p: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None
+    max_top_k: int | None = None
+    generators: dict[int, torch.Generator] = field(default_factory=dict)
+    max_num_logprobs: int | None = None
+
+    @classmethod
+    def from_params(
+        cls,
+        params: Sequence[SamplingParams | None],
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        generators: dict[int, torch.Generator] | None = None,
+    ) -> SamplingMetadata:
+        """Build from the batch's per-row params (``None`` rows are treated as greedy)."""
+        temps, top_ps, top_ks = [], [], []
+        logprobs = None
+        for p in params:
+            greedy = p is None or p.sampling_type == SamplingType.GREEDY
+            temps.append(0.0 if greedy else float(p.temperature))
+            top_ps.append(1.0 if p is None else float(p.top_p))
+            k = 0 if p is None else p.top_k
+            top_ks.append(k if 0 < k < vocab_size else vocab_size)
+            if p is not None and p.logprobs is not None:
+                logprobs = max(logprobs or 0, p.logprobs)
+        n_greedy = sum(t == 0.0 for t in temps)
+        all_greedy = n_greedy == len(temps)
+        all_random = n_greedy == 0
+        use_top_p = any(p < 1.0 for p in top_ps)
+        use_top_k = any(k < vocab_size for k in top_ks)
+        dev = torch.device(device)
+        return cls(
+            temperature=None if all_greedy else torch.tensor(temps, dtype=torch.float32, device=dev),
+            all_greedy=all_greedy,
+            all_random=all_random,
+            top_p=torch.tensor(top_ps, dtype=torch.float32, device=dev) if use_top_p else None,
+            top_k=torch.tensor(top_ks, dtype=torch.int64, device=dev) if use_top_k else None,
+            max_top_k=max(top_ks) if use_top_k else None,
+            generators=dict(generators or {}),
+            max_num_logprobs=logprobs,
+        )
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [B] int64
+    logits: torch.Tensor  # the processed logits the random rows were sampled from
+
+
+def apply_temperature(logits: torch.Tensor, temp: torch.Tensor, all_random: bool) -> torch.Tensor:
+    """In place ``logits /= T`` per row; greedy rows (T < 1e-5) are divided by 1."""
+    if not all_random:
+        temp = torch.where(temp < _SAMPLING_EPS, 1.0, temp)
+    return logits.div_(temp.unsqueeze(1))
+
+
+def apply_top_k_only(logits: torch.Tensor, k: torch.Tensor, max_top_k: int) -> torch.Tensor:
+    """Top-k without a sort: keep values >= the row's k-th largest (ties kept)."""
+    vocab = logits.shape[1]
+    no_top_k = k == vocab
+    k_safe = k.masked_fill(no_top_k, 1)
+    kth = logits.topk(min(max_top_k, vocab), dim=1).values.gather(1, (k_safe - 1).unsqueeze(1))
+    kth.masked_fill_(no_top_k.unsqueeze(1), float("-inf"))
+    return logits.masked_fill_(logits < kth, float("-inf"))
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor,
+    k: torch.Tensor | None,
+    p: torch.Tensor | None,
+    max_top_k: int | None = None,
+) -> torch.Tensor:
+    """vLLM's PyTorch top-k/top-p: sort ascending, mask below the k-th value, then mask the
+    low tail whose cumulative probability is <= 1 - p (always keeping the top token)."""
+    if p is None:
+        if k is None:
+            return logits
+        return apply_top_k_only(logits, k, max_top_k if max_top_k is not None else logits.shape[1])
+    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
+    if k is not None:
+        kth = logits_sort.gather(1, (logits_sort.size(1) - k).unsqueeze(1))
+        logits_sort.masked_fill_(logits_sort < kth, float("-inf"))
+    probs_sum = logits_sort.softmax(dim=-1).cumsum_(dim=-1)
+    top_p_mask = probs_sum <= 1 - p.unsqueeze(1)
+    top_p_mask[:, -1] = False
+    logits_sort.masked_fill_(top_p_mask, float("-inf"))
+    return logits.scatter_(dim=-1, index=logits_idx, src=logits_sort)
+
+
+def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Exponential race (Gumbel-max): ``argmax(probs / q)`` with ``q ~ Exp(1)``; rows with a
+    seeded generator draw their ``q`` from it."""
+    q = torch.empty_like(probs)
+    if len(generators) != probs.shape[0]:
+        q.exponential_()
+    for i, g in generators.items():
+        q[i].exponential_(generator=g)
+    return probs.div_(q).argmax(dim=-1).view(-1)
+
+
+class Sampler:
+    """Runs the processors in two phases and samples one token per row."""
+
+    def __init__(self, logitsprocs: LogitsProcessors) -> None:
+        self.logitsprocs = logitsprocs
+
+    def apply_logits_processors(self, logits: torch.Tensor) -> torch.Tensor:
+        """Phase 1: the processors that may change the argmax, on every row."""
+        for p in self.logitsprocs.non_argmax_invariant:
+            logits = p.apply(logits)
+        return logits
+
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        logits = logits.to(torch.float32)
+        logits = self.apply_logits_processors(logits)
+        return self.sample(logits, metadata)
+
+    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        """Phase 2: greedy snapshot, temperature, argmax-invariant processors, top-k/top-p,
+        random sampling, merge."""
+        assert not (md.all_greedy and md.all_random)
+        greedy = None
+        if not md.all_random:
+            greedy = logits.argmax(dim=-1).view(-1)
+            if md.all_greedy:
+                return SamplerOutput(greedy, logits)
+        assert md.temperature is not None
+        logits = apply_temperature(logits, md.temperature, md.all_random)
+        for p in self.logitsprocs.argmax_invariant:
+            logits = p.apply(logits)
+        logits = apply_top_k_top_p(logits, md.top_k, md.top_p, md.max_top_k)
+        probs = logits.softmax(dim=-1, dtype=torch.float32)
+        sampled = random_sample(probs, md.generators)
+        if greedy is not None:
+            sampled = torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)
+        return SamplerOutput(sampled, logits)
