@@ -1,0 +1,61 @@
+# logitsproc_rs: every target does its own set-up, starting from a bare machine.
+# The Python environment lives outside the checkout so fresh clones reuse it (torch is ~3 GB).
+
+SHELL := /bin/bash
+VENV ?= $(HOME)/.cache/logitsproc_rs/venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.deps-stamp
+RUN := PYTHONPATH=$(CURDIR)/python $(PY)
+DEPS := "maturin>=1.9.4,<2" "pytest>=8" "ruff>=0.6" "mypy>=1.10" "numpy>=1.22" "torch>=2.4"
+
+.PHONY: help venv build test test-rust test-python demo bench bench-rust bench-python lint fmt clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(DEPS)
+	@touch $@
+
+venv: $(STAMP)  ## create the Python environment (torch, maturin, pytest, ruff)
+
+build: $(STAMP)  ## build the Rust extension (release) into python/logitsproc_rs/
+	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --release --skip-install -q
+
+test: test-rust test-python  ## cargo test + pytest (what CI runs)
+
+test-rust:  ## Rust unit and property tests (no Python needed)
+	cargo test --workspace -q
+
+test-python: build  ## pytest: differential churn vs the reference, bad input, API, CUDA (skipped without a GPU)
+	$(RUN) -m pytest -q
+
+demo: build  ## the main job: a simulated engine loop, ours vs the reference, per-step costs
+	$(RUN) -m logitsproc_rs demo $(ARGS)
+
+bench: bench-rust bench-python  ## all benchmarks
+
+bench-rust:  ## criterion: state-update throughput under churn
+	cargo bench --workspace -- --quiet
+
+bench-python: build  ## per-step update_state / apply, ours vs the reference
+	$(RUN) benches/bench_python.py $(ARGS)
+
+lint: build  ## rustfmt, clippy, ruff, and the type stub checked against the built module
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --features python -- -D warnings
+	$(VENV)/bin/ruff check python tests benches
+	$(VENV)/bin/ruff format --check python tests benches
+	$(RUN) -m mypy.stubtest logitsproc_rs._core
+
+fmt:  ## format Rust and Python
+	cargo fmt --all
+	$(VENV)/bin/ruff format python tests benches
+	$(VENV)/bin/ruff check --fix python tests benches
+
+clean:
+	cargo clean
+	rm -f python/logitsproc_rs/_core*.so
