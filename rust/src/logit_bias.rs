@@ -6,7 +6,7 @@
 
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
-use crate::sparse::{resize_touches_active, SparseRows};
+use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 
 pub struct LogitBiasState {
@@ -108,6 +108,7 @@ impl LogitBiasState {
                 .iter()
                 .take_while(|(row, _)| *row < bs)
                 .flat_map(|(row, e)| e.iter().map(move |&(t, b)| (row, t, b))),
+            Padding::FirstWithValue(-0.0),
         );
     }
 }

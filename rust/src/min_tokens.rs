@@ -8,7 +8,7 @@
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
-use crate::sparse::{resize_touches_active, SparseRows};
+use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 
 /// One added request's parameters, as read from its sampling params.
@@ -126,6 +126,7 @@ impl<H: TokenHistory> MinTokensState<H> {
                     .iter()
                     .take_while(|(row, _)| *row < bs)
                     .flat_map(|(row, e)| e.stop.iter().map(move |&t| (row, t, f32::NEG_INFINITY))),
+                Padding::RepeatFirst,
             );
         }
         changed

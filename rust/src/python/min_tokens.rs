@@ -81,6 +81,12 @@ impl MinTokensState {
         self.inner.triples().len()
     }
 
+    /// Valid triples plus no-op padding (a power of two): the prefix to view and apply.
+    #[getter]
+    fn padded_len(&self) -> usize {
+        self.inner.triples().padded_len()
+    }
+
     /// Requests still below their min_tokens.
     #[getter]
     fn active(&self) -> usize {
