@@ -48,7 +48,8 @@ class DeviceMirror:
             fin = weakref.finalize(self, _unregister, ptrs, self.host)
             fin.atexit = False  # never after the CUDA context is gone
             self.pinned = True
-        self.dev = [torch.empty_like(h, device=self.device) for h in self.host]
+        # Start in step with the host (a blocking copy, once).
+        self.dev = [h.to(self.device) for h in self.host]
 
     def before_host_write(self) -> None:
         """Wait until the last asynchronous copy out of the host buffers has finished."""

@@ -171,7 +171,11 @@ mod tests {
         assert!(s.update(u).unwrap_err().to_string().contains("min_tokens"));
         let mut u = BatchUpdate::new(1);
         u.added = vec![(0, params(3, vec![10], &out))];
-        assert!(s.update(u).unwrap_err().to_string().contains("stop_token_ids"));
+        assert!(s
+            .update(u)
+            .unwrap_err()
+            .to_string()
+            .contains("stop_token_ids"));
         assert_eq!(s.active(), 0);
     }
 }

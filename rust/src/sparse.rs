@@ -10,12 +10,12 @@
 
 use std::sync::Arc;
 
-use crate::buffer::HostBuffer;
+use crate::buffer::{Element, HostBuffer};
 
-pub struct SparseRows {
+pub struct SparseRows<V: Element = f32> {
     rows: Arc<HostBuffer<i32>>,
     cols: Arc<HostBuffer<i32>>,
-    vals: Arc<HostBuffer<f32>>,
+    vals: Arc<HostBuffer<V>>,
     len: usize,
     padded_len: usize,
     version: u64,
@@ -23,10 +23,10 @@ pub struct SparseRows {
 
 /// How the padding after the valid triples is written.
 #[derive(Clone, Copy, Debug)]
-pub enum Padding {
+pub enum Padding<V> {
     /// Repeat the first triple with this value (e.g. −0.0 for an additive apply: x + −0.0 == x
     /// for every x, including −0.0 and NaN).
-    FirstWithValue(f32),
+    FirstWithValue(V),
     /// Repeat the first triple unchanged (for an idempotent write such as "set to −inf").
     RepeatFirst,
 }
@@ -34,12 +34,12 @@ pub enum Padding {
 /// Smallest padded length: below this, padding costs nothing measurable.
 const MIN_PADDED: usize = 16;
 
-impl SparseRows {
+impl<V: Element + Default> SparseRows<V> {
     pub fn new(capacity: usize) -> Self {
         SparseRows {
             rows: Arc::new(HostBuffer::new(capacity, 0)),
             cols: Arc::new(HostBuffer::new(capacity, 0)),
-            vals: Arc::new(HostBuffer::new(capacity, 0.0)),
+            vals: Arc::new(HostBuffer::new(capacity, V::default())),
             len: 0,
             padded_len: 0,
             version: 0,
@@ -77,13 +77,13 @@ impl SparseRows {
         &self.cols
     }
 
-    pub fn vals(&self) -> &Arc<HostBuffer<f32>> {
+    pub fn vals(&self) -> &Arc<HostBuffer<V>> {
         &self.vals
     }
 
     /// Rewrites the triples from `entries` (row, token, value) and pads them. The caller
     /// guarantees the total fits (per-request caps times slot count equals the capacity).
-    pub fn rebuild(&mut self, entries: impl IntoIterator<Item = (usize, i32, f32)>, pad: Padding) {
+    pub fn rebuild(&mut self, entries: impl IntoIterator<Item = (usize, i32, V)>, pad: Padding<V>) {
         let mut n = 0;
         for (row, col, val) in entries {
             self.rows.set(n, row as i32);
@@ -111,7 +111,7 @@ impl SparseRows {
     }
 
     /// Snapshot of the valid triples (tests).
-    pub fn triples(&self) -> Vec<(i32, i32, f32)> {
+    pub fn triples(&self) -> Vec<(i32, i32, V)> {
         (0..self.len)
             .map(|i| (self.rows.get(i), self.cols.get(i), self.vals.get(i)))
             .collect()

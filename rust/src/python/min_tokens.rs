@@ -39,7 +39,11 @@ impl MinTokensState {
                 extract_as::<i64>(e.index, "min_tokens", &min, "an int")?
             };
             let output = e.output_tok_ids.cast::<PyList>().map_err(|_| {
-                bad_value(e.index, "output_tok_ids", "expected the live output list (a list)")
+                bad_value(
+                    e.index,
+                    "output_tok_ids",
+                    "expected the live output list (a list)",
+                )
             })?;
             let mut stop_token_ids = Vec::new();
             if min_tokens > 0 {

@@ -37,7 +37,10 @@ fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionalit
         .getattr(intern!(py, "_name_"))
         .or_else(|_| obj.getattr(intern!(py, "name")))
         .ok();
-    let by_name = name.as_ref().and_then(|n| n.cast::<PyString>().ok()).map(|n| n.to_str());
+    let by_name = name
+        .as_ref()
+        .and_then(|n| n.cast::<PyString>().ok())
+        .map(|n| n.to_str());
     let dir = match by_name {
         Some(Ok("SWAP")) => Some(MoveDirectionality::Swap),
         Some(Ok("UNIDIRECTIONAL")) => Some(MoveDirectionality::Unidirectional),
@@ -212,4 +215,27 @@ pub fn extract_as<'py, T: for<'a> FromPyObject<'a, 'py>>(
             format!("expected {expected}, got {}", describe(obj)),
         )
     })
+}
+
+/// Extracts a sequence of token ids (ints; a str or non-sequence is rejected).
+pub fn token_ids(index: usize, field: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    if obj.is_instance_of::<PyString>() {
+        return Err(bad_value(
+            index,
+            field,
+            "expected a list of token ids, got a str",
+        ));
+    }
+    let iter = obj.try_iter().map_err(|_| {
+        bad_value(
+            index,
+            field,
+            format!("expected a list of token ids, got {}", describe(obj)),
+        )
+    })?;
+    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
+    for t in iter {
+        out.push(extract_as::<i64>(index, field, &t?, "int token ids")?);
+    }
+    Ok(out)
 }
