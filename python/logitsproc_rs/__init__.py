@@ -5,11 +5,17 @@ batch change in one call; torch does the math on the logits' device.
 """
 
 from . import _core
+from .bitmask import apply_token_bitmask_
 from .builtin import (
     BUILTIN_LOGITS_PROCESSORS,
+    SAMPLER_TRANSFORMS_AFTER,
+    SAMPLER_TRANSFORMS_BEFORE,
+    AllowedTokenIdsLogitsProcessor,
+    BadWordsLogitsProcessor,
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,
     MinTokensLogitsProcessor,
+    PenaltiesLogitsProcessor,
 )
 from .interface import (
     AddedRequest,
@@ -22,11 +28,13 @@ from .interface import (
 from .loader import (
     STR_POOLING_REJECTS_LOGITSPROCS,
     STR_SPEC_DEC_REJECTS_LOGITSPROCS,
+    STR_SPEC_DEC_REJECTS_MIN_P_LOGIT_BIAS,
     build_logitsprocs,
     validate_logits_processors_parameters,
+    validate_sampling_params,
 )
 from .params import EngineConfig, SamplingParams, SamplingType
-from .sampler import Sampler, SamplerOutput, SamplingMetadata
+from .sampler import LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata
 from .state import BatchUpdateBuilder, LogitsProcessors
 
 __version__ = "0.1.0"
@@ -39,6 +47,15 @@ if _core.__version__ != __version__:
 
 __all__ = [
     "BUILTIN_LOGITS_PROCESSORS",
+    "SAMPLER_TRANSFORMS_AFTER",
+    "SAMPLER_TRANSFORMS_BEFORE",
+    "STR_SPEC_DEC_REJECTS_MIN_P_LOGIT_BIAS",
+    "AllowedTokenIdsLogitsProcessor",
+    "BadWordsLogitsProcessor",
+    "LogprobsTensors",
+    "PenaltiesLogitsProcessor",
+    "apply_token_bitmask_",
+    "validate_sampling_params",
     "STR_POOLING_REJECTS_LOGITSPROCS",
     "STR_SPEC_DEC_REJECTS_LOGITSPROCS",
     "AddedRequest",

@@ -48,7 +48,8 @@ class DeviceMirror:
             fin = weakref.finalize(self, _unregister, ptrs, self.host)
             fin.atexit = False  # never after the CUDA context is gone
             self.pinned = True
-        self.dev = [torch.empty_like(h, device=self.device) for h in self.host]
+        # Start in step with the host (a blocking copy, once).
+        self.dev = [h.to(self.device) for h in self.host]
 
     def before_host_write(self) -> None:
         """Wait until the last asynchronous copy out of the host buffers has finished."""
@@ -65,3 +66,31 @@ class DeviceMirror:
         if self.pinned:
             self._event = torch.cuda.Event()
             self._event.record()
+
+
+class TripleViews:
+    """Device views of a Rust sparse-triples state (``rows()``, ``cols()``, ``vals()``).
+
+    Rust pads the valid triples to a power-of-two ``padded_len`` with no-op entries, so the
+    views are cached per length: a step that rebuilt the triples costs a dict lookup here, not
+    three torch slices.
+    """
+
+    def __init__(self, state: Any, device: torch.device | str, is_pin_memory: bool) -> None:
+        self._state = state
+        self.mirror = DeviceMirror([state.rows(), state.cols(), state.vals()], device, is_pin_memory)
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self.current: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def refresh(self) -> None:
+        """Call after Rust rebuilt the triples: upload them and select the views to apply."""
+        n = self._state.padded_len
+        if n == 0:
+            self.current = None
+            return
+        self.mirror.upload(n)
+        views = self._cache.get(n)
+        if views is None:
+            rows, cols, vals = (t[:n] for t in self.mirror.dev)
+            views = self._cache[n] = (rows, cols, vals)
+        self.current = views

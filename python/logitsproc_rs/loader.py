@@ -11,7 +11,12 @@ from typing import Any
 
 import torch
 
-from .builtin import BUILTIN_LOGITS_PROCESSORS, MinTokensLogitsProcessor
+from .builtin import (
+    BUILTIN_LOGITS_PROCESSORS,
+    SAMPLER_TRANSFORMS_AFTER,
+    SAMPLER_TRANSFORMS_BEFORE,
+    MinTokensLogitsProcessor,
+)
 from .interface import LogitsProcessor
 from .state import LogitsProcessors
 
@@ -67,10 +72,15 @@ def build_logitsprocs(
     is_pin_memory: bool,
     is_pooling_model: bool = False,
     custom_logitsprocs: Iterable[str | type] = (),
+    sampler_transforms: bool = True,
 ) -> LogitsProcessors:
-    """Built-ins (MinTokens, LogitBias, MinP) then plugins then named processors.
+    """Every processor of the pipeline, in vLLM's application order.
 
-    Pooling models get none; with speculative decoding only MinTokens is built and custom
+    ``sampler_transforms`` adds what vLLM hard-codes in its sampler (allowed ids and bad words
+    before the built-ins; penalties and, with a reasoning config, the thinking budget after the
+    custom processors); with ``False`` the result is exactly vLLM's ``build_logitsprocs``:
+    MinTokens, LogitBias, MinP, then plugins, then named processors. Pooling models get none;
+    with speculative decoding only MinTokens (plus the sampler transforms) is built and custom
     processors are rejected, as in vLLM.
     """
     custom = tuple(custom_logitsprocs)
@@ -79,15 +89,38 @@ def build_logitsprocs(
         if custom:
             raise ValueError(STR_POOLING_REJECTS_LOGITSPROCS)
         return LogitsProcessors()
+    before: list[Any] = list(SAMPLER_TRANSFORMS_BEFORE) if sampler_transforms else []
+    after: list[Any] = list(SAMPLER_TRANSFORMS_AFTER) if sampler_transforms else []
     if getattr(vllm_config, "speculative_config", None):
         if custom:
             raise ValueError(STR_SPEC_DEC_REJECTS_LOGITSPROCS)
-        return LogitsProcessors([MinTokensLogitsProcessor(vllm_config, device, is_pin_memory)])
-    classes = _load_plugins() + _load_by_names(custom)
-    return LogitsProcessors(
-        ctor(vllm_config, device, is_pin_memory)
-        for ctor in chain(BUILTIN_LOGITS_PROCESSORS, classes)
-    )
+        classes = [*before, MinTokensLogitsProcessor, *after]
+    else:
+        classes = [*before, *BUILTIN_LOGITS_PROCESSORS, *_load_plugins(), *_load_by_names(custom), *after]
+    return LogitsProcessors(ctor(vllm_config, device, is_pin_memory) for ctor in classes)
+
+
+STR_SPEC_DEC_REJECTS_MIN_P_LOGIT_BIAS = (
+    "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+)
+
+
+def validate_sampling_params(vllm_config: Any, params: Any) -> None:
+    """Front-end checks that depend on the engine, as vLLM's request validation: with
+    speculative decoding, min_p and logit_bias are rejected; a thinking budget needs the
+    reasoning start/end ids configured."""
+    if getattr(vllm_config, "speculative_config", None) and (
+        (getattr(params, "min_p", 0.0) or 0.0) > 1e-5 or getattr(params, "logit_bias", None)
+    ):
+        raise ValueError(STR_SPEC_DEC_REJECTS_MIN_P_LOGIT_BIAS)
+    if (
+        getattr(params, "thinking_token_budget", None) is not None
+        and getattr(vllm_config, "reasoning_config", None) is None
+    ):
+        raise ValueError(
+            "thinking_token_budget is set but reasoning_config is not configured "
+            "(set EngineConfig.reasoning_start_token_ids / reasoning_end_token_ids)"
+        )
 
 
 def validate_logits_processors_parameters(

@@ -1,8 +1,10 @@
 """The two-phase ``Sampler``: vLLM 0.25.1's order of transforms around the processors.
 
-fp32 cast → non-argmax-invariant processors → (all-greedy batch: argmax, stop) → greedy
-snapshot → temperature (greedy rows ÷ 1) → argmax-invariant processors → top-k → top-p →
-exponential-race sampling with per-request generators → greedy/random merge.
+grammar bitmask → (raw logprobs when asked) → fp32 cast → non-argmax-invariant processors
+(built by ``build_logitsprocs`` in vLLM's order: allowed ids, bad words, MinTokens, LogitBias,
+custom ones, penalties, thinking budget) → (all-greedy batch: argmax, stop) → greedy snapshot →
+temperature (greedy rows ÷ 1) → argmax-invariant processors (MinP, custom) → top-k → top-p →
+exponential-race sampling with per-request generators → greedy/random merge → logprobs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .bitmask import apply_token_bitmask_
 from .params import _SAMPLING_EPS, SamplingParams, SamplingType
 from .state import LogitsProcessors
 
@@ -70,10 +73,37 @@ class SamplingMetadata:
         )
 
 
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+
+
+@dataclass
+class LogprobsTensors:
+    """Per row: the sampled token first, then the top-n (vLLM's ``gather_logprobs`` layout)."""
+
+    logprob_token_ids: torch.Tensor  # [B, n + 1] int32
+    logprobs: torch.Tensor  # [B, n + 1] float32
+    selected_token_ranks: torch.Tensor  # [B] int64: 1 + number of tokens ranked above
+
+
 @dataclass
 class SamplerOutput:
     sampled_token_ids: torch.Tensor  # [B] int64
     logits: torch.Tensor  # the processed logits the random rows were sampled from
+    logprobs_tensors: LogprobsTensors | None = None
+
+
+def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
+    """Top-``num_logprobs`` plus the sampled token's value and rank (rank counts values ``>=``
+    the sampled one, as vLLM ``ops/logprobs.py``)."""
+    top_vals, top_ids = torch.topk(logprobs, num_logprobs, dim=-1)
+    token_ids = token_ids.long().unsqueeze(-1)
+    token_vals = logprobs.gather(-1, token_ids)
+    ranks = (logprobs >= token_vals).sum(-1)
+    return LogprobsTensors(
+        torch.cat((token_ids, top_ids), dim=1).to(torch.int32),
+        torch.cat((token_vals, top_vals), dim=1),
+        ranks,
+    )
 
 
 def apply_temperature(logits: torch.Tensor, temp: torch.Tensor, all_random: bool) -> torch.Tensor:
@@ -130,8 +160,11 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 class Sampler:
     """Runs the processors in two phases and samples one token per row."""
 
-    def __init__(self, logitsprocs: LogitsProcessors) -> None:
+    def __init__(self, logitsprocs: LogitsProcessors, logprobs_mode: str = "raw_logprobs") -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
         self.logitsprocs = logitsprocs
+        self.logprobs_mode = logprobs_mode
 
     def apply_logits_processors(self, logits: torch.Tensor) -> torch.Tensor:
         """Phase 1: the processors that may change the argmax, on every row."""
@@ -139,10 +172,34 @@ class Sampler:
             logits = p.apply(logits)
         return logits
 
-    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        metadata: SamplingMetadata,
+        grammar_bitmask: torch.Tensor | None = None,
+        bitmask_indices: torch.Tensor | list[int] | None = None,
+    ) -> SamplerOutput:
+        """Sample one token per row. ``grammar_bitmask`` (xgrammar layout, see ``bitmask.py``)
+        is applied first, in place on the raw logits, as vLLM's runner does."""
+        if grammar_bitmask is not None:
+            apply_token_bitmask_(logits, grammar_bitmask, bitmask_indices)
+        n_logprobs = metadata.max_num_logprobs
+        raw = None
+        if n_logprobs is not None and self.logprobs_mode.startswith("raw"):
+            if self.logprobs_mode == "raw_logprobs":
+                raw = logits.log_softmax(dim=-1, dtype=torch.float32)
+            else:
+                raw = logits.to(torch.float32, copy=True)
         logits = logits.to(torch.float32)
         logits = self.apply_logits_processors(logits)
-        return self.sample(logits, metadata)
+        out = self.sample(logits, metadata)
+        if n_logprobs is not None:
+            if raw is None:
+                raw = out.logits
+                if self.logprobs_mode == "processed_logprobs":
+                    raw = raw.log_softmax(dim=-1, dtype=torch.float32)
+            out.logprobs_tensors = gather_logprobs(raw, n_logprobs, out.sampled_token_ids)
+        return out
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         """Phase 2: greedy snapshot, temperature, argmax-invariant processors, top-k/top-p,

@@ -86,7 +86,11 @@ impl<T: Element> HostBuffer<T> {
 
     #[inline]
     pub fn get(&self, i: usize) -> T {
-        assert!(i < self.len, "HostBuffer index {i} out of bounds {}", self.len);
+        assert!(
+            i < self.len,
+            "HostBuffer index {i} out of bounds {}",
+            self.len
+        );
         // SAFETY: in bounds; the memory is initialised at construction.
         unsafe { self.ptr.as_ptr().add(i).read() }
     }
@@ -95,7 +99,11 @@ impl<T: Element> HostBuffer<T> {
     /// owning table serialises writers through its own `&mut self`.
     #[inline]
     pub fn set(&self, i: usize, value: T) {
-        assert!(i < self.len, "HostBuffer index {i} out of bounds {}", self.len);
+        assert!(
+            i < self.len,
+            "HostBuffer index {i} out of bounds {}",
+            self.len
+        );
         // SAFETY: in bounds.
         unsafe { self.ptr.as_ptr().add(i).write(value) }
     }

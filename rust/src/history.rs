@@ -17,6 +17,12 @@ pub trait TokenHistory {
 
     /// Appends tokens `[start, len)` to `out` (ids as i64: async placeholders are -1).
     fn read_from(&self, start: usize, out: &mut Vec<i64>);
+
+    /// Appends the last `n` tokens (fewer if the history is shorter) to `out`.
+    fn read_tail(&self, n: usize, out: &mut Vec<i64>) {
+        let len = self.len();
+        self.read_from(len.saturating_sub(n), out);
+    }
 }
 
 /// A history shared between an engine and its processors, for Rust tests and benches.

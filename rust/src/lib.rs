@@ -6,6 +6,8 @@
 //! zero-copy through DLPack. The PyO3 bindings live in [`python`] behind the `python` feature,
 //! so `cargo test` and `cargo bench` need no interpreter.
 
+pub mod allowed;
+pub mod bad_words;
 pub mod batch;
 pub mod buffer;
 pub mod dlpack;
@@ -14,6 +16,7 @@ pub mod history;
 pub mod logit_bias;
 pub mod min_p;
 pub mod min_tokens;
+pub mod penalties;
 pub mod sparse;
 pub mod table;
 

@@ -6,7 +6,7 @@
 
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
-use crate::sparse::{resize_touches_active, SparseRows};
+use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 
 pub struct LogitBiasState {
@@ -91,7 +91,8 @@ impl LogitBiasState {
         let update = update.try_map_added(|i, e| self.check(i, e))?;
         let new_bs = update.batch_size;
         let changed = self.table.apply_validated(update);
-        let resized = resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
+        let resized =
+            resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
         self.batch_size = new_bs;
         if changed || resized {
             self.rebuild();
@@ -108,6 +109,7 @@ impl LogitBiasState {
                 .iter()
                 .take_while(|(row, _)| *row < bs)
                 .flat_map(|(row, e)| e.iter().map(move |&(t, b)| (row, t, b))),
+            Padding::FirstWithValue(-0.0),
         );
     }
 }
@@ -121,7 +123,11 @@ mod tests {
     fn flatten_follows_rows_and_batch_size() {
         let mut s = LogitBiasState::new(4, 100, 3);
         let mut u = BatchUpdate::new(3);
-        u.added = vec![(2, vec![(5, 1.0), (7, -2.0)]), (0, vec![(1, 0.5)]), (1, vec![])];
+        u.added = vec![
+            (2, vec![(5, 1.0), (7, -2.0)]),
+            (0, vec![(1, 0.5)]),
+            (1, vec![]),
+        ];
         assert!(s.update(u).unwrap());
         assert_eq!(
             s.triples().triples(),
@@ -141,7 +147,12 @@ mod tests {
     #[test]
     fn rejects_bad_entries() {
         let mut s = LogitBiasState::new(4, 100, 2);
-        for bad in [vec![(100, 1.0)], vec![(-1, 1.0)], vec![(3, f64::INFINITY)], vec![(1, 0.0), (2, 0.0), (3, 0.0)]] {
+        for bad in [
+            vec![(100, 1.0)],
+            vec![(-1, 1.0)],
+            vec![(3, f64::INFINITY)],
+            vec![(1, 0.0), (2, 0.0), (3, 0.0)],
+        ] {
             let mut u = BatchUpdate::new(2);
             u.added = vec![(0, vec![(1, 1.0)]), (1, bad)];
             let e = s.update(u).unwrap_err().to_string();

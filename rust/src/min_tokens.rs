@@ -8,7 +8,7 @@
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
-use crate::sparse::{resize_touches_active, SparseRows};
+use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 
 /// One added request's parameters, as read from its sampling params.
@@ -126,6 +126,7 @@ impl<H: TokenHistory> MinTokensState<H> {
                     .iter()
                     .take_while(|(row, _)| *row < bs)
                     .flat_map(|(row, e)| e.stop.iter().map(move |&t| (row, t, f32::NEG_INFINITY))),
+                Padding::RepeatFirst,
             );
         }
         changed
@@ -170,7 +171,11 @@ mod tests {
         assert!(s.update(u).unwrap_err().to_string().contains("min_tokens"));
         let mut u = BatchUpdate::new(1);
         u.added = vec![(0, params(3, vec![10], &out))];
-        assert!(s.update(u).unwrap_err().to_string().contains("stop_token_ids"));
+        assert!(s
+            .update(u)
+            .unwrap_err()
+            .to_string()
+            .contains("stop_token_ids"));
         assert_eq!(s.active(), 0);
     }
 }

@@ -3,26 +3,45 @@
 //! LogitBias (add `value`) and MinTokens (write `value` = -inf) both apply as one indexed write
 //! over such triples. They are rebuilt only when the state changed, into fixed-capacity host
 //! buffers that Python views zero-copy; `version` counts rebuilds so Python knows when to copy.
+//!
+//! The valid prefix is padded up to a power of two (`padded_len`) with no-op triples, so Python
+//! only ever needs views of a handful of lengths and can cache them instead of slicing torch
+//! tensors every step (a torch slice costs about a microsecond of host time).
 
 use std::sync::Arc;
 
-use crate::buffer::HostBuffer;
+use crate::buffer::{Element, HostBuffer};
 
-pub struct SparseRows {
+pub struct SparseRows<V: Element = f32> {
     rows: Arc<HostBuffer<i32>>,
     cols: Arc<HostBuffer<i32>>,
-    vals: Arc<HostBuffer<f32>>,
+    vals: Arc<HostBuffer<V>>,
     len: usize,
+    padded_len: usize,
     version: u64,
 }
 
-impl SparseRows {
+/// How the padding after the valid triples is written.
+#[derive(Clone, Copy, Debug)]
+pub enum Padding<V> {
+    /// Repeat the first triple with this value (e.g. −0.0 for an additive apply: x + −0.0 == x
+    /// for every x, including −0.0 and NaN).
+    FirstWithValue(V),
+    /// Repeat the first triple unchanged (for an idempotent write such as "set to −inf").
+    RepeatFirst,
+}
+
+/// Smallest padded length: below this, padding costs nothing measurable.
+const MIN_PADDED: usize = 16;
+
+impl<V: Element + Default> SparseRows<V> {
     pub fn new(capacity: usize) -> Self {
         SparseRows {
             rows: Arc::new(HostBuffer::new(capacity, 0)),
             cols: Arc::new(HostBuffer::new(capacity, 0)),
-            vals: Arc::new(HostBuffer::new(capacity, 0.0)),
+            vals: Arc::new(HostBuffer::new(capacity, V::default())),
             len: 0,
+            padded_len: 0,
             version: 0,
         }
     }
@@ -40,6 +59,11 @@ impl SparseRows {
         self.len == 0
     }
 
+    /// Valid triples plus no-op padding: the length Python should view and apply.
+    pub fn padded_len(&self) -> usize {
+        self.padded_len
+    }
+
     /// Incremented by every rebuild.
     pub fn version(&self) -> u64 {
         self.version
@@ -53,13 +77,13 @@ impl SparseRows {
         &self.cols
     }
 
-    pub fn vals(&self) -> &Arc<HostBuffer<f32>> {
+    pub fn vals(&self) -> &Arc<HostBuffer<V>> {
         &self.vals
     }
 
-    /// Rewrites the triples from `entries` (row, token, value). The caller guarantees the total
-    /// fits (per-request caps times slot count equals the capacity).
-    pub fn rebuild(&mut self, entries: impl IntoIterator<Item = (usize, i32, f32)>) {
+    /// Rewrites the triples from `entries` (row, token, value) and pads them. The caller
+    /// guarantees the total fits (per-request caps times slot count equals the capacity).
+    pub fn rebuild(&mut self, entries: impl IntoIterator<Item = (usize, i32, V)>, pad: Padding<V>) {
         let mut n = 0;
         for (row, col, val) in entries {
             self.rows.set(n, row as i32);
@@ -68,11 +92,26 @@ impl SparseRows {
             n += 1;
         }
         self.len = n;
+        self.padded_len = if n == 0 {
+            0
+        } else {
+            n.max(MIN_PADDED).next_power_of_two().min(self.capacity())
+        };
+        if n > 0 {
+            let (row, col) = (self.rows.get(0), self.cols.get(0));
+            let val = match pad {
+                Padding::FirstWithValue(v) => v,
+                Padding::RepeatFirst => self.vals.get(0),
+            };
+            self.rows.fill(n, self.padded_len, row);
+            self.cols.fill(n, self.padded_len, col);
+            self.vals.fill(n, self.padded_len, val);
+        }
         self.version += 1;
     }
 
     /// Snapshot of the valid triples (tests).
-    pub fn triples(&self) -> Vec<(i32, i32, f32)> {
+    pub fn triples(&self) -> Vec<(i32, i32, V)> {
         (0..self.len)
             .map(|i| (self.rows.get(i), self.cols.get(i), self.vals.get(i)))
             .collect()

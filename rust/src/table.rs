@@ -57,8 +57,8 @@ impl<T> SlotTable<T> {
 
     fn set(&mut self, index: usize, value: Option<T>) -> Option<T> {
         let old = std::mem::replace(&mut self.slots[index], value);
-        self.active = self.active + usize::from(self.slots[index].is_some())
-            - usize::from(old.is_some());
+        self.active =
+            self.active + usize::from(self.slots[index].is_some()) - usize::from(old.is_some());
         old
     }
 

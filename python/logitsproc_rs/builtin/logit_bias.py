@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _core
-from .._transfer import DeviceMirror
+from .._transfer import TripleViews
 from ..interface import BatchUpdate, LogitsProcessor
 from ..params import config_cap, config_max_num_seqs, config_vocab_size
 from ._common import check_logits
@@ -16,7 +16,10 @@ DEFAULT_MAX_LOGIT_BIAS_ENTRIES = 1024
 def add_sparse_(
     logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor
 ) -> torch.Tensor:
-    """In place: ``logits[rows[k], cols[k]] += vals[k]`` ((row, col) pairs are unique)."""
+    """In place: ``logits[rows[k], cols[k]] += vals[k]``.
+
+    Pairs are unique except the padding, whose value is −0.0 (``x + −0.0 == x`` exactly).
+    """
     return logits.index_put_((rows, cols), vals, accumulate=True)
 
 
@@ -27,11 +30,8 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
         self._vocab_size = config_vocab_size(vllm_config)
         cap = config_cap(vllm_config, "max_logit_bias_entries", DEFAULT_MAX_LOGIT_BIAS_ENTRIES)
         self._state = _core.LogitBiasState(config_max_num_seqs(vllm_config), self._vocab_size, cap)
-        s = self._state
-        self._mirror = DeviceMirror([s.rows(), s.cols(), s.vals()], device, is_pin_memory)
+        self._triples = TripleViews(self._state, device, is_pin_memory)
         self._rows = 0
-        self._n = 0
-        self._slices: tuple[torch.Tensor, ...] = ()
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -39,17 +39,14 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None:
             return
-        self._mirror.before_host_write()
-        rebuilt = self._state.update(batch_update)
+        self._triples.mirror.before_host_write()
+        if self._state.update(batch_update):
+            self._triples.refresh()
         self._rows = batch_update.batch_size
-        if rebuilt:
-            self._n = n = self._state.len
-            self._mirror.upload(n)
-            self._slices = tuple(t[:n] for t in self._mirror.dev)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self._n:
+        triples = self._triples.current
+        if triples is None:
             return logits
         check_logits("LogitBiasLogitsProcessor", logits, self._rows, self._vocab_size)
-        rows, cols, vals = self._slices
-        return add_sparse_(logits, rows, cols, vals)
+        return add_sparse_(logits, *triples)

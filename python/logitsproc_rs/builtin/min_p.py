@@ -30,7 +30,10 @@ class MinPLogitsProcessor(LogitsProcessor):
         self._mirror = DeviceMirror([self._state.log_min_p()], device, is_pin_memory)
         self._count = 0
         self._rows = 0
-        self._log_min_p = self._mirror.dev[0][:0].unsqueeze(1)
+        # [rows, 1] views of the device buffer, one per batch size seen (views never move).
+        self._column = self._mirror.dev[0].unsqueeze(1)
+        self._views: dict[int, torch.Tensor] = {}
+        self._log_min_p = self._column[:0]
 
     def is_argmax_invariant(self) -> bool:
         return True
@@ -44,9 +47,12 @@ class MinPLogitsProcessor(LogitsProcessor):
         rows = self._state.batch_size
         if needs_copy:
             self._mirror.upload(rows)
-        if rows != self._rows or needs_copy:
+        if rows != self._rows:
             self._rows = rows
-            self._log_min_p = self._mirror.dev[0][:rows].unsqueeze(1)
+            view = self._views.get(rows)
+            if view is None:
+                view = self._views[rows] = self._column[:rows]
+            self._log_min_p = view
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self._count:

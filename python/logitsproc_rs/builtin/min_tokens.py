@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import _core
-from .._transfer import DeviceMirror
+from .._transfer import TripleViews
 from ..interface import BatchUpdate, LogitsProcessor
 from ..params import config_cap, config_max_num_seqs, config_vocab_size
 from ._common import check_logits
@@ -16,7 +16,7 @@ DEFAULT_MAX_STOP_TOKEN_IDS = 128
 def put_sparse_(
     logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor
 ) -> torch.Tensor:
-    """In place: ``logits[rows[k], cols[k]] = vals[k]``."""
+    """In place: ``logits[rows[k], cols[k]] = vals[k]`` (duplicates write the same value)."""
     return logits.index_put_((rows, cols), vals)
 
 
@@ -28,11 +28,8 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         self._vocab_size = config_vocab_size(vllm_config)
         cap = config_cap(vllm_config, "max_stop_token_ids", DEFAULT_MAX_STOP_TOKEN_IDS)
         self._state = _core.MinTokensState(config_max_num_seqs(vllm_config), self._vocab_size, cap)
-        s = self._state
-        self._mirror = DeviceMirror([s.rows(), s.cols(), s.vals()], device, is_pin_memory)
+        self._triples = TripleViews(self._state, device, is_pin_memory)
         self._rows = 0
-        self._n = 0
-        self._slices: tuple[torch.Tensor, ...] = ()
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -40,18 +37,15 @@ class MinTokensLogitsProcessor(LogitsProcessor):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         if batch_update is None and not self._state.active:
             return
-        self._mirror.before_host_write()
-        rebuilt = self._state.update(batch_update)
+        self._triples.mirror.before_host_write()
+        if self._state.update(batch_update):
+            self._triples.refresh()
         if batch_update is not None:
             self._rows = batch_update.batch_size
-        if rebuilt:
-            self._n = n = self._state.len
-            self._mirror.upload(n)
-            self._slices = tuple(t[:n] for t in self._mirror.dev)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self._n:
+        triples = self._triples.current
+        if triples is None:
             return logits
         check_logits("MinTokensLogitsProcessor", logits, self._rows, self._vocab_size)
-        rows, cols, vals = self._slices
-        return put_sparse_(logits, rows, cols, vals)
+        return put_sparse_(logits, *triples)

@@ -23,6 +23,18 @@ const NAME_LEGACY: &CStr = c"dltensor";
 pub enum AnyBuffer {
     F32(Arc<HostBuffer<f32>>),
     I32(Arc<HostBuffer<i32>>),
+    I64(Arc<HostBuffer<i64>>),
+}
+
+/// Runs `$body` with `$b` bound to the typed buffer inside an `AnyBuffer`.
+macro_rules! with_buffer {
+    ($any:expr, $b:ident => $body:expr) => {
+        match $any {
+            AnyBuffer::F32($b) => $body,
+            AnyBuffer::I32($b) => $body,
+            AnyBuffer::I64($b) => $body,
+        }
+    };
 }
 
 #[pyclass(module = "logitsproc_rs._core", frozen)]
@@ -40,6 +52,12 @@ impl HostBufferView {
     pub fn i32(buf: &Arc<HostBuffer<i32>>) -> Self {
         HostBufferView {
             buf: AnyBuffer::I32(Arc::clone(buf)),
+        }
+    }
+
+    pub fn i64(buf: &Arc<HostBuffer<i64>>) -> Self {
+        HostBufferView {
+            buf: AnyBuffer::I64(Arc::clone(buf)),
         }
     }
 }
@@ -98,10 +116,7 @@ impl HostBufferView {
         }
         let versioned = matches!(max_version, Some((major, _)) if major >= 1);
         if versioned {
-            let raw = match &self.buf {
-                AnyBuffer::F32(b) => dlpack::export_versioned(b),
-                AnyBuffer::I32(b) => dlpack::export_versioned(b),
-            };
+            let raw = with_buffer!(&self.buf, b => dlpack::export_versioned(b));
             let ptr = NonNull::new(raw as *mut c_void).expect("Box pointer is non-null");
             // SAFETY: `ptr` is a fresh DLManagedTensorVersioned; the destructor matches the name.
             let cap = unsafe {
@@ -118,10 +133,7 @@ impl HostBufferView {
             }
             cap
         } else {
-            let raw = match &self.buf {
-                AnyBuffer::F32(b) => dlpack::export_legacy(b),
-                AnyBuffer::I32(b) => dlpack::export_legacy(b),
-            };
+            let raw = with_buffer!(&self.buf, b => dlpack::export_legacy(b));
             let ptr = NonNull::new(raw as *mut c_void).expect("Box pointer is non-null");
             // SAFETY: as above, for the legacy layout.
             let cap = unsafe {
@@ -145,28 +157,19 @@ impl HostBufferView {
     }
 
     fn __len__(&self) -> usize {
-        match &self.buf {
-            AnyBuffer::F32(b) => b.len(),
-            AnyBuffer::I32(b) => b.len(),
-        }
+        with_buffer!(&self.buf, b => b.len())
     }
 
     /// Address of the first element (for `cudaHostRegister`).
     #[getter]
     fn data_ptr(&self) -> usize {
-        match &self.buf {
-            AnyBuffer::F32(b) => b.as_ptr() as usize,
-            AnyBuffer::I32(b) => b.as_ptr() as usize,
-        }
+        with_buffer!(&self.buf, b => b.as_ptr() as usize)
     }
 
     /// Allocated bytes, a whole number of pages (the range to register).
     #[getter]
     fn nbytes(&self) -> usize {
-        match &self.buf {
-            AnyBuffer::F32(b) => b.nbytes(),
-            AnyBuffer::I32(b) => b.nbytes(),
-        }
+        with_buffer!(&self.buf, b => b.nbytes())
     }
 
     #[getter]
@@ -174,6 +177,7 @@ impl HostBufferView {
         match &self.buf {
             AnyBuffer::F32(_) => "float32",
             AnyBuffer::I32(_) => "int32",
+            AnyBuffer::I64(_) => "int64",
         }
     }
 }

@@ -9,8 +9,8 @@ pub struct PyTokenList(pub Py<PyList>);
 
 impl TokenHistory for PyTokenList {
     fn len(&self) -> usize {
-        // Every caller already holds the GIL (tables are only driven from Python), so attaching
-        // is a cheap re-entrant check.
+        // Tables are only driven from Python methods, which hold the GIL, so attaching is a
+        // cheap re-entrant check; PyList's length is then a field read.
         Python::attach(|py| self.0.bind(py).len())
     }
 

@@ -68,6 +68,12 @@ impl LogitBiasState {
         self.inner.triples().len()
     }
 
+    /// Valid triples plus no-op padding (a power of two): the prefix to view and apply.
+    #[getter]
+    fn padded_len(&self) -> usize {
+        self.inner.triples().padded_len()
+    }
+
     /// Requests with a non-empty bias.
     #[getter]
     fn active(&self) -> usize {

@@ -39,7 +39,11 @@ impl MinTokensState {
                 extract_as::<i64>(e.index, "min_tokens", &min, "an int")?
             };
             let output = e.output_tok_ids.cast::<PyList>().map_err(|_| {
-                bad_value(e.index, "output_tok_ids", "expected the live output list (a list)")
+                bad_value(
+                    e.index,
+                    "output_tok_ids",
+                    "expected the live output list (a list)",
+                )
             })?;
             let mut stop_token_ids = Vec::new();
             if min_tokens > 0 {
@@ -79,6 +83,12 @@ impl MinTokensState {
     #[getter]
     fn len(&self) -> usize {
         self.inner.triples().len()
+    }
+
+    /// Valid triples plus no-op padding (a power of two): the prefix to view and apply.
+    #[getter]
+    fn padded_len(&self) -> usize {
+        self.inner.triples().padded_len()
     }
 
     /// Requests still below their min_tokens.

@@ -1,18 +1,25 @@
 //! PyO3 bindings: wiring only. Each exposed class is a thin wrapper around one core state;
 //! parsing of vLLM-shaped Python objects lives in `update.rs`, error mapping in `errors.rs`.
 
+mod allowed;
+mod bad_words;
 mod buffer;
 mod errors;
 mod history;
 mod logit_bias;
 mod min_p;
 mod min_tokens;
+mod penalties;
 mod update;
 
 use pyo3::prelude::*;
 
 #[pymodule]
 mod _core {
+    #[pymodule_export]
+    use super::allowed::AllowedTokenIdsState;
+    #[pymodule_export]
+    use super::bad_words::BadWordsState;
     #[pymodule_export]
     use super::buffer::HostBufferView;
     #[pymodule_export]
@@ -21,6 +28,8 @@ mod _core {
     use super::min_p::MinPState;
     #[pymodule_export]
     use super::min_tokens::MinTokensState;
+    #[pymodule_export]
+    use super::penalties::PenaltiesState;
 
     use pyo3::prelude::*;
 

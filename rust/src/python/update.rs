@@ -5,8 +5,11 @@
 //! `(index1, index2, direction)`, direction any enum whose name is SWAP or UNIDIRECTIONAL, or
 //! its value 1 / 2). Every malformed piece becomes a `ValueError` naming the request and field.
 
+use std::sync::{Arc, Mutex};
+
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::PyString;
+use pyo3::types::{PyInt, PyString, PyTuple};
 
 use super::errors::{bad_update, bad_value};
 use crate::batch::{BatchUpdate, Move, MoveDirectionality};
@@ -27,22 +30,57 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
 }
 
 fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionality> {
-    let name = match obj.getattr("name") {
-        Ok(n) => n.extract::<String>().ok(),
-        Err(_) => None,
+    let py = obj.py();
+    // Enum members keep their name in the plain attribute `_name_` (cheap); `name` is a
+    // property (slow) and other duck types may only have that. Ints are the enum values.
+    let name = obj
+        .getattr(intern!(py, "_name_"))
+        .or_else(|_| obj.getattr(intern!(py, "name")))
+        .ok();
+    let by_name = name
+        .as_ref()
+        .and_then(|n| n.cast::<PyString>().ok())
+        .map(|n| n.to_str());
+    let dir = match by_name {
+        Some(Ok("SWAP")) => Some(MoveDirectionality::Swap),
+        Some(Ok("UNIDIRECTIONAL")) => Some(MoveDirectionality::Unidirectional),
+        _ if obj.is_instance_of::<PyInt>() => match obj.extract::<i64>() {
+            Ok(2) => Some(MoveDirectionality::Swap),
+            Ok(1) => Some(MoveDirectionality::Unidirectional),
+            _ => None,
+        },
+        _ => None,
     };
-    match (name.as_deref(), obj.extract::<i64>().ok()) {
-        (Some("SWAP"), _) | (None, Some(2)) => Ok(MoveDirectionality::Swap),
-        (Some("UNIDIRECTIONAL"), _) | (None, Some(1)) => Ok(MoveDirectionality::Unidirectional),
-        _ => Err(bad_value(
+    dir.ok_or_else(|| {
+        bad_value(
             index,
             "moved",
             format!(
                 "direction must be SWAP or UNIDIRECTIONAL, got {}",
                 describe(obj)
             ),
-        )),
+        )
+    })
+}
+
+/// The items of a fixed-length entry (a tuple, or any sequence of that length).
+fn entry_items<'py>(
+    item: &Bound<'py, PyAny>,
+    n: usize,
+    field: &str,
+    shape: &str,
+) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if let Ok(t) = item.cast::<PyTuple>() {
+        if t.len() == n {
+            return Ok(t.iter().collect());
+        }
+    } else if !item.is_instance_of::<PyString>() && item.len().ok() == Some(n) {
+        return (0..n).map(|i| item.get_item(i)).collect();
     }
+    Err(bad_update(
+        field,
+        format!("entries must be {shape}, got {}", describe(item)),
+    ))
 }
 
 /// One `added` entry as seen by a payload extractor.
@@ -53,51 +91,101 @@ pub struct AddedEntry<'py> {
     pub output_tok_ids: Bound<'py, PyAny>,
 }
 
+/// The processor-independent part of one update: indices, moves and the added entries' objects.
+struct Shape {
+    source: Py<PyAny>,
+    batch_size: usize,
+    removed: Vec<usize>,
+    added: Vec<(usize, [Py<PyAny>; 3])>,
+    moved: Vec<Move>,
+}
+
+/// The last update's shape. Every processor receives the same `BatchUpdate` object each step,
+/// so the structure is read from Python once and shared; the cache holds a strong reference to
+/// that object, so its identity cannot be reused while cached. (A `BatchUpdate` is frozen and
+/// its lists are never mutated after hand-over, as in vLLM.)
+static LAST_SHAPE: Mutex<Option<Arc<Shape>>> = Mutex::new(None);
+
+fn read_shape(bu: &Bound<'_, PyAny>) -> PyResult<Shape> {
+    let py = bu.py();
+    let batch_size = index_of(&bu.getattr(intern!(py, "batch_size"))?, "batch_size")?;
+    let mut removed = Vec::new();
+    for item in bu.getattr(intern!(py, "removed"))?.try_iter()? {
+        removed.push(index_of(&item?, "removed")?);
+    }
+    let mut added = Vec::new();
+    for item in bu.getattr(intern!(py, "added"))?.try_iter()? {
+        let item = item?;
+        let [index, params, prompt, output]: [Bound<'_, PyAny>; 4] = entry_items(
+            &item,
+            4,
+            "added",
+            "(index, params, prompt_tok_ids, output_tok_ids)",
+        )?
+        .try_into()
+        .expect("entry_items returns exactly n items");
+        added.push((
+            index_of(&index, "added")?,
+            [params.unbind(), prompt.unbind(), output.unbind()],
+        ));
+    }
+    let mut moved = Vec::new();
+    for item in bu.getattr(intern!(py, "moved"))?.try_iter()? {
+        let item = item?;
+        let [a, b, dir]: [Bound<'_, PyAny>; 3] =
+            entry_items(&item, 3, "moved", "(index1, index2, direction)")?
+                .try_into()
+                .expect("entry_items returns exactly n items");
+        let from = index_of(&a, "moved")?;
+        let to = index_of(&b, "moved")?;
+        let dir = direction(from, &dir)?;
+        moved.push(Move { from, to, dir });
+    }
+    Ok(Shape {
+        source: bu.clone().unbind(),
+        batch_size,
+        removed,
+        added,
+        moved,
+    })
+}
+
+fn shape_of(bu: &Bound<'_, PyAny>) -> PyResult<Arc<Shape>> {
+    fn lock() -> std::sync::MutexGuard<'static, Option<Arc<Shape>>> {
+        LAST_SHAPE.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    if let Some(shape) = lock().as_ref() {
+        if shape.source.is(bu) {
+            return Ok(Arc::clone(shape));
+        }
+    }
+    // Python code runs only outside the lock: reading the update (getattr, iteration), and
+    // releasing the previous cached object, whose finaliser could re-enter this function.
+    let shape = Arc::new(read_shape(bu)?);
+    let previous = lock().replace(Arc::clone(&shape));
+    drop(previous);
+    Ok(shape)
+}
+
 /// Parses the whole update; `extract` turns each added entry into the table's payload.
 pub fn parse_update<'py, A>(
     bu: &Bound<'py, PyAny>,
     mut extract: impl FnMut(&AddedEntry<'py>) -> PyResult<A>,
 ) -> PyResult<BatchUpdate<A>> {
-    let batch_size = index_of(&bu.getattr("batch_size")?, "batch_size")?;
-    let mut update = BatchUpdate::new(batch_size);
-    for item in bu.getattr("removed")?.try_iter()? {
-        update.removed.push(index_of(&item?, "removed")?);
-    }
-    for item in bu.getattr("added")?.try_iter()? {
-        let item = item?;
-        if item.is_instance_of::<PyString>() || item.len().ok() != Some(4) {
-            return Err(bad_update(
-                "added",
-                format!(
-                    "entries must be (index, params, prompt_tok_ids, output_tok_ids), got {}",
-                    describe(&item)
-                ),
-            ));
-        }
+    let py = bu.py();
+    let shape = shape_of(bu)?;
+    let mut update = BatchUpdate::new(shape.batch_size);
+    update.removed.extend_from_slice(&shape.removed);
+    update.moved.extend_from_slice(&shape.moved);
+    update.added.reserve(shape.added.len());
+    for (index, [params, prompt, output]) in &shape.added {
         let entry = AddedEntry {
-            index: index_of(&item.get_item(0)?, "added")?,
-            params: item.get_item(1)?,
-            prompt_tok_ids: item.get_item(2)?,
-            output_tok_ids: item.get_item(3)?,
+            index: *index,
+            params: params.bind(py).clone(),
+            prompt_tok_ids: prompt.bind(py).clone(),
+            output_tok_ids: output.bind(py).clone(),
         };
-        let payload = extract(&entry)?;
-        update.added.push((entry.index, payload));
-    }
-    for item in bu.getattr("moved")?.try_iter()? {
-        let item = item?;
-        if item.is_instance_of::<PyString>() || item.len().ok() != Some(3) {
-            return Err(bad_update(
-                "moved",
-                format!(
-                    "entries must be (index1, index2, direction), got {}",
-                    describe(&item)
-                ),
-            ));
-        }
-        let from = index_of(&item.get_item(0)?, "moved")?;
-        let to = index_of(&item.get_item(1)?, "moved")?;
-        let dir = direction(from, &item.get_item(2)?)?;
-        update.moved.push(Move { from, to, dir });
+        update.added.push((*index, extract(&entry)?));
     }
     Ok(update)
 }
@@ -109,7 +197,7 @@ pub fn param<'py>(
     field: &'static str,
 ) -> PyResult<Bound<'py, PyAny>> {
     params
-        .getattr(field)
+        .getattr(PyString::intern(params.py(), field))
         .map_err(|_| bad_value(index, field, "sampling params have no such attribute"))
 }
 
@@ -127,4 +215,27 @@ pub fn extract_as<'py, T: for<'a> FromPyObject<'a, 'py>>(
             format!("expected {expected}, got {}", describe(obj)),
         )
     })
+}
+
+/// Extracts a sequence of token ids (ints; a str or non-sequence is rejected).
+pub fn token_ids(index: usize, field: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+    if obj.is_instance_of::<PyString>() {
+        return Err(bad_value(
+            index,
+            field,
+            "expected a list of token ids, got a str",
+        ));
+    }
+    let iter = obj.try_iter().map_err(|_| {
+        bad_value(
+            index,
+            field,
+            format!("expected a list of token ids, got {}", describe(obj)),
+        )
+    })?;
+    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
+    for t in iter {
+        out.push(extract_as::<i64>(index, field, &t?, "int token ids")?);
+    }
+    Ok(out)
 }

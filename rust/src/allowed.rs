@@ -1,0 +1,189 @@
+//! Allowed token ids: every token outside a request's set becomes −inf.
+//!
+//! State is per slot and moves with its request through the generic table, so a SWAP exchanges
+//! the two rows' sets and a condense move leaves nothing behind at the source (vLLM 0.25.1 gets
+//! both wrong: its swap aliases two row views and its condense never clears the source row).
+//! Exported as (row, token) pairs of allowed entries plus the list of restricted rows; apply
+//! saves the allowed logits, fills the restricted rows with −inf, and writes the saved values
+//! back.
+
+use std::sync::Arc;
+
+use crate::batch::BatchUpdate;
+use crate::buffer::HostBuffer;
+use crate::error::{Error, Result};
+use crate::sparse::{resize_touches_active, Padding, SparseRows};
+use crate::table::SlotTable;
+
+pub struct AllowedState {
+    table: SlotTable<Vec<i32>>,
+    pairs: SparseRows<f32>,
+    rows: Arc<HostBuffer<i64>>,
+    n_rows: usize,
+    padded_rows: usize,
+    vocab_size: usize,
+    max_ids: usize,
+    batch_size: usize,
+}
+
+impl AllowedState {
+    pub fn new(capacity: usize, vocab_size: usize, max_ids: usize) -> Self {
+        AllowedState {
+            table: SlotTable::new(capacity),
+            pairs: SparseRows::new(capacity * max_ids),
+            rows: Arc::new(HostBuffer::new(capacity, 0)),
+            n_rows: 0,
+            padded_rows: 0,
+            vocab_size,
+            max_ids,
+            batch_size: 0,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    pub fn active(&self) -> usize {
+        self.table.active()
+    }
+
+    pub fn pairs(&self) -> &SparseRows<f32> {
+        &self.pairs
+    }
+
+    /// Restricted rows (prefix `[0, padded_rows)`, padded by repeating the first).
+    pub fn rows(&self) -> &Arc<HostBuffer<i64>> {
+        &self.rows
+    }
+
+    pub fn n_rows(&self) -> usize {
+        self.n_rows
+    }
+
+    pub fn padded_rows(&self) -> usize {
+        self.padded_rows
+    }
+
+    fn check(&self, index: usize, ids: Option<Vec<i64>>) -> Result<Option<Vec<i32>>> {
+        let Some(ids) = ids else { return Ok(None) };
+        if ids.is_empty() {
+            return Err(Error::invalid(
+                index,
+                "allowed_token_ids",
+                "must not be empty (it would ban every token)",
+            ));
+        }
+        let mut out: Vec<i32> = Vec::with_capacity(ids.len());
+        for t in ids {
+            if t < 0 || t as u64 >= self.vocab_size as u64 {
+                return Err(Error::invalid(
+                    index,
+                    "allowed_token_ids",
+                    format!("token id {t} outside [0, {})", self.vocab_size),
+                ));
+            }
+            out.push(t as i32);
+        }
+        out.sort_unstable();
+        out.dedup();
+        if out.len() > self.max_ids {
+            return Err(Error::TooManyEntries {
+                index,
+                field: "allowed_token_ids",
+                count: out.len(),
+                cap: self.max_ids,
+            });
+        }
+        Ok(Some(out))
+    }
+
+    /// Applies a batch change (validated first); returns whether the exported pairs changed.
+    pub fn update(&mut self, update: BatchUpdate<Option<Vec<i64>>>) -> Result<bool> {
+        update.validate(self.capacity())?;
+        let update = update.try_map_added(|i, ids| self.check(i, ids))?;
+        let new_bs = update.batch_size;
+        let mut changed = self.table.apply_validated(update);
+        changed |= resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
+        self.batch_size = new_bs;
+        if changed {
+            self.rebuild();
+        }
+        Ok(changed)
+    }
+
+    fn rebuild(&mut self) {
+        let bs = self.batch_size;
+        let table = &self.table;
+        self.pairs.rebuild(
+            table
+                .iter()
+                .take_while(|(row, _)| *row < bs)
+                .flat_map(|(row, ids)| ids.iter().map(move |&t| (row, t, 0.0))),
+            Padding::RepeatFirst,
+        );
+        let mut n = 0;
+        for (row, _) in table.iter().take_while(|(row, _)| *row < bs) {
+            self.rows.set(n, row as i64);
+            n += 1;
+        }
+        self.n_rows = n;
+        self.padded_rows = if n == 0 {
+            0
+        } else {
+            n.next_power_of_two().min(self.capacity())
+        };
+        if n > 0 {
+            let first = self.rows.get(0);
+            self.rows.fill(n, self.padded_rows, first);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Move;
+
+    #[test]
+    fn swap_and_condense_carry_the_set() {
+        let mut s = AllowedState::new(4, 10, 8);
+        let mut u = BatchUpdate::new(3);
+        u.added = vec![(0, Some(vec![3, 1, 3])), (1, None), (2, Some(vec![7]))];
+        assert!(s.update(u).unwrap());
+        assert_eq!(s.rows().to_vec(2), vec![0, 2]);
+        let mut u = BatchUpdate::new(3);
+        u.moved = vec![Move::swap(0, 1)];
+        assert!(s.update(u).unwrap());
+        assert_eq!(
+            s.pairs()
+                .triples()
+                .iter()
+                .map(|t| (t.0, t.1))
+                .collect::<Vec<_>>(),
+            vec![(1, 1), (1, 3), (2, 7)]
+        );
+        // Condense 2 -> 0 (0 was removed and not refilled): source emptied.
+        let mut u = BatchUpdate::new(2);
+        u.moved = vec![Move::unidirectional(2, 0)];
+        s.update(u).unwrap();
+        assert_eq!(s.rows().to_vec(s.n_rows()), vec![0, 1]);
+        let mut u = BatchUpdate::new(3);
+        u.added = vec![(2, None)];
+        assert!(!s.update(u).unwrap());
+    }
+
+    #[test]
+    fn rejects_empty_and_out_of_vocab() {
+        let mut s = AllowedState::new(4, 10, 8);
+        for ids in [vec![], vec![10]] {
+            let mut u = BatchUpdate::new(1);
+            u.added = vec![(0, Some(ids))];
+            assert!(s
+                .update(u)
+                .unwrap_err()
+                .to_string()
+                .contains("allowed_token_ids"));
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Bad words: ban a word's last token when the output already ends with the rest of it.
+//!
+//! A single-token word is always banned; a longer word bans its last token only when the output
+//! ends with its prefix, and is skipped while it is longer than the output plus one (vLLM
+//! `bad_words.py`). Matching runs here over the tail of each live output list, once per step;
+//! the result is a set of (row, token) pairs written to −inf.
+
+use crate::batch::BatchUpdate;
+use crate::error::{Error, Result};
+use crate::history::TokenHistory;
+use crate::sparse::{resize_touches_active, Padding, SparseRows};
+use crate::table::SlotTable;
+
+pub struct BadWordsParams<H> {
+    pub words: Vec<Vec<i64>>,
+    pub output: H,
+}
+
+struct Entry<H> {
+    words: Vec<Vec<i32>>,
+    /// Longest prefix among the words: how much of the output tail matching needs.
+    max_prefix: usize,
+    output: H,
+}
+
+pub struct BadWordsState<H> {
+    table: SlotTable<Entry<H>>,
+    triples: SparseRows<f32>,
+    vocab_size: usize,
+    max_words: usize,
+    max_word_len: usize,
+    batch_size: usize,
+    /// Slots with at least one multi-token word: their bans depend on the output.
+    dynamic: usize,
+    tail: Vec<i64>,
+}
+
+impl<H: TokenHistory> BadWordsState<H> {
+    /// Caps: `max_words` words per request, each at most `max_word_len` tokens.
+    pub fn new(capacity: usize, vocab_size: usize, max_words: usize, max_word_len: usize) -> Self {
+        BadWordsState {
+            table: SlotTable::new(capacity),
+            triples: SparseRows::new(capacity * max_words),
+            vocab_size,
+            max_words,
+            max_word_len,
+            batch_size: 0,
+            dynamic: 0,
+            tail: Vec::new(),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    pub fn active(&self) -> usize {
+        self.table.active()
+    }
+
+    pub fn triples(&self) -> &SparseRows<f32> {
+        &self.triples
+    }
+
+    fn check(&self, index: usize, p: BadWordsParams<H>) -> Result<Option<Entry<H>>> {
+        if p.words.len() > self.max_words {
+            return Err(Error::TooManyEntries {
+                index,
+                field: "bad_words",
+                count: p.words.len(),
+                cap: self.max_words,
+            });
+        }
+        if p.words.is_empty() {
+            return Ok(None);
+        }
+        let mut words = Vec::with_capacity(p.words.len());
+        for w in p.words {
+            if w.is_empty() {
+                return Err(Error::invalid(index, "bad_words", "a bad word is empty"));
+            }
+            if w.len() > self.max_word_len {
+                return Err(Error::TooManyEntries {
+                    index,
+                    field: "bad_words",
+                    count: w.len(),
+                    cap: self.max_word_len,
+                });
+            }
+            let mut word = Vec::with_capacity(w.len());
+            for t in w {
+                if t < 0 || t as u64 >= self.vocab_size as u64 {
+                    return Err(Error::invalid(
+                        index,
+                        "bad_words",
+                        format!("token id {t} outside [0, {})", self.vocab_size),
+                    ));
+                }
+                word.push(t as i32);
+            }
+            words.push(word);
+        }
+        let max_prefix = words.iter().map(|w| w.len() - 1).max().unwrap_or(0);
+        Ok(Some(Entry {
+            words,
+            max_prefix,
+            output: p.output,
+        }))
+    }
+
+    /// Applies a batch change (validated first) and re-matches. Returns whether the banned
+    /// pairs changed (were rebuilt).
+    pub fn update(&mut self, update: BatchUpdate<BadWordsParams<H>>) -> Result<bool> {
+        update.validate(self.capacity())?;
+        let update = update.try_map_added(|i, p| self.check(i, p))?;
+        let new_bs = update.batch_size;
+        let mut changed = self.table.apply_validated(update);
+        changed |= resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
+        self.batch_size = new_bs;
+        if changed {
+            self.dynamic = self.table.iter().filter(|(_, e)| e.max_prefix > 0).count();
+        }
+        Ok(self.step(changed))
+    }
+
+    /// A step without a batch change: re-match the words that depend on the output.
+    pub fn update_none(&mut self) -> bool {
+        self.step(false)
+    }
+
+    fn step(&mut self, changed: bool) -> bool {
+        if !changed && self.dynamic == 0 {
+            return false;
+        }
+        let bs = self.batch_size;
+        let tail = &mut self.tail;
+        let mut banned: Vec<(usize, i32, f32)> = Vec::new();
+        for (row, e) in self.table.iter() {
+            if row >= bs {
+                break;
+            }
+            tail.clear();
+            let out_len = e.output.len();
+            if e.max_prefix > 0 {
+                e.output.read_tail(e.max_prefix, tail);
+            }
+            for w in &e.words {
+                let prefix = w.len() - 1;
+                if w.len() > out_len + 1 {
+                    continue;
+                }
+                let matches = prefix == 0
+                    || (tail.len() >= prefix
+                        && tail[tail.len() - prefix..]
+                            .iter()
+                            .zip(&w[..prefix])
+                            .all(|(&a, &b)| a == b as i64));
+                if matches {
+                    banned.push((row, w[prefix], f32::NEG_INFINITY));
+                }
+            }
+        }
+        let before = self.triples.triples();
+        let same = before.len() == banned.len()
+            && before
+                .iter()
+                .zip(&banned)
+                .all(|(a, b)| a.0 as usize == b.0 && a.1 == b.1);
+        if same {
+            return false;
+        }
+        self.triples.rebuild(banned, Padding::RepeatFirst);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::SharedHistory;
+
+    #[test]
+    fn bans_by_prefix() {
+        let out = SharedHistory::default();
+        let mut s = BadWordsState::new(2, 20, 4, 4);
+        let mut u = BatchUpdate::new(1);
+        u.added = vec![(
+            0,
+            BadWordsParams {
+                words: vec![vec![5], vec![1, 2, 3], vec![9, 9]],
+                output: out.clone(),
+            },
+        )];
+        assert!(s.update(u).unwrap());
+        // Output empty: [1,2,3] is longer than output+1 -> skipped; [9,9] too.
+        assert_eq!(s.triples().triples(), vec![(0, 5, f32::NEG_INFINITY)]);
+        out.write().unwrap().extend([1, 2]);
+        assert!(s.update_none());
+        assert_eq!(
+            s.triples()
+                .triples()
+                .iter()
+                .map(|t| t.1)
+                .collect::<Vec<_>>(),
+            vec![5, 3]
+        );
+        out.write().unwrap().push(9);
+        assert!(s.update_none());
+        assert_eq!(
+            s.triples()
+                .triples()
+                .iter()
+                .map(|t| t.1)
+                .collect::<Vec<_>>(),
+            vec![5, 9]
+        );
+        assert!(!s.update_none());
+    }
+
+    #[test]
+    fn rejects_empty_and_out_of_vocab() {
+        let out = SharedHistory::default();
+        let mut s = BadWordsState::new(2, 20, 4, 4);
+        for words in [vec![vec![]], vec![vec![1, 20]]] {
+            let mut u = BatchUpdate::new(1);
+            u.added = vec![(
+                0,
+                BadWordsParams {
+                    words,
+                    output: out.clone(),
+                },
+            )];
+            let e = s.update(u).unwrap_err().to_string();
+            assert!(e.contains("bad_words") && e.contains("index 0"), "{e}");
+        }
+        assert_eq!(s.active(), 0);
+    }
+}

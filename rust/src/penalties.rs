@@ -1,0 +1,451 @@
+//! Repetition / frequency / presence penalties with incremental token counts.
+//!
+//! vLLM rebuilds every request's token counts from its whole history each step; here each
+//! tracked slot remembers how many of its output tokens were already counted and reads only the
+//! new ones, so a step costs the same at 16 or 4,096 generated tokens.
+//!
+//! The counts themselves live on the logits' device as one int32 matrix `[capacity + 1, V]`:
+//! `count | PROMPT_FLAG` per (slot, token), where `PROMPT_FLAG` marks prompt tokens (repetition
+//! uses prompt ∪ output; frequency and presence use output counts only). Row `capacity` is kept
+//! all-zero. This module computes, per update, the *operations* that keep that matrix in step:
+//! - row copies `(dst, src)` from the pre-update rows (a moved request takes its counts along;
+//!   a new request copies the zero row), applied at once as one gather/scatter;
+//! - `(row, token, delta)` additions: `PROMPT_FLAG` for a new request's distinct prompt tokens,
+//!   `+1` per newly generated token, `-1` when an output list shrank.
+//!
+//! Penalty values are dense per slot (neutral 1/0/0 where untracked), so the device apply is a
+//! few fused passes over `[batch_size, V]`; rows with neutral values come out bit-identical.
+
+use std::sync::Arc;
+
+use crate::batch::{BatchUpdate, MoveDirectionality};
+use crate::buffer::HostBuffer;
+use crate::error::{Error, Result};
+use crate::history::TokenHistory;
+use crate::sparse::{Padding, SparseRows};
+use crate::table::SlotTable;
+
+/// Bit marking "token occurs in the prompt" in a device count cell.
+pub const PROMPT_FLAG: i32 = 1 << 30;
+
+/// One added request's penalty parameters.
+pub struct PenaltyParams<H> {
+    pub repetition_penalty: f64,
+    pub frequency_penalty: f64,
+    pub presence_penalty: f64,
+    pub prompt: Option<Vec<i64>>,
+    pub output: H,
+}
+
+struct Entry<H> {
+    values: (f32, f32, f32),
+    output: H,
+    /// Output tokens already counted (a copy, so a shrinking list can be undone exactly).
+    counted: Vec<i32>,
+    /// Distinct prompt tokens, emitted as PROMPT_FLAG additions when the entry is fresh.
+    prompt: Vec<i32>,
+}
+
+/// Where a slot's device row comes from after an update.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Origin {
+    Row(usize),
+    Fresh,
+    Empty,
+}
+
+pub struct PenaltiesState<H> {
+    table: SlotTable<Entry<H>>,
+    repetition: Arc<HostBuffer<f32>>,
+    frequency: Arc<HostBuffer<f32>>,
+    presence: Arc<HostBuffer<f32>>,
+    copy_dst: Arc<HostBuffer<i64>>,
+    copy_src: Arc<HostBuffer<i64>>,
+    n_copies: usize,
+    ops: SparseRows<i32>,
+    pending: Vec<(usize, i32, i32)>,
+    pending_pos: usize,
+    vocab_size: usize,
+    batch_size: usize,
+    values_changed: bool,
+    origin: Vec<Origin>,
+    is_touched: Vec<bool>,
+    scratch: Vec<i64>,
+}
+
+impl<H: TokenHistory> PenaltiesState<H> {
+    /// `ops_capacity`: triples per upload chunk (larger batches of ops go in several chunks).
+    pub fn new(capacity: usize, vocab_size: usize, ops_capacity: usize) -> Self {
+        PenaltiesState {
+            table: SlotTable::new(capacity),
+            repetition: Arc::new(HostBuffer::new(capacity, 1.0)),
+            frequency: Arc::new(HostBuffer::new(capacity, 0.0)),
+            presence: Arc::new(HostBuffer::new(capacity, 0.0)),
+            copy_dst: Arc::new(HostBuffer::new(capacity, 0)),
+            copy_src: Arc::new(HostBuffer::new(capacity, 0)),
+            n_copies: 0,
+            ops: SparseRows::new(ops_capacity.max(1)),
+            pending: Vec::new(),
+            pending_pos: 0,
+            vocab_size,
+            batch_size: 0,
+            values_changed: false,
+            origin: (0..capacity).map(Origin::Row).collect(),
+            is_touched: vec![false; capacity],
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    /// The all-zero device row new requests copy from.
+    pub fn zero_row(&self) -> usize {
+        self.capacity()
+    }
+
+    /// Slots with a non-neutral penalty.
+    pub fn active(&self) -> usize {
+        self.table.active()
+    }
+
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    pub fn repetition(&self) -> &Arc<HostBuffer<f32>> {
+        &self.repetition
+    }
+
+    pub fn frequency(&self) -> &Arc<HostBuffer<f32>> {
+        &self.frequency
+    }
+
+    pub fn presence(&self) -> &Arc<HostBuffer<f32>> {
+        &self.presence
+    }
+
+    pub fn copy_dst(&self) -> &Arc<HostBuffer<i64>> {
+        &self.copy_dst
+    }
+
+    pub fn copy_src(&self) -> &Arc<HostBuffer<i64>> {
+        &self.copy_src
+    }
+
+    /// Row copies to apply (the prefix of `copy_dst` / `copy_src`).
+    pub fn n_copies(&self) -> usize {
+        self.n_copies
+    }
+
+    /// True (once) after the per-slot penalty values changed: re-upload them.
+    pub fn take_values_changed(&mut self) -> bool {
+        std::mem::take(&mut self.values_changed)
+    }
+
+    /// The current chunk of `(row, token, delta)` additions.
+    pub fn ops(&self) -> &SparseRows<i32> {
+        &self.ops
+    }
+
+    /// Output counts of one slot as the core sees them (tests, debugging).
+    pub fn counted(&self, index: usize) -> Option<&[i32]> {
+        self.table.get(index).map(|e| e.counted.as_slice())
+    }
+
+    fn check(&self, index: usize, p: PenaltyParams<H>) -> Result<Option<Entry<H>>> {
+        let rep = p.repetition_penalty;
+        if !(rep.is_finite() && rep > 0.0) {
+            return Err(Error::invalid(
+                index,
+                "repetition_penalty",
+                format!("must be finite and > 0, got {rep}"),
+            ));
+        }
+        for (field, v) in [
+            ("frequency_penalty", p.frequency_penalty),
+            ("presence_penalty", p.presence_penalty),
+        ] {
+            if v.is_nan() || !(-2.0..=2.0).contains(&v) {
+                return Err(Error::invalid(
+                    index,
+                    field,
+                    format!("must be in [-2, 2], got {v}"),
+                ));
+            }
+        }
+        let values = (
+            rep as f32,
+            p.frequency_penalty as f32,
+            p.presence_penalty as f32,
+        );
+        if values == (1.0, 0.0, 0.0) {
+            return Ok(None);
+        }
+        let mut prompt = Vec::new();
+        if let Some(tokens) = p.prompt {
+            let mut seen = std::collections::HashSet::with_capacity(tokens.len());
+            for t in tokens {
+                if t < 0 || t as u64 >= self.vocab_size as u64 {
+                    return Err(Error::invalid(
+                        index,
+                        "prompt_tok_ids",
+                        format!("token id {t} outside [0, {})", self.vocab_size),
+                    ));
+                }
+                if seen.insert(t) {
+                    prompt.push(t as i32);
+                }
+            }
+        }
+        Ok(Some(Entry {
+            values,
+            output: p.output,
+            counted: Vec::new(),
+            prompt,
+        }))
+    }
+
+    fn write_values(&mut self, index: usize, v: (f32, f32, f32)) {
+        let old = (
+            self.repetition.get(index),
+            self.frequency.get(index),
+            self.presence.get(index),
+        );
+        if old != v {
+            self.repetition.set(index, v.0);
+            self.frequency.set(index, v.1);
+            self.presence.set(index, v.2);
+            self.values_changed = true;
+        }
+    }
+
+    /// Applies a batch change (validated first), then counts the new output tokens.
+    pub fn update(&mut self, update: BatchUpdate<PenaltyParams<H>>) -> Result<()> {
+        update.validate(self.capacity())?;
+        let update = update.try_map_added(|i, p| self.check(i, p))?;
+        self.begin_step();
+
+        // Where each touched slot's device row comes from, following the same order as the
+        // table (added, removed, moved) on pre-update row numbers.
+        let mut touched: Vec<usize> = Vec::new();
+        let is_touched = &mut self.is_touched;
+        let mut touch = |i: usize, touched: &mut Vec<usize>| {
+            if !is_touched[i] {
+                is_touched[i] = true;
+                touched.push(i);
+            }
+        };
+        for (i, e) in &update.added {
+            touch(*i, &mut touched);
+            self.origin[*i] = if e.is_some() {
+                Origin::Fresh
+            } else {
+                Origin::Empty
+            };
+        }
+        for &i in &update.removed {
+            touch(i, &mut touched);
+            self.origin[i] = Origin::Empty;
+        }
+        for m in &update.moved {
+            touch(m.from, &mut touched);
+            touch(m.to, &mut touched);
+            match m.dir {
+                MoveDirectionality::Swap => self.origin.swap(m.from, m.to),
+                MoveDirectionality::Unidirectional => {
+                    self.origin[m.to] = self.origin[m.from];
+                    self.origin[m.from] = Origin::Empty;
+                }
+            }
+        }
+        self.batch_size = update.batch_size;
+        self.table.apply_validated(update);
+
+        for &i in &touched {
+            self.is_touched[i] = false;
+            let origin = std::mem::replace(&mut self.origin[i], Origin::Row(i));
+            let values = self.table.get(i).map(|e| e.values);
+            self.write_values(i, values.unwrap_or((1.0, 0.0, 0.0)));
+            if values.is_none() {
+                continue; // untracked: its device row is never read with non-neutral values
+            }
+            let src = match origin {
+                Origin::Row(j) if j == i => continue,
+                Origin::Row(j) => j,
+                Origin::Fresh => self.zero_row(),
+                Origin::Empty => unreachable!("a tracked slot always has an origin"),
+            };
+            self.copy_dst.set(self.n_copies, i as i64);
+            self.copy_src.set(self.n_copies, src as i64);
+            self.n_copies += 1;
+            if origin == Origin::Fresh {
+                let entry = self.table.get(i).expect("tracked");
+                self.pending
+                    .extend(entry.prompt.iter().map(|&t| (i, t, PROMPT_FLAG)));
+            }
+        }
+        self.count_new_tokens();
+        Ok(())
+    }
+
+    /// A step without a batch change: only new output tokens are counted.
+    pub fn update_none(&mut self) {
+        self.begin_step();
+        self.count_new_tokens();
+    }
+
+    fn begin_step(&mut self) {
+        self.n_copies = 0;
+        self.pending.clear();
+        self.pending_pos = 0;
+    }
+
+    fn count_new_tokens(&mut self) {
+        if self.table.active() == 0 {
+            return;
+        }
+        let vocab = self.vocab_size as i64;
+        let scratch = &mut self.scratch;
+        let pending = &mut self.pending;
+        for (row, e) in self.table.iter_mut() {
+            let len = e.output.len();
+            let counted = e.counted.len();
+            if len < counted {
+                // The engine shrank the list (e.g. rejected speculative tokens): undo.
+                for t in e.counted.drain(len..) {
+                    pending.push((row, t, -1));
+                }
+            } else if len > counted {
+                scratch.clear();
+                e.output.read_from(counted, scratch);
+                for &t in scratch.iter() {
+                    // Async placeholders (-1) sit at the tail until the engine fills them in;
+                    // stop there and count them once they are real tokens.
+                    if t < 0 || t >= vocab {
+                        break;
+                    }
+                    e.counted.push(t as i32);
+                    pending.push((row, t as i32, 1));
+                }
+            }
+        }
+    }
+
+    /// Moves the next chunk of pending additions into the export buffers; returns the padded
+    /// length to apply (0 when none are left).
+    pub fn next_chunk(&mut self) -> usize {
+        let cap = self.ops.capacity();
+        let end = (self.pending_pos + cap).min(self.pending.len());
+        if self.pending_pos >= end {
+            return 0;
+        }
+        let chunk = &self.pending[self.pending_pos..end];
+        self.ops
+            .rebuild(chunk.iter().copied(), Padding::FirstWithValue(0));
+        self.pending_pos = end;
+        self.ops.padded_len()
+    }
+
+    /// Pending additions not yet handed out (tests).
+    pub fn pending_len(&self) -> usize {
+        self.pending.len() - self.pending_pos
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Move;
+    use crate::history::SharedHistory;
+
+    fn params(rep: f64, out: &SharedHistory, prompt: Vec<i64>) -> PenaltyParams<SharedHistory> {
+        PenaltyParams {
+            repetition_penalty: rep,
+            frequency_penalty: 0.5,
+            presence_penalty: 0.0,
+            prompt: Some(prompt),
+            output: out.clone(),
+        }
+    }
+
+    fn drain(s: &mut PenaltiesState<SharedHistory>) -> Vec<(i32, i32, i32)> {
+        let mut all = Vec::new();
+        while s.next_chunk() > 0 {
+            all.extend(s.ops().triples());
+        }
+        all
+    }
+
+    #[test]
+    fn counts_incrementally_and_moves_rows() {
+        let out0 = SharedHistory::default();
+        let out1 = SharedHistory::default();
+        out1.write().unwrap().extend([4, 4]);
+        let mut s = PenaltiesState::new(4, 10, 3);
+        let mut u = BatchUpdate::new(2);
+        u.added = vec![
+            (0, params(1.2, &out0, vec![1, 1, 2])),
+            (1, params(1.0, &out1, vec![])),
+        ];
+        s.update(u).unwrap();
+        assert_eq!(s.n_copies(), 2);
+        assert_eq!(s.copy_src().to_vec(2), vec![4, 4]); // both from the zero row
+        assert_eq!(
+            drain(&mut s),
+            vec![
+                (0, 1, PROMPT_FLAG),
+                (0, 2, PROMPT_FLAG),
+                (1, 4, 1),
+                (1, 4, 1)
+            ]
+        );
+        assert!(s.take_values_changed());
+
+        out0.write().unwrap().extend([7, -1]);
+        s.update_none();
+        assert_eq!(drain(&mut s), vec![(0, 7, 1)]);
+        out0.write().unwrap()[1] = 3; // placeholder filled in
+        s.update_none();
+        assert_eq!(drain(&mut s), vec![(0, 3, 1)]);
+
+        // Condense: 1 -> 0 after 0 finished; the counts follow as a row copy.
+        let mut u = BatchUpdate::new(1);
+        u.moved = vec![Move::unidirectional(1, 0)];
+        s.update(u).unwrap();
+        assert_eq!(
+            (s.n_copies(), s.copy_dst().get(0), s.copy_src().get(0)),
+            (1, 0, 1)
+        );
+        assert_eq!(s.frequency().get(1), 0.0);
+        assert_eq!(s.counted(0), Some(&[4, 4][..]));
+
+        out1.write().unwrap().truncate(1);
+        s.update_none();
+        assert_eq!(drain(&mut s), vec![(0, 4, -1)]);
+    }
+
+    #[test]
+    fn validation() {
+        let out = SharedHistory::default();
+        let mut s = PenaltiesState::new(4, 10, 8);
+        for (rep, field) in [
+            (0.0, "repetition_penalty"),
+            (f64::NAN, "repetition_penalty"),
+        ] {
+            let mut u = BatchUpdate::new(1);
+            u.added = vec![(0, params(rep, &out, vec![]))];
+            assert!(s.update(u).unwrap_err().to_string().contains(field));
+        }
+        let mut u = BatchUpdate::new(1);
+        u.added = vec![(0, params(1.5, &out, vec![10]))];
+        assert!(s
+            .update(u)
+            .unwrap_err()
+            .to_string()
+            .contains("prompt_tok_ids"));
+        assert_eq!(s.active(), 0);
+        assert!(!s.take_values_changed());
+    }
+}

@@ -1,0 +1,85 @@
+//! Binding for [`crate::bad_words::BadWordsState`] over live Python output lists.
+
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use super::buffer::HostBufferView;
+use super::errors::bad_value;
+use super::history::PyTokenList;
+use super::update::{param, parse_update, token_ids};
+use crate::bad_words::{self, BadWordsParams};
+
+#[pyclass(module = "logitsproc_rs._core")]
+pub struct BadWordsState {
+    inner: bad_words::BadWordsState<PyTokenList>,
+}
+
+#[pymethods]
+impl BadWordsState {
+    #[new]
+    fn new(capacity: usize, vocab_size: usize, max_words: usize, max_word_len: usize) -> Self {
+        BadWordsState {
+            inner: bad_words::BadWordsState::new(capacity, vocab_size, max_words, max_word_len),
+        }
+    }
+
+    /// Applies a batch update (or, with None, re-matches against the grown outputs). Reads each
+    /// added request's `params.bad_words_token_ids` (list of token-id lists, or None). Returns
+    /// True when the banned (row, token) pairs changed.
+    #[pyo3(signature = (batch_update))]
+    fn update(&mut self, batch_update: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+        let Some(bu) = batch_update else {
+            return Ok(self.inner.update_none());
+        };
+        let update = parse_update(bu, |e| {
+            let words_obj = param(e.index, &e.params, "bad_words_token_ids")?;
+            let mut words = Vec::new();
+            if !words_obj.is_none() {
+                for w in words_obj.try_iter().map_err(|_| {
+                    bad_value(e.index, "bad_words", "expected a list of token-id lists")
+                })? {
+                    words.push(token_ids(e.index, "bad_words", &w?)?);
+                }
+            }
+            let output = e.output_tok_ids.cast::<PyList>().map_err(|_| {
+                bad_value(
+                    e.index,
+                    "output_tok_ids",
+                    "expected the live output list (a list)",
+                )
+            })?;
+            Ok(BadWordsParams {
+                words,
+                output: PyTokenList(output.clone().unbind()),
+            })
+        })?;
+        Ok(self.inner.update(update)?)
+    }
+
+    fn rows(&self) -> HostBufferView {
+        HostBufferView::i32(self.inner.triples().rows())
+    }
+
+    fn cols(&self) -> HostBufferView {
+        HostBufferView::i32(self.inner.triples().cols())
+    }
+
+    fn vals(&self) -> HostBufferView {
+        HostBufferView::f32(self.inner.triples().vals())
+    }
+
+    #[getter]
+    fn len(&self) -> usize {
+        self.inner.triples().len()
+    }
+
+    #[getter]
+    fn padded_len(&self) -> usize {
+        self.inner.triples().padded_len()
+    }
+
+    #[getter]
+    fn active(&self) -> usize {
+        self.inner.active()
+    }
+}

@@ -1,0 +1,144 @@
+//! Binding for [`crate::penalties::PenaltiesState`] over live Python output lists.
+
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+
+use super::buffer::HostBufferView;
+use super::errors::bad_value;
+use super::history::PyTokenList;
+use super::update::{extract_as, param, parse_update, token_ids};
+use crate::penalties::{self, PenaltyParams};
+
+#[pyclass(module = "logitsproc_rs._core")]
+pub struct PenaltiesState {
+    inner: penalties::PenaltiesState<PyTokenList>,
+}
+
+#[pymethods]
+impl PenaltiesState {
+    #[new]
+    fn new(capacity: usize, vocab_size: usize, ops_capacity: usize) -> Self {
+        PenaltiesState {
+            inner: penalties::PenaltiesState::new(capacity, vocab_size, ops_capacity),
+        }
+    }
+
+    /// Applies a batch update (or, with None, only counts new output tokens). Reads each added
+    /// request's repetition/frequency/presence penalties and prompt ids, keeps its live output
+    /// list. Afterwards: `n_copies` row copies and `next_chunk()` additions are pending.
+    #[pyo3(signature = (batch_update))]
+    fn update(&mut self, batch_update: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let Some(bu) = batch_update else {
+            self.inner.update_none();
+            return Ok(());
+        };
+        let update = parse_update(bu, |e| {
+            let f = |field: &'static str| -> PyResult<f64> {
+                extract_as::<f64>(
+                    e.index,
+                    field,
+                    &param(e.index, &e.params, field)?,
+                    "a float",
+                )
+            };
+            let repetition_penalty = f("repetition_penalty")?;
+            let frequency_penalty = f("frequency_penalty")?;
+            let presence_penalty = f("presence_penalty")?;
+            let neutral =
+                repetition_penalty == 1.0 && frequency_penalty == 0.0 && presence_penalty == 0.0;
+            let prompt = if neutral || e.prompt_tok_ids.is_none() {
+                None
+            } else {
+                Some(token_ids(e.index, "prompt_tok_ids", &e.prompt_tok_ids)?)
+            };
+            let output = e.output_tok_ids.cast::<PyList>().map_err(|_| {
+                bad_value(
+                    e.index,
+                    "output_tok_ids",
+                    "expected the live output list (a list)",
+                )
+            })?;
+            Ok(PenaltyParams {
+                repetition_penalty,
+                frequency_penalty,
+                presence_penalty,
+                prompt,
+                output: PyTokenList(output.clone().unbind()),
+            })
+        })?;
+        Ok(self.inner.update(update)?)
+    }
+
+    /// Moves the next chunk of (row, token, delta) additions into `ops_*()`; returns its padded
+    /// length (0 when none are left).
+    fn next_chunk(&mut self) -> usize {
+        self.inner.next_chunk()
+    }
+
+    /// True once after the per-slot penalty values changed.
+    fn take_values_changed(&mut self) -> bool {
+        self.inner.take_values_changed()
+    }
+
+    fn repetition(&self) -> HostBufferView {
+        HostBufferView::f32(self.inner.repetition())
+    }
+
+    fn frequency(&self) -> HostBufferView {
+        HostBufferView::f32(self.inner.frequency())
+    }
+
+    fn presence(&self) -> HostBufferView {
+        HostBufferView::f32(self.inner.presence())
+    }
+
+    fn copy_dst(&self) -> HostBufferView {
+        HostBufferView::i64(self.inner.copy_dst())
+    }
+
+    fn copy_src(&self) -> HostBufferView {
+        HostBufferView::i64(self.inner.copy_src())
+    }
+
+    fn ops_rows(&self) -> HostBufferView {
+        HostBufferView::i32(self.inner.ops().rows())
+    }
+
+    fn ops_cols(&self) -> HostBufferView {
+        HostBufferView::i32(self.inner.ops().cols())
+    }
+
+    fn ops_vals(&self) -> HostBufferView {
+        HostBufferView::i32(self.inner.ops().vals())
+    }
+
+    /// Output tokens counted so far for one slot (None if untracked).
+    fn counted(&self, index: usize) -> Option<Vec<i32>> {
+        self.inner.counted(index).map(<[i32]>::to_vec)
+    }
+
+    #[getter]
+    fn n_copies(&self) -> usize {
+        self.inner.n_copies()
+    }
+
+    #[getter]
+    fn zero_row(&self) -> usize {
+        self.inner.zero_row()
+    }
+
+    #[getter]
+    fn active(&self) -> usize {
+        self.inner.active()
+    }
+
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.inner.batch_size()
+    }
+
+    #[getter]
+    fn prompt_flag(&self) -> i32 {
+        penalties::PROMPT_FLAG
+    }
+}
