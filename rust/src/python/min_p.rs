@@ -3,7 +3,7 @@
 use pyo3::prelude::*;
 
 use super::buffer::HostBufferView;
-use super::update::{extract_as, param, parse_update};
+use super::update::{float_param, parse_update};
 use crate::min_p;
 
 #[pyclass(module = "logitsproc_rs._core")]
@@ -24,8 +24,7 @@ impl MinPState {
     /// the device copy of `ln(min_p)[:batch_size]` must be refreshed.
     fn update(&mut self, batch_update: &Bound<'_, PyAny>) -> PyResult<bool> {
         let update = parse_update(batch_update, |e| {
-            let v = param(e.index, &e.params, "min_p")?;
-            extract_as::<f64>(e.index, "min_p", &v, "a float")
+            float_param(e.index, &e.params, "min_p", 0.0)
         })?;
         Ok(self.inner.update(update)?.needs_copy)
     }

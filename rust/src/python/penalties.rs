@@ -6,7 +6,7 @@ use pyo3::types::PyList;
 use super::buffer::HostBufferView;
 use super::errors::bad_value;
 use super::history::PyTokenList;
-use super::update::{extract_as, param, parse_update, token_ids};
+use super::update::{float_param, parse_update, token_ids};
 use crate::penalties::{self, PenaltyParams};
 
 #[pyclass(module = "logitsproc_rs._core")]
@@ -33,17 +33,9 @@ impl PenaltiesState {
             return Ok(());
         };
         let update = parse_update(bu, |e| {
-            let f = |field: &'static str| -> PyResult<f64> {
-                extract_as::<f64>(
-                    e.index,
-                    field,
-                    &param(e.index, &e.params, field)?,
-                    "a float",
-                )
-            };
-            let repetition_penalty = f("repetition_penalty")?;
-            let frequency_penalty = f("frequency_penalty")?;
-            let presence_penalty = f("presence_penalty")?;
+            let repetition_penalty = float_param(e.index, &e.params, "repetition_penalty", 1.0)?;
+            let frequency_penalty = float_param(e.index, &e.params, "frequency_penalty", 0.0)?;
+            let presence_penalty = float_param(e.index, &e.params, "presence_penalty", 0.0)?;
             let neutral =
                 repetition_penalty == 1.0 && frequency_penalty == 0.0 && presence_penalty == 0.0;
             let prompt = if neutral || e.prompt_tok_ids.is_none() {

@@ -7,6 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use pyo3::exceptions::PyAttributeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyString, PyTuple};
@@ -190,15 +191,33 @@ pub fn parse_update<'py, A>(
     Ok(update)
 }
 
-/// Reads `params.<field>`; a missing attribute is a `ValueError` naming request and field.
+/// Reads `params.<field>`. A missing attribute reads as `None` ("not set"), so a duck-typed
+/// params object only needs the fields it uses; any other error from a property propagates.
 pub fn param<'py>(
     index: usize,
     params: &Bound<'py, PyAny>,
     field: &'static str,
 ) -> PyResult<Bound<'py, PyAny>> {
-    params
-        .getattr(PyString::intern(params.py(), field))
-        .map_err(|_| bad_value(index, field, "sampling params have no such attribute"))
+    let py = params.py();
+    match params.getattr(PyString::intern(py, field)) {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_instance_of::<PyAttributeError>(py) => Ok(py.None().into_bound(py)),
+        Err(e) => Err(bad_value(index, field, format!("reading it raised {e}"))),
+    }
+}
+
+/// Reads a float field; `None` (or missing) gives `default`.
+pub fn float_param(
+    index: usize,
+    params: &Bound<'_, PyAny>,
+    field: &'static str,
+    default: f64,
+) -> PyResult<f64> {
+    let v = param(index, params, field)?;
+    if v.is_none() {
+        return Ok(default);
+    }
+    extract_as::<f64>(index, field, &v, "a float")
 }
 
 /// Extracts a value, mapping a type mismatch to a `ValueError` naming request and field.
