@@ -61,7 +61,7 @@ class DeviceMirror:
         """Copy the first ``n`` elements of every buffer to the device (no-op on CPU)."""
         if self.on_cpu or n == 0:
             return
-        for h, d in zip(self.host, self.dev):
+        for h, d in zip(self.host, self.dev, strict=True):
             d[:n].copy_(h[:n], non_blocking=True)
         if self.pinned:
             self._event = torch.cuda.Event()
@@ -69,22 +69,23 @@ class DeviceMirror:
 
 
 class TripleViews:
-    """Device views of a Rust sparse-triples state (``rows()``, ``cols()``, ``vals()``).
+    """Device views of three Rust triple buffers (rows, cols, vals).
 
-    Rust pads the valid triples to a power-of-two ``padded_len`` with no-op entries, so the
-    views are cached per length: a step that rebuilt the triples costs a dict lookup here, not
-    three torch slices.
+    Rust pads the valid triples to a power-of-two length with no-op entries, so the views are
+    cached per length: a step that rebuilt the triples costs a dict lookup here, not three
+    torch slices.
     """
 
-    def __init__(self, state: Any, device: torch.device | str, is_pin_memory: bool) -> None:
-        self._state = state
-        self.mirror = DeviceMirror([state.rows(), state.cols(), state.vals()], device, is_pin_memory)
+    def __init__(
+        self, views: Sequence[Any], device: torch.device | str, is_pin_memory: bool
+    ) -> None:
+        self.mirror = DeviceMirror(views, device, is_pin_memory)
         self._cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.current: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def refresh(self) -> None:
-        """Call after Rust rebuilt the triples: upload them and select the views to apply."""
-        n = self._state.padded_len
+    def refresh(self, n: int) -> None:
+        """Call after Rust rewrote the triples (padded length ``n``): upload them and select
+        the views to apply."""
         if n == 0:
             self.current = None
             return

@@ -42,7 +42,9 @@ def apply_token_bitmask_(
     if bitmask.dtype != torch.int32:
         raise ValueError(f"bitmask must be int32, got {bitmask.dtype}")
     if bitmask.dim() != 2 or bitmask.shape[1] == 0:
-        raise ValueError(f"bitmask must be [rows, words] with words >= 1, got {list(bitmask.shape)}")
+        raise ValueError(
+            f"bitmask must be [rows, words] with words >= 1, got {list(bitmask.shape)}"
+        )
     if logits.dim() != 2:
         raise ValueError(f"logits must be [batch, vocab], got {list(logits.shape)}")
     n_rows, vocab = logits.shape

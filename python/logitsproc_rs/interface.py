@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -26,7 +26,7 @@ class MoveDirectionality(Enum):
 RemovedRequest = int
 # (index, params, prompt_tok_ids | None, output_tok_ids); output_tok_ids is the request's
 # live output list, which the engine appends to every step.
-AddedRequest = tuple[int, Any, Union[list[int], None], list[int]]
+AddedRequest = tuple[int, Any, list[int] | None, list[int]]
 MovedRequest = tuple[int, int, MoveDirectionality]
 
 
@@ -52,7 +52,7 @@ class LogitsProcessor(ABC):
     """
 
     @classmethod
-    def validate_params(cls, sampling_params: Any) -> None:  # noqa: B027 - optional hook
+    def validate_params(cls, sampling_params: Any) -> None:
         """Raise ``ValueError`` if ``sampling_params`` are invalid for this processor."""
 
     @abstractmethod

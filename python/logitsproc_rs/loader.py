@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable, Sequence
 from importlib.metadata import entry_points
-from itertools import chain
 from typing import Any
 
 import torch
@@ -96,7 +95,13 @@ def build_logitsprocs(
             raise ValueError(STR_SPEC_DEC_REJECTS_LOGITSPROCS)
         classes = [*before, MinTokensLogitsProcessor, *after]
     else:
-        classes = [*before, *BUILTIN_LOGITS_PROCESSORS, *_load_plugins(), *_load_by_names(custom), *after]
+        classes = [
+            *before,
+            *BUILTIN_LOGITS_PROCESSORS,
+            *_load_plugins(),
+            *_load_by_names(custom),
+            *after,
+        ]
     return LogitsProcessors(ctor(vllm_config, device, is_pin_memory) for ctor in classes)
 
 

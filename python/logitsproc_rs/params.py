@@ -117,7 +117,9 @@ class SamplingParams:
             raise ValueError("temperature must be finite, got inf")
         number("top_p", 0.0, 1.0, lo_open=True)
         if not _is_int(self.top_k) or self.top_k < -1:
-            raise ValueError(f"top_k must be -1, 0 (disabled) or a positive int, got {self.top_k!r}")
+            raise ValueError(
+                f"top_k must be -1, 0 (disabled) or a positive int, got {self.top_k!r}"
+            )
         number("min_p", 0.0, 1.0)
         if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
@@ -133,7 +135,9 @@ class SamplingParams:
             raise ValueError(f"logprobs must be an int >= 0, got {self.logprobs!r}")
         if self.stop_token_ids is not None:
             self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
-        if self.eos_token_id is not None and (not _is_int(self.eos_token_id) or self.eos_token_id < 0):
+        if self.eos_token_id is not None and (
+            not _is_int(self.eos_token_id) or self.eos_token_id < 0
+        ):
             raise ValueError(f"eos_token_id must be a non-negative int, got {self.eos_token_id!r}")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
@@ -211,7 +215,8 @@ class EngineConfig:
         starts, ends = self.reasoning_start_token_ids, self.reasoning_end_token_ids
         if (starts is None) != (ends is None):
             raise ValueError(
-                "EngineConfig.reasoning_start_token_ids and reasoning_end_token_ids must be set together"
+                "EngineConfig.reasoning_start_token_ids and reasoning_end_token_ids "
+                "must be set together"
             )
         if starts is not None:
             self.reasoning_start_token_ids = _token_ids("reasoning_start_token_ids", starts)
@@ -254,3 +259,9 @@ def config_vocab_size(config: Any) -> int:
 def config_cap(config: Any, name: str, default: int) -> int:
     """A per-request cap: ours are ``EngineConfig`` fields; a vLLM config gets the default."""
     return int(getattr(config, name, default))
+
+
+def config_spec_tokens(config: Any) -> int:
+    """Draft tokens per request under speculative decoding (0 when off)."""
+    spec = getattr(config, "speculative_config", None)
+    return int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec else 0

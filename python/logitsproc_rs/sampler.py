@@ -62,7 +62,9 @@ class SamplingMetadata:
         use_top_k = any(k < vocab_size for k in top_ks)
         dev = torch.device(device)
         return cls(
-            temperature=None if all_greedy else torch.tensor(temps, dtype=torch.float32, device=dev),
+            temperature=None
+            if all_greedy
+            else torch.tensor(temps, dtype=torch.float32, device=dev),
             all_greedy=all_greedy,
             all_random=all_random,
             top_p=torch.tensor(top_ps, dtype=torch.float32, device=dev) if use_top_p else None,
@@ -92,7 +94,9 @@ class SamplerOutput:
     logprobs_tensors: LogprobsTensors | None = None
 
 
-def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
+def gather_logprobs(
+    logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor
+) -> LogprobsTensors:
     """Top-``num_logprobs`` plus the sampled token's value and rank (rank counts values ``>=``
     the sampled one, as vLLM ``ops/logprobs.py``)."""
     top_vals, top_ids = torch.topk(logprobs, num_logprobs, dim=-1)
@@ -162,7 +166,9 @@ class Sampler:
 
     def __init__(self, logitsprocs: LogitsProcessors, logprobs_mode: str = "raw_logprobs") -> None:
         if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+            raise ValueError(
+                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
+            )
         self.logitsprocs = logitsprocs
         self.logprobs_mode = logprobs_mode
 

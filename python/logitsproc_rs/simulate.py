@@ -55,9 +55,7 @@ class PersistentBatch:
         assert index < self.max_num_seqs and self.slots[index] is None
         self.slots[index] = req
         self.num_live += 1
-        self.builder.added.append(
-            (index, req.params, req.prompt_token_ids, req.output_token_ids)
-        )
+        self.builder.added.append((index, req.params, req.prompt_token_ids, req.output_token_ids))
         return index
 
     def condense(self) -> None:

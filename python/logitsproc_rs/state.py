@@ -99,9 +99,7 @@ class LogitsProcessors:
         if logitsprocs:
             for p in logitsprocs:
                 (
-                    self.argmax_invariant
-                    if p.is_argmax_invariant()
-                    else self.non_argmax_invariant
+                    self.argmax_invariant if p.is_argmax_invariant() else self.non_argmax_invariant
                 ).append(p)
 
     @property

@@ -128,6 +128,81 @@ impl<H: TokenHistory> BadWordsState<H> {
         self.step(false)
     }
 
+    /// Speculative decoding (vLLM `apply_bad_words_with_drafts`): request `r` owns
+    /// `num_draft[r]` consecutive logits rows; row `j` of it sees the output followed by the
+    /// first `j` draft tokens `drafts[r][..j]`. Writes the banned (row, token, −inf) triples
+    /// into `out` and returns how many logits rows the layout has.
+    pub fn spec_decode_triples(
+        &self,
+        num_draft: &[usize],
+        drafts: &[Vec<i64>],
+        out: &mut SparseRows<f32>,
+    ) -> Result<usize> {
+        let mut offsets = Vec::with_capacity(num_draft.len());
+        let mut total = 0;
+        for &n in num_draft {
+            offsets.push(total);
+            total += n;
+        }
+        let mut banned = Vec::new();
+        let mut past: Vec<i64> = Vec::new();
+        for (req, e) in self.table.iter() {
+            if req >= num_draft.len() {
+                break;
+            }
+            let draft = drafts.get(req).map(Vec::as_slice).unwrap_or(&[]);
+            past.clear();
+            e.output.read_tail(e.max_prefix, &mut past);
+            let out_len = e.output.len();
+            for j in 0..num_draft[req] {
+                if j > 0 {
+                    past.push(draft.get(j - 1).copied().unwrap_or(-1));
+                }
+                Self::match_words(&e.words, &past, out_len + j, offsets[req] + j, &mut banned);
+            }
+        }
+        if banned.len() > out.capacity() {
+            return Err(Error::invalid(
+                0,
+                "num_draft_tokens",
+                format!(
+                    "the draft layout needs {} masked entries, more than the {} reserved \
+                     (num_draft_tokens above the configured speculative tokens?)",
+                    banned.len(),
+                    out.capacity()
+                ),
+            ));
+        }
+        out.rebuild(banned, Padding::RepeatFirst);
+        Ok(total)
+    }
+
+    /// Pushes the banned tokens for one logits row whose history ends with `tail` and has
+    /// `history_len` tokens in all.
+    fn match_words(
+        words: &[Vec<i32>],
+        tail: &[i64],
+        history_len: usize,
+        row: usize,
+        banned: &mut Vec<(usize, i32, f32)>,
+    ) {
+        for w in words {
+            let prefix = w.len() - 1;
+            if w.len() > history_len + 1 {
+                continue;
+            }
+            let matches = prefix == 0
+                || (tail.len() >= prefix
+                    && tail[tail.len() - prefix..]
+                        .iter()
+                        .zip(&w[..prefix])
+                        .all(|(&a, &b)| a == b as i64));
+            if matches {
+                banned.push((row, w[prefix], f32::NEG_INFINITY));
+            }
+        }
+    }
+
     fn step(&mut self, changed: bool) -> bool {
         if !changed && self.dynamic == 0 {
             return false;
@@ -144,21 +219,7 @@ impl<H: TokenHistory> BadWordsState<H> {
             if e.max_prefix > 0 {
                 e.output.read_tail(e.max_prefix, tail);
             }
-            for w in &e.words {
-                let prefix = w.len() - 1;
-                if w.len() > out_len + 1 {
-                    continue;
-                }
-                let matches = prefix == 0
-                    || (tail.len() >= prefix
-                        && tail[tail.len() - prefix..]
-                            .iter()
-                            .zip(&w[..prefix])
-                            .all(|(&a, &b)| a == b as i64));
-                if matches {
-                    banned.push((row, w[prefix], f32::NEG_INFINITY));
-                }
-            }
+            Self::match_words(&e.words, tail, out_len, row, &mut banned);
         }
         let before = self.triples.triples();
         let same = before.len() == banned.len()

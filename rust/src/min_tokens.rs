@@ -115,6 +115,46 @@ impl<H: TokenHistory> MinTokensState<H> {
         self.step(false)
     }
 
+    /// Speculative decoding (vLLM `apply_with_spec_decode`): request `r` owns
+    /// `num_draft[r]` consecutive logits rows; the first `min(min_tokens - len(output),
+    /// num_draft[r])` of them get every stop token masked. Writes the (row, token, −inf)
+    /// triples into `out` and returns how many logits rows the layout has.
+    pub fn spec_decode_triples(&self, num_draft: &[usize], out: &mut SparseRows) -> Result<usize> {
+        let mut offsets = Vec::with_capacity(num_draft.len() + 1);
+        let mut total = 0;
+        for &n in num_draft {
+            offsets.push(total);
+            total += n;
+        }
+        let mut triples = Vec::new();
+        for (req, e) in self.table.iter() {
+            if req >= num_draft.len() {
+                break;
+            }
+            let n_mask = e
+                .min_tokens
+                .saturating_sub(e.output.len())
+                .min(num_draft[req]);
+            for row in offsets[req]..offsets[req] + n_mask {
+                triples.extend(e.stop.iter().map(|&t| (row, t, f32::NEG_INFINITY)));
+            }
+        }
+        if triples.len() > out.capacity() {
+            return Err(Error::invalid(
+                0,
+                "num_draft_tokens",
+                format!(
+                    "the draft layout needs {} masked entries, more than the {} reserved \
+                     (num_draft_tokens above the configured speculative tokens?)",
+                    triples.len(),
+                    out.capacity()
+                ),
+            ));
+        }
+        out.rebuild(triples, Padding::RepeatFirst);
+        Ok(total)
+    }
+
     fn step(&mut self, mut changed: bool) -> bool {
         if self.table.active() > 0 {
             changed |= self.table.retain(|_, e| e.output.len() < e.min_tokens);
@@ -160,6 +200,21 @@ mod tests {
         assert!(s.update_none());
         assert_eq!(s.triples().len(), 0);
         assert_eq!(s.active(), 0);
+    }
+
+    #[test]
+    fn spec_decode_masks_the_first_rows_only() {
+        let out = SharedHistory::default();
+        out.write().unwrap().push(1);
+        let mut s = MinTokensState::new(4, 10, 4);
+        let mut u = BatchUpdate::new(2);
+        u.added = vec![(1, params(3, vec![2], &out))];
+        s.update(u).unwrap();
+        let mut spec = SparseRows::new(64);
+        // Request 0 owns rows 0..3, request 1 rows 3..7; 3 - 1 = 2 rows of request 1 masked.
+        assert_eq!(s.spec_decode_triples(&[3, 4], &mut spec).unwrap(), 7);
+        let rows: Vec<i32> = spec.triples().iter().map(|t| t.0).collect();
+        assert_eq!(rows, vec![3, 4]);
     }
 
     #[test]

@@ -7,8 +7,10 @@ import torch
 
 def check_logits(name: str, logits: torch.Tensor, rows: int, vocab_size: int | None) -> None:
     """Raise ``ValueError`` unless ``logits`` is ``[rows, vocab_size]`` (host-side, no sync)."""
-    if logits.dim() != 2 or logits.shape[0] != rows or (
-        vocab_size is not None and logits.shape[1] != vocab_size
+    if (
+        logits.dim() != 2
+        or logits.shape[0] != rows
+        or (vocab_size is not None and logits.shape[1] != vocab_size)
     ):
         want = f"[{rows}, {vocab_size if vocab_size is not None else 'V'}]"
         raise ValueError(

@@ -34,7 +34,9 @@ class AllowedTokenIdsLogitsProcessor(LogitsProcessor):
             self._vocab_size,
             config_cap(vllm_config, "max_allowed_token_ids", DEFAULT_MAX_ALLOWED_TOKEN_IDS),
         )
-        self._mirror = DeviceMirror([s.rows(), s.cols(), s.restricted_rows()], device, is_pin_memory)
+        self._mirror = DeviceMirror(
+            [s.rows(), s.cols(), s.restricted_rows()], device, is_pin_memory
+        )
         self._rows = 0
         self._views: tuple[torch.Tensor, ...] | None = None
         self._cache: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .. import _core
 from .._transfer import TripleViews
 from ..interface import BatchUpdate, LogitsProcessor
-from ..params import config_cap, config_max_num_seqs, config_vocab_size
+from ..params import config_cap, config_max_num_seqs, config_spec_tokens, config_vocab_size
 from ._common import check_logits
 from .min_tokens import put_sparse_
 
@@ -28,8 +30,12 @@ class BadWordsLogitsProcessor(LogitsProcessor):
             self._vocab_size,
             config_cap(vllm_config, "max_bad_words", DEFAULT_MAX_BAD_WORDS),
             config_cap(vllm_config, "max_bad_word_len", DEFAULT_MAX_BAD_WORD_LEN),
+            config_spec_tokens(vllm_config),
         )
-        self._triples = TripleViews(self._state, device, is_pin_memory)
+        s = self._state
+        self._triples = TripleViews([s.rows(), s.cols(), s.vals()], device, is_pin_memory)
+        self._spec: TripleViews | None = None
+        self._device, self._pin = device, is_pin_memory
         self._rows = 0
 
     def is_argmax_invariant(self) -> bool:
@@ -40,7 +46,7 @@ class BadWordsLogitsProcessor(LogitsProcessor):
             return
         self._triples.mirror.before_host_write()
         if self._state.update(batch_update):
-            self._triples.refresh()
+            self._triples.refresh(self._state.padded_len)
         if batch_update is not None:
             self._rows = batch_update.batch_size
 
@@ -50,3 +56,29 @@ class BadWordsLogitsProcessor(LogitsProcessor):
             return logits
         check_logits("BadWordsLogitsProcessor", logits, self._rows, self._vocab_size)
         return put_sparse_(logits, *triples)
+
+    def apply_with_spec_decode(
+        self,
+        logits: torch.Tensor,
+        num_draft_tokens: Sequence[int],
+        spec_token_ids: Sequence[Sequence[int]],
+    ) -> torch.Tensor:
+        """Speculative decoding (vLLM ``apply_bad_words_with_drafts``): request ``r`` owns
+        ``num_draft_tokens[r]`` rows; row ``j`` is matched against the output followed by
+        ``spec_token_ids[r][:j]``."""
+        if not self._state.active:
+            return logits
+        if self._spec is None:
+            s = self._state
+            self._spec = TripleViews(
+                [s.spec_rows(), s.spec_cols(), s.spec_vals()], self._device, self._pin
+            )
+        self._spec.mirror.before_host_write()
+        rows, n = self._state.spec_decode(list(num_draft_tokens), [list(t) for t in spec_token_ids])
+        check_logits(
+            "BadWordsLogitsProcessor.apply_with_spec_decode", logits, rows, self._vocab_size
+        )
+        self._spec.refresh(n)
+        if self._spec.current is None:
+            return logits
+        return put_sparse_(logits, *self._spec.current)

@@ -30,7 +30,8 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
         self._vocab_size = config_vocab_size(vllm_config)
         cap = config_cap(vllm_config, "max_logit_bias_entries", DEFAULT_MAX_LOGIT_BIAS_ENTRIES)
         self._state = _core.LogitBiasState(config_max_num_seqs(vllm_config), self._vocab_size, cap)
-        self._triples = TripleViews(self._state, device, is_pin_memory)
+        s = self._state
+        self._triples = TripleViews([s.rows(), s.cols(), s.vals()], device, is_pin_memory)
         self._rows = 0
 
     def is_argmax_invariant(self) -> bool:
@@ -41,7 +42,7 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
             return
         self._triples.mirror.before_host_write()
         if self._state.update(batch_update):
-            self._triples.refresh()
+            self._triples.refresh(self._state.padded_len)
         self._rows = batch_update.batch_size
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .. import _core
 from .._transfer import TripleViews
 from ..interface import BatchUpdate, LogitsProcessor
-from ..params import config_cap, config_max_num_seqs, config_vocab_size
+from ..params import config_cap, config_max_num_seqs, config_spec_tokens, config_vocab_size
 from ._common import check_logits
 
 DEFAULT_MAX_STOP_TOKEN_IDS = 128
@@ -27,8 +29,13 @@ class MinTokensLogitsProcessor(LogitsProcessor):
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         self._vocab_size = config_vocab_size(vllm_config)
         cap = config_cap(vllm_config, "max_stop_token_ids", DEFAULT_MAX_STOP_TOKEN_IDS)
-        self._state = _core.MinTokensState(config_max_num_seqs(vllm_config), self._vocab_size, cap)
-        self._triples = TripleViews(self._state, device, is_pin_memory)
+        self._state = _core.MinTokensState(
+            config_max_num_seqs(vllm_config), self._vocab_size, cap, config_spec_tokens(vllm_config)
+        )
+        s = self._state
+        self._triples = TripleViews([s.rows(), s.cols(), s.vals()], device, is_pin_memory)
+        self._spec: TripleViews | None = None
+        self._device, self._pin = device, is_pin_memory
         self._rows = 0
 
     def is_argmax_invariant(self) -> bool:
@@ -39,7 +46,7 @@ class MinTokensLogitsProcessor(LogitsProcessor):
             return
         self._triples.mirror.before_host_write()
         if self._state.update(batch_update):
-            self._triples.refresh()
+            self._triples.refresh(self._state.padded_len)
         if batch_update is not None:
             self._rows = batch_update.batch_size
 
@@ -49,3 +56,26 @@ class MinTokensLogitsProcessor(LogitsProcessor):
             return logits
         check_logits("MinTokensLogitsProcessor", logits, self._rows, self._vocab_size)
         return put_sparse_(logits, *triples)
+
+    def apply_with_spec_decode(
+        self, logits: torch.Tensor, num_draft_tokens: Sequence[int]
+    ) -> torch.Tensor:
+        """Speculative decoding (vLLM's rejection-sampler path): request ``r`` owns
+        ``num_draft_tokens[r]`` consecutive rows; stop tokens are masked on the first
+        ``min_tokens - len(output)`` of them."""
+        if not self._state.active:
+            return logits
+        if self._spec is None:
+            s = self._state
+            self._spec = TripleViews(
+                [s.spec_rows(), s.spec_cols(), s.spec_vals()], self._device, self._pin
+            )
+        self._spec.mirror.before_host_write()
+        rows, n = self._state.spec_decode(list(num_draft_tokens))
+        check_logits(
+            "MinTokensLogitsProcessor.apply_with_spec_decode", logits, rows, self._vocab_size
+        )
+        self._spec.refresh(n)
+        if self._spec.current is None:
+            return logits
+        return put_sparse_(logits, *self._spec.current)

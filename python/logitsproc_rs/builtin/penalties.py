@@ -50,7 +50,9 @@ class PenaltiesLogitsProcessor(LogitsProcessor):
         self.device = torch.device(device)
         self._state = s = _core.PenaltiesState(cap, self._vocab_size, max(4 * cap, 16384))
         self._prompt_flag = s.prompt_flag
-        self._values = DeviceMirror([s.repetition(), s.frequency(), s.presence()], device, is_pin_memory)
+        self._values = DeviceMirror(
+            [s.repetition(), s.frequency(), s.presence()], device, is_pin_memory
+        )
         self._copies = DeviceMirror([s.copy_dst(), s.copy_src()], device, is_pin_memory)
         self._ops = DeviceMirror([s.ops_rows(), s.ops_cols(), s.ops_vals()], device, is_pin_memory)
         self._columns = [t.unsqueeze(1) for t in self._values.dev]
@@ -76,7 +78,9 @@ class PenaltiesLogitsProcessor(LogitsProcessor):
             return
         if self._cells is None:
             cap = state.zero_row
-            self._cells = torch.zeros((cap + 1, self._vocab_size), dtype=torch.int32, device=self.device)
+            self._cells = torch.zeros(
+                (cap + 1, self._vocab_size), dtype=torch.int32, device=self.device
+            )
         if state.take_values_changed():
             self._values.upload(state.zero_row)  # the whole (small) table: rows never go stale
         n = state.n_copies

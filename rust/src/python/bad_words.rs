@@ -8,19 +8,56 @@ use super::errors::bad_value;
 use super::history::PyTokenList;
 use super::update::{param, parse_update, token_ids};
 use crate::bad_words::{self, BadWordsParams};
+use crate::sparse::SparseRows;
 
 #[pyclass(module = "logitsproc_rs._core")]
 pub struct BadWordsState {
     inner: bad_words::BadWordsState<PyTokenList>,
+    spec: SparseRows<f32>,
 }
 
 #[pymethods]
 impl BadWordsState {
+    /// `spec_tokens`: draft tokens per request under speculative decoding (0 when off).
     #[new]
-    fn new(capacity: usize, vocab_size: usize, max_words: usize, max_word_len: usize) -> Self {
+    #[pyo3(signature = (capacity, vocab_size, max_words, max_word_len, spec_tokens=0))]
+    fn new(
+        capacity: usize,
+        vocab_size: usize,
+        max_words: usize,
+        max_word_len: usize,
+        spec_tokens: usize,
+    ) -> Self {
         BadWordsState {
             inner: bad_words::BadWordsState::new(capacity, vocab_size, max_words, max_word_len),
+            spec: SparseRows::new(capacity * max_words * spec_tokens.max(1)),
         }
+    }
+
+    /// Builds the draft-row bans into `spec_*()`: request r owns `num_draft_tokens[r]` rows,
+    /// row j seeing the output plus `spec_token_ids[r][:j]`. Returns (logits rows, padded
+    /// triple count).
+    fn spec_decode(
+        &mut self,
+        num_draft_tokens: Vec<usize>,
+        spec_token_ids: Vec<Vec<i64>>,
+    ) -> PyResult<(usize, usize)> {
+        let rows =
+            self.inner
+                .spec_decode_triples(&num_draft_tokens, &spec_token_ids, &mut self.spec)?;
+        Ok((rows, self.spec.padded_len()))
+    }
+
+    fn spec_rows(&self) -> HostBufferView {
+        HostBufferView::i32(self.spec.rows())
+    }
+
+    fn spec_cols(&self) -> HostBufferView {
+        HostBufferView::i32(self.spec.cols())
+    }
+
+    fn spec_vals(&self) -> HostBufferView {
+        HostBufferView::f32(self.spec.vals())
     }
 
     /// Applies a batch update (or, with None, re-matches against the grown outputs). Reads each

@@ -8,19 +8,46 @@ use super::errors::bad_value;
 use super::history::PyTokenList;
 use super::update::{extract_as, param, parse_update};
 use crate::min_tokens::{self, MinTokensParams};
+use crate::sparse::SparseRows;
 
 #[pyclass(module = "logitsproc_rs._core")]
 pub struct MinTokensState {
     inner: min_tokens::MinTokensState<PyTokenList>,
+    spec: SparseRows<f32>,
 }
 
 #[pymethods]
 impl MinTokensState {
+    /// `spec_tokens`: draft tokens per request under speculative decoding (0 when off); sizes
+    /// the buffers of `spec_decode`.
     #[new]
-    fn new(capacity: usize, vocab_size: usize, max_stop_ids: usize) -> Self {
+    #[pyo3(signature = (capacity, vocab_size, max_stop_ids, spec_tokens=0))]
+    fn new(capacity: usize, vocab_size: usize, max_stop_ids: usize, spec_tokens: usize) -> Self {
         MinTokensState {
             inner: min_tokens::MinTokensState::new(capacity, vocab_size, max_stop_ids),
+            spec: SparseRows::new(capacity * max_stop_ids * spec_tokens.max(1)),
         }
+    }
+
+    /// Builds the draft-row triples (see the core's `spec_decode_triples`) into `spec_*()`;
+    /// returns (logits rows of the layout, padded triple count).
+    fn spec_decode(&mut self, num_draft_tokens: Vec<usize>) -> PyResult<(usize, usize)> {
+        let rows = self
+            .inner
+            .spec_decode_triples(&num_draft_tokens, &mut self.spec)?;
+        Ok((rows, self.spec.padded_len()))
+    }
+
+    fn spec_rows(&self) -> HostBufferView {
+        HostBufferView::i32(self.spec.rows())
+    }
+
+    fn spec_cols(&self) -> HostBufferView {
+        HostBufferView::i32(self.spec.cols())
+    }
+
+    fn spec_vals(&self) -> HostBufferView {
+        HostBufferView::f32(self.spec.vals())
     }
 
     /// Applies a batch update, or (with None) only re-checks the output lengths. Reads each
