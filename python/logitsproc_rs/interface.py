@@ -53,7 +53,10 @@ class LogitsProcessor(ABC):
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        """Raise ``ValueError`` if ``sampling_params`` are invalid for this processor."""
+        """Raise ``ValueError`` if ``sampling_params`` are invalid for this processor.
+
+        An optional hook: the default accepts everything, as in vLLM."""
+        return None
 
     @abstractmethod
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
