@@ -192,6 +192,9 @@ class EngineConfig:
     # Stated per-request caps: the Rust tables are sized max_num_seqs × cap and never grow.
     max_logit_bias_entries: int = 1024
     max_stop_token_ids: int = 128
+    max_bad_words: int = 128
+    max_bad_word_len: int = 64
+    max_allowed_token_ids: int = 4096
     # Speculative decoding: number of draft tokens per request, or None when off.
     num_speculative_tokens: int | None = None
     # Reasoning ("thinking") markers; both None when the model has no thinking section.
@@ -199,7 +202,15 @@ class EngineConfig:
     reasoning_end_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "vocab_size", "max_logit_bias_entries", "max_stop_token_ids"):
+        for name in (
+            "max_num_seqs",
+            "vocab_size",
+            "max_logit_bias_entries",
+            "max_stop_token_ids",
+            "max_bad_words",
+            "max_bad_word_len",
+            "max_allowed_token_ids",
+        ):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
                 raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {v!r}")
