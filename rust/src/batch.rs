@@ -84,16 +84,33 @@ impl<A> BatchUpdate<A> {
         for &index in &self.removed {
             in_range(index, "removed")?;
         }
-        // Duplicate detection without allocation for the common small case.
-        for (i, (index, _)) in self.added.iter().enumerate() {
-            in_range(*index, "added")?;
-            if self.added[..i].iter().any(|(other, _)| other == index) {
-                return Err(Error::DuplicateAdd { index: *index });
+        // Duplicate adds: a pairwise scan for the usual handful, a bitmap for big updates.
+        if self.added.len() <= 16 {
+            for (i, (index, _)) in self.added.iter().enumerate() {
+                in_range(*index, "added")?;
+                if self.added[..i].iter().any(|(other, _)| other == index) {
+                    return Err(Error::DuplicateAdd { index: *index });
+                }
+            }
+        } else {
+            let mut seen = vec![false; capacity];
+            for (index, _) in &self.added {
+                in_range(*index, "added")?;
+                if std::mem::replace(&mut seen[*index], true) {
+                    return Err(Error::DuplicateAdd { index: *index });
+                }
             }
         }
         for m in &self.moved {
             in_range(m.from, "moved")?;
             in_range(m.to, "moved")?;
+            if m.from == m.to {
+                return Err(Error::invalid(
+                    m.from,
+                    "moved",
+                    "a move from a slot to itself (index1 == index2)",
+                ));
+            }
         }
         Ok(())
     }

@@ -72,11 +72,19 @@ impl LogitBiasState {
                     format!("token id {token} outside [0, {})", self.vocab_size),
                 ));
             }
-            if !bias.is_finite() {
+            // Checked after the cast: a finite f64 beyond f32's range would become inf.
+            if !(bias as f32).is_finite() {
                 return Err(Error::invalid(
                     index,
                     "logit_bias",
-                    format!("bias for token {token} must be finite, got {bias}"),
+                    format!("bias for token {token} must be a finite float32, got {bias}"),
+                ));
+            }
+            if out.iter().any(|&(t, _)| t == token as i32) {
+                return Err(Error::invalid(
+                    index,
+                    "logit_bias",
+                    format!("token id {token} appears twice"),
                 ));
             }
             out.push((token as i32, bias as f32));

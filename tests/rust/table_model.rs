@@ -8,7 +8,7 @@
 //!   update (`None` when nothing changed). Output lists grow by one token per live request and
 //!   step. Besides the models, the tables are checked against the engine's own slot assignment.
 //! * `arbitrary_*`: any valid update (random added/removed/moved, SWAPs with empty sides, UNI
-//!   onto occupied destinations, duplicate removals, self-moves, batch-size-only changes), `None`
+//!   onto occupied destinations, duplicate removals, batch-size-only changes), `None`
 //!   steps, and invalid updates (index >= capacity, duplicate add, batch_size > capacity, bad
 //!   min_p / bias / min_tokens / token ids) that must return `Err` and change no observable.
 //!
@@ -157,7 +157,9 @@ fn structurally_ok(u: &BatchUpdate<Req>, cap: usize) -> bool {
     u.batch_size <= cap
         && u.removed.iter().all(|&i| i < cap)
         && added_ok
-        && u.moved.iter().all(|m| m.from < cap && m.to < cap)
+        && u.moved
+            .iter()
+            .all(|m| m.from < cap && m.to < cap && m.from != m.to)
 }
 
 fn min_p_ok(r: &Req) -> bool {
@@ -168,7 +170,7 @@ fn bias_ok(r: &Req) -> bool {
     r.bias.len() <= MAX_BIAS
         && r.bias
             .iter()
-            .all(|&(t, b)| (0..VOCAB as i64).contains(&t) && b.is_finite())
+            .all(|&(t, b)| (0..VOCAB as i64).contains(&t) && (b as f32).is_finite())
 }
 
 fn min_tokens_ok(r: &Req) -> bool {
@@ -971,7 +973,7 @@ struct ArbStep {
     batch_size: u16,
     removed: Vec<u16>,
     added: Vec<(u16, ReqSpec)>,
-    /// (from, to, is_swap, is_self_move)
+    /// (from, to, is_swap, is_self_move); self-moves are dropped from valid updates
     moved: Vec<(u16, u16, bool, bool)>,
     /// Bit i: history i (mod 64) grows by one token after this step.
     grow: u64,
@@ -1027,14 +1029,17 @@ impl ArbStep {
         u.moved = self
             .moved
             .iter()
-            .map(|&(a, b, swap, self_move)| {
+            .filter_map(|&(a, b, swap, self_move)| {
                 let from = a as usize % cap;
                 let to = if self_move { from } else { b as usize % cap };
-                if swap {
-                    Move::swap(from, to)
-                } else {
-                    Move::unidirectional(from, to)
-                }
+                // Self-moves are invalid (see self_moves_are_rejected_by_every_table).
+                (from != to).then(|| {
+                    if swap {
+                        Move::swap(from, to)
+                    } else {
+                        Move::unidirectional(from, to)
+                    }
+                })
             })
             .collect();
         u
@@ -1433,7 +1438,9 @@ fn swap_with_empty_side_and_uni_onto_occupied() {
 /// re-inserts (state kept; vLLM reports `updated`, `SlotTable` reports no change), while MinP's
 /// UNI branch zeroes the source, which is the destination, so the min_p is dropped.
 #[test]
-fn self_moves_follow_each_vllm_processor() {
+fn self_moves_are_rejected_by_every_table() {
+    // InputBatch never moves a slot onto itself, and vLLM's processors disagree on what one
+    // would mean (MinP zeroes the slot, the dict-based ones keep it): the crate rejects it.
     let mut t: SlotTable<u32> = SlotTable::new(2);
     let mut u = BatchUpdate::new(2);
     u.added = vec![(0, Some(1))];
@@ -1441,22 +1448,18 @@ fn self_moves_follow_each_vllm_processor() {
     for m in [Move::unidirectional(0, 0), Move::swap(0, 0)] {
         let mut u = BatchUpdate::new(2);
         u.moved = vec![m];
-        assert!(!t.apply(u).unwrap());
+        let e = t.apply(u).unwrap_err().to_string();
+        assert!(e.contains("index 0") && e.contains("moved"), "{e}");
         assert_eq!(t.get(0), Some(&1));
     }
-
     let mut s = MinPState::new(2);
     let mut u = BatchUpdate::new(2);
     u.added = vec![(0, 0.5)];
     s.update(u).unwrap();
     let mut u = BatchUpdate::new(2);
-    u.moved = vec![Move::swap(0, 0)];
-    s.update(u).unwrap();
-    assert_eq!((s.get(0), s.count()), (Some(0.5), 1));
-    let mut u = BatchUpdate::new(2);
     u.moved = vec![Move::unidirectional(0, 0)];
-    s.update(u).unwrap();
-    assert_eq!((s.get(0), s.count()), (Some(0.0), 0));
+    assert!(s.update(u).is_err());
+    assert_eq!((s.get(0), s.count()), (Some(0.5), 1));
 }
 
 /// MinTokens re-checks live output lengths on `None` steps, and an add whose output is already
@@ -1490,7 +1493,6 @@ fn min_tokens_tracks_live_outputs() {
 /// turns the row's logits into inf (and NaN where min_tokens writes -inf). vLLM's OpenAI front
 /// end clamps to [-100, 100]; the crate promises "finite values".
 #[test]
-#[ignore = "crate bug: f64 bias outside f32 range is accepted and stored as inf"]
 fn logit_bias_outside_f32_range_is_rejected() {
     let mut s = LogitBiasState::new(2, VOCAB, MAX_BIAS);
     let mut u = BatchUpdate::new(1);
