@@ -1,0 +1,308 @@
+"""CUDA: the processors on a GPU give the CPU's results, with pinned host buffers, no host-device
+sync in ``apply``, and safe asynchronous uploads.
+
+Skipped where no CUDA device exists (``pytest -m cuda`` selects only these). The three vLLM
+built-ins (``sampler_transforms=False``) must match the CPU bit for bit; the full pipeline
+(penalties divide and multiply) is compared with a float32 tolerance and identical -inf masks.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from logitsproc_rs import (
+    BatchUpdate,
+    EngineConfig,
+    LogitsProcessors,
+    MoveDirectionality,
+    SamplingParams,
+    build_logitsprocs,
+)
+from logitsproc_rs._transfer import DeviceMirror
+from logitsproc_rs.simulate import ChurnSimulator
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+V = 1000
+CFG = EngineConfig(max_num_seqs=32, vocab_size=V, max_logit_bias_entries=8, max_stop_token_ids=8)
+# Every accessor of a Rust state that returns a HostBufferView.
+VIEW_ACCESSORS = (
+    "log_min_p",
+    "rows",
+    "cols",
+    "vals",
+    "restricted_rows",
+    "repetition",
+    "frequency",
+    "presence",
+    "copy_dst",
+    "copy_src",
+    "ops_rows",
+    "ops_cols",
+    "ops_vals",
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_sync_debug_leak() -> Iterator[None]:
+    yield
+    torch.cuda.set_sync_debug_mode(0)
+
+
+def build(device: str, pin: bool, full: bool) -> LogitsProcessors:
+    return build_logitsprocs(CFG, device, pin, sampler_transforms=full)
+
+
+def make_params(rng: random.Random) -> SamplingParams:
+    bias = {rng.randrange(V): rng.choice([-5.0, -0.5, 0.25, 3.0]) for _ in range(rng.randint(0, 4))}
+    return SamplingParams(
+        temperature=rng.choice([0.0, 0.7, 1.0]),
+        min_p=rng.choice([0.0, 0.0, 0.05, 0.2, 0.5]),
+        logit_bias=bias or None,
+        min_tokens=rng.choice([0, 0, 2, 5, 9]),
+        max_tokens=64,
+        stop_token_ids=[rng.randrange(V) for _ in range(rng.randint(0, 3))],
+        eos_token_id=rng.choice([None, 0, 1]),
+        repetition_penalty=rng.choice([1.0, 1.0, 1.3, 0.8]),
+        frequency_penalty=rng.choice([0.0, 0.0, 0.5, -0.3]),
+        presence_penalty=rng.choice([0.0, 0.0, 0.4]),
+        allowed_token_ids=rng.sample(range(V), 50) if rng.random() < 0.1 else None,
+        bad_words_token_ids=[[rng.randrange(8)], [rng.randrange(8), rng.randrange(8)]]
+        if rng.random() < 0.2
+        else None,
+    )
+
+
+def apply_all(procs: LogitsProcessors, logits: torch.Tensor) -> torch.Tensor:
+    """Every processor on every row: non-argmax-invariant first, then the invariant ones."""
+    for p in procs.non_argmax_invariant:
+        logits = p.apply(logits)
+    for p in procs.argmax_invariant:
+        logits = p.apply(logits)
+    return logits
+
+
+def assert_match(got: torch.Tensor, want: torch.Tensor, exact: bool, what: str = "") -> None:
+    got = got.cpu()
+    if exact:
+        assert torch.equal(got, want), what
+        return
+    assert torch.equal(torch.isneginf(got), torch.isneginf(want)), what
+    finite = torch.isfinite(want)
+    assert torch.allclose(got[finite], want[finite], rtol=1e-6, atol=1e-5), what
+
+
+def host_views(procs: LogitsProcessors) -> list[Any]:
+    views = []
+    for p in procs.all:
+        for name in VIEW_ACCESSORS:
+            if hasattr(p._state, name):
+                views.append(getattr(p._state, name)())
+    return views
+
+
+def mirrors(proc: Any) -> list[DeviceMirror]:
+    out = []
+    for v in vars(proc).values():
+        if isinstance(v, DeviceMirror):
+            out.append(v)
+        elif isinstance(getattr(v, "mirror", None), DeviceMirror):
+            out.append(v.mirror)
+    return out
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["builtins", "full"])
+@pytest.mark.parametrize("is_pin_memory", [True, False], ids=["pinned", "pageable"])
+def test_cuda_matches_cpu_under_churn(is_pin_memory: bool, full: bool) -> None:
+    cpu = build("cpu", False, full)
+    gpu = build("cuda", is_pin_memory, full)
+    sim = ChurnSimulator(
+        CFG.max_num_seqs,
+        V,
+        seed=7,
+        make_params=make_params,
+        target_batch=24,
+        finish_prob=0.08,
+        swap_prob=0.1,
+        max_tokens=(2, 20),
+        next_token=lambda rng, req: rng.randrange(8) if rng.random() < 0.5 else rng.randrange(V),
+    )
+    g = torch.Generator().manual_seed(0)
+    nonempty = 0
+    for _ in range(60):
+        update = sim.step()
+        for p in cpu.all:
+            p.update_state(update)
+        for p in gpu.all:
+            p.update_state(update)
+        n = sim.batch.num_reqs
+        if n == 0:
+            continue
+        nonempty += 1
+        x = torch.randn(n, V, generator=g) * 4
+        want = apply_all(cpu, x.clone())
+        got = apply_all(gpu, x.to("cuda"))
+        assert got.device.type == "cuda"
+        assert_match(got, want, exact=not full, what=f"step {sim.steps}")
+    assert nonempty > 40
+
+
+def test_host_buffers_pinned_after_registration() -> None:
+    gpu = build("cuda", True, full=True)
+    views = host_views(gpu)
+    assert len(views) >= 7
+    for v in views:
+        assert torch.from_dlpack(v).is_pinned(), v.dtype
+    for p in gpu.all:
+        ms = mirrors(p)
+        assert ms, type(p).__name__
+        assert all(m.pinned for m in ms), type(p).__name__
+
+    # Without is_pin_memory nothing is registered.
+    plain = build("cuda", False, full=True)
+    for v in host_views(plain):
+        assert not torch.from_dlpack(v).is_pinned()
+
+
+def test_buffers_unregistered_when_processors_die() -> None:
+    gpu = build("cuda", True, full=True)
+    tensors = [torch.from_dlpack(v) for v in host_views(gpu)]
+    assert all(t.is_pinned() for t in tensors)
+    del gpu
+    gc.collect()
+    torch.cuda.synchronize()
+    # The memory is still alive (the tensors own it) but no longer registered.
+    assert not any(t.is_pinned() for t in tensors)
+    for t in tensors:
+        t.zero_()
+
+
+def _populate(procs: LogitsProcessors, n: int, outputs: list[list[int]]) -> None:
+    added = [
+        (
+            i,
+            SamplingParams(
+                temperature=1.0,
+                min_p=0.1 * (i % 4),
+                logit_bias={(7 * i) % V: 2.0, (7 * i + 1) % V: -1.0} if i % 2 else None,
+                min_tokens=3 if i % 3 else 0,
+                stop_token_ids=[(11 * i) % V],
+                eos_token_id=2,
+                repetition_penalty=1.2 if i % 2 else 1.0,
+                frequency_penalty=0.3 if i % 3 == 1 else 0.0,
+                presence_penalty=0.2 if i % 4 == 1 else 0.0,
+                allowed_token_ids=list(range(40)) if i == 5 else None,
+                bad_words_token_ids=[[5], [7, 5]] if i % 5 == 0 else None,
+            ),
+            [1, 2, 3, i],
+            outputs[i],
+        )
+        for i in range(n)
+    ]
+    update = BatchUpdate(batch_size=n, removed=[], added=added, moved=[])
+    for p in procs.all:
+        p.update_state(update)
+
+
+def test_apply_makes_no_host_device_sync() -> None:
+    gpu = build("cuda", True, full=True)
+    outputs: list[list[int]] = [[] for _ in range(16)]
+    _populate(gpu, 16, outputs)
+    xs = [torch.randn(16, V, device="cuda") for _ in range(3)]
+    x0 = [x.clone() for x in xs]
+    torch.cuda.synchronize()
+    for step, x in enumerate(xs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for p in gpu.non_argmax_invariant:
+                x = p.apply(x)
+            for p in gpu.argmax_invariant:
+                x = p.apply(x)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert not torch.equal(x, x0[step])  # the processors did work
+        # The next step: outputs grow, a request is replaced (update_state may wait; apply not).
+        for o in outputs:
+            o.append(5)
+        for p in gpu.all:
+            p.update_state(None)
+        if step == 0:
+            sp = SamplingParams(temperature=1.0, min_p=0.3, logit_bias={3: 1.0}, min_tokens=4)
+            update = BatchUpdate(batch_size=16, removed=[], added=[(4, sp, None, [])], moved=[])
+            for p in gpu.all:
+                p.update_state(update)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["builtins", "full"])
+def test_update_while_copy_in_flight_is_correct(full: bool) -> None:
+    """Queue GPU work ahead, so the non-blocking uploads of step A are still pending when step
+    B's update rewrites the pinned host buffers: step A's apply must still see A's values."""
+    n = 16
+    cpu = build("cpu", False, full)
+    gpu = build("cuda", True, full)
+
+    def update_a(outs: list[list[int]]) -> BatchUpdate:
+        sp = SamplingParams(
+            temperature=1.0,
+            min_p=0.5,
+            logit_bias={1: 5.0, 2: 5.0},
+            min_tokens=4,
+            stop_token_ids=[3],
+            repetition_penalty=1.5,
+            presence_penalty=0.5,
+            allowed_token_ids=list(range(0, V, 2)),
+        )
+        return BatchUpdate(n, [], [(i, sp, [1, 2, 3], outs[i]) for i in range(n)], [])
+
+    def update_b() -> BatchUpdate:
+        sp = SamplingParams(
+            temperature=1.0,
+            min_p=0.01,
+            logit_bias={4: -5.0},
+            min_tokens=4,
+            stop_token_ids=[5, 6],
+            frequency_penalty=-0.7,
+            bad_words_token_ids=[[9]],
+        )
+        # Replace every request (new lists) and reorder.
+        swap = (0, n - 1, MoveDirectionality.SWAP)
+        return BatchUpdate(n, [], [(i, sp, [7, 8], [4]) for i in range(n)], [swap])
+
+    g = torch.Generator().manual_seed(3)
+    xa = torch.randn(n, V, generator=g)
+    xb = torch.randn(n, V, generator=g)
+
+    outs_cpu: list[list[int]] = [[] for _ in range(n)]
+    for p in cpu.all:
+        p.update_state(update_a(outs_cpu))
+    want_a = apply_all(cpu, xa.clone())
+    for p in cpu.all:
+        p.update_state(update_b())
+    want_b = apply_all(cpu, xb.clone())
+    assert not torch.equal(want_a, apply_all(cpu, xa.clone()))  # A and B really differ
+
+    # Inputs are on the device before the GPU is kept busy (a pageable H2D copy would wait).
+    da, db = xa.to("cuda"), xb.to("cuda")
+    torch.cuda.synchronize()
+    for _ in range(3):
+        outs_gpu: list[list[int]] = [[] for _ in range(n)]
+        torch.cuda._sleep(100_000_000)  # ~50 ms of queued GPU work ahead of the uploads
+        for p in gpu.all:
+            p.update_state(update_a(outs_gpu))  # non-blocking uploads, queued behind the sleep
+        got_a = apply_all(gpu, da.clone())
+        for p in gpu.all:
+            p.update_state(update_b())  # rewrites the pinned host buffers
+        got_b = apply_all(gpu, db.clone())
+        torch.cuda.synchronize()
+        assert_match(got_a, want_a, exact=not full, what="step A")
+        assert_match(got_b, want_b, exact=not full, what="step B")
