@@ -35,7 +35,9 @@ class BatchUpdate:
     """One step's batch change. ``batch_size`` is the row count after the change.
 
     Process in the order added, removed, moved (as vLLM's built-ins do); an index never
-    appears in both ``added`` and ``removed`` of one update.
+    appears in both ``added`` and ``removed`` of one update. Once handed to the processors an
+    update is treated as immutable (as vLLM's are): the Rust side reads its structure once per
+    object and shares it between processors, so mutating its lists afterwards is not seen.
     """
 
     batch_size: int

@@ -33,6 +33,12 @@ pub enum Error {
         count: usize,
         cap: usize,
     },
+    /// A size (capacity, vocabulary, per-request cap) beyond what the tables can allocate.
+    TooLarge {
+        field: &'static str,
+        value: usize,
+        max: usize,
+    },
     /// `removed_append` after `removed` was read (vLLM raises `RuntimeError`).
     RemovedAfterRead,
 }
@@ -82,6 +88,10 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "request at index {index}: field '{field}': {count} entries exceed the per-request cap of {cap}"
+            ),
+            Error::TooLarge { field, value, max } => write!(
+                f,
+                "field '{field}': {value} is outside the supported range [1, {max}]"
             ),
             Error::RemovedAfterRead => write!(
                 f,

@@ -13,6 +13,7 @@ pub mod buffer;
 pub mod dlpack;
 pub mod error;
 pub mod history;
+pub mod limits;
 pub mod logit_bias;
 pub mod min_p;
 pub mod min_tokens;

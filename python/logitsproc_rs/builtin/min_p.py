@@ -62,4 +62,7 @@ class MinPLogitsProcessor(LogitsProcessor):
 
     def get_min_p_by_index(self, index: int) -> float:
         """The stored (float32) min_p of a slot, as vLLM's helper."""
-        return float(self._state.get(index))
+        value = self._state.get(index)
+        if value is None:
+            raise IndexError(f"index {index} is outside [0, {self._state.capacity})")
+        return float(value)

@@ -2,6 +2,8 @@
 
 use pyo3::prelude::*;
 
+use crate::limits::check_sizes;
+
 use super::buffer::HostBufferView;
 use super::update::{param, parse_update, token_ids};
 use crate::allowed;
@@ -14,10 +16,11 @@ pub struct AllowedTokenIdsState {
 #[pymethods]
 impl AllowedTokenIdsState {
     #[new]
-    fn new(capacity: usize, vocab_size: usize, max_ids: usize) -> Self {
-        AllowedTokenIdsState {
+    fn new(capacity: usize, vocab_size: usize, max_ids: usize) -> PyResult<Self> {
+        check_sizes(capacity, vocab_size, &[max_ids])?;
+        Ok(AllowedTokenIdsState {
             inner: allowed::AllowedState::new(capacity, vocab_size, max_ids),
-        }
+        })
     }
 
     /// Applies a batch update (reads each added request's `params.allowed_token_ids`, a list or

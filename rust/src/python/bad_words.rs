@@ -1,6 +1,8 @@
 //! Binding for [`crate::bad_words::BadWordsState`] over live Python output lists.
 
 use pyo3::prelude::*;
+
+use crate::limits::check_sizes;
 use pyo3::types::PyList;
 
 use super::buffer::HostBufferView;
@@ -27,11 +29,13 @@ impl BadWordsState {
         max_words: usize,
         max_word_len: usize,
         spec_tokens: usize,
-    ) -> Self {
-        BadWordsState {
+    ) -> PyResult<Self> {
+        check_sizes(capacity, vocab_size, &[max_words, spec_tokens])?;
+        check_sizes(capacity, vocab_size, &[max_word_len])?;
+        Ok(BadWordsState {
             inner: bad_words::BadWordsState::new(capacity, vocab_size, max_words, max_word_len),
             spec: SparseRows::new(capacity * max_words * spec_tokens.max(1)),
-        }
+        })
     }
 
     /// Builds the draft-row bans into `spec_*()`: request r owns `num_draft_tokens[r]` rows,

@@ -1,6 +1,8 @@
 //! Binding for [`crate::logit_bias::LogitBiasState`].
 
 use pyo3::prelude::*;
+
+use crate::limits::check_sizes;
 use pyo3::types::PyDict;
 
 use super::buffer::HostBufferView;
@@ -16,10 +18,11 @@ pub struct LogitBiasState {
 #[pymethods]
 impl LogitBiasState {
     #[new]
-    fn new(capacity: usize, vocab_size: usize, max_entries: usize) -> Self {
-        LogitBiasState {
+    fn new(capacity: usize, vocab_size: usize, max_entries: usize) -> PyResult<Self> {
+        check_sizes(capacity, vocab_size, &[max_entries])?;
+        Ok(LogitBiasState {
             inner: logit_bias::LogitBiasState::new(capacity, vocab_size, max_entries),
-        }
+        })
     }
 
     /// Applies a batch update (reads each added request's `params.logit_bias`, a dict or None).

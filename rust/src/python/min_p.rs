@@ -2,6 +2,8 @@
 
 use pyo3::prelude::*;
 
+use crate::limits::check_sizes;
+
 use super::buffer::HostBufferView;
 use super::update::{float_param, parse_update};
 use crate::min_p;
@@ -14,10 +16,11 @@ pub struct MinPState {
 #[pymethods]
 impl MinPState {
     #[new]
-    fn new(capacity: usize) -> Self {
-        MinPState {
+    fn new(capacity: usize) -> PyResult<Self> {
+        check_sizes(capacity, 1, &[])?;
+        Ok(MinPState {
             inner: min_p::MinPState::new(capacity),
-        }
+        })
     }
 
     /// Applies a batch update (reads each added request's `params.min_p`). Returns True when

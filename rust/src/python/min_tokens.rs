@@ -1,6 +1,8 @@
 //! Binding for [`crate::min_tokens::MinTokensState`] over live Python output lists.
 
 use pyo3::prelude::*;
+
+use crate::limits::check_sizes;
 use pyo3::types::PyList;
 
 use super::buffer::HostBufferView;
@@ -22,11 +24,17 @@ impl MinTokensState {
     /// the buffers of `spec_decode`.
     #[new]
     #[pyo3(signature = (capacity, vocab_size, max_stop_ids, spec_tokens=0))]
-    fn new(capacity: usize, vocab_size: usize, max_stop_ids: usize, spec_tokens: usize) -> Self {
-        MinTokensState {
+    fn new(
+        capacity: usize,
+        vocab_size: usize,
+        max_stop_ids: usize,
+        spec_tokens: usize,
+    ) -> PyResult<Self> {
+        check_sizes(capacity, vocab_size, &[max_stop_ids, spec_tokens])?;
+        Ok(MinTokensState {
             inner: min_tokens::MinTokensState::new(capacity, vocab_size, max_stop_ids),
             spec: SparseRows::new(capacity * max_stop_ids * spec_tokens.max(1)),
-        }
+        })
     }
 
     /// Builds the draft-row triples (see the core's `spec_decode_triples`) into `spec_*()`;

@@ -1,6 +1,8 @@
 //! Binding for [`crate::penalties::PenaltiesState`] over live Python output lists.
 
 use pyo3::prelude::*;
+
+use crate::limits::check_sizes;
 use pyo3::types::PyList;
 
 use super::buffer::HostBufferView;
@@ -17,10 +19,12 @@ pub struct PenaltiesState {
 #[pymethods]
 impl PenaltiesState {
     #[new]
-    fn new(capacity: usize, vocab_size: usize, ops_capacity: usize) -> Self {
-        PenaltiesState {
+    fn new(capacity: usize, vocab_size: usize, ops_capacity: usize) -> PyResult<Self> {
+        check_sizes(capacity, vocab_size, &[])?;
+        check_sizes(ops_capacity, vocab_size, &[])?;
+        Ok(PenaltiesState {
             inner: penalties::PenaltiesState::new(capacity, vocab_size, ops_capacity),
-        }
+        })
     }
 
     /// Applies a batch update (or, with None, only counts new output tokens). Reads each added

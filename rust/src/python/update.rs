@@ -107,15 +107,36 @@ struct Shape {
 /// its lists are never mutated after hand-over, as in vLLM.)
 static LAST_SHAPE: Mutex<Option<Arc<Shape>>> = Mutex::new(None);
 
+/// `bu.<field>` as an iterator; a missing or non-iterable field is a `ValueError`.
+fn iter_field<'py>(
+    bu: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+    field: &str,
+) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {
+    let value = bu
+        .getattr(name)
+        .map_err(|_| bad_update(field, "the batch update has no such attribute"))?;
+    value.try_iter().map_err(|_| {
+        bad_update(
+            field,
+            format!("expected a sequence, got {}", describe(&value)),
+        )
+    })
+}
+
 fn read_shape(bu: &Bound<'_, PyAny>) -> PyResult<Shape> {
     let py = bu.py();
-    let batch_size = index_of(&bu.getattr(intern!(py, "batch_size"))?, "batch_size")?;
+    let batch_size = index_of(
+        &bu.getattr(intern!(py, "batch_size"))
+            .map_err(|_| bad_update("batch_size", "the batch update has no such attribute"))?,
+        "batch_size",
+    )?;
     let mut removed = Vec::new();
-    for item in bu.getattr(intern!(py, "removed"))?.try_iter()? {
+    for item in iter_field(bu, intern!(py, "removed"), "removed")? {
         removed.push(index_of(&item?, "removed")?);
     }
     let mut added = Vec::new();
-    for item in bu.getattr(intern!(py, "added"))?.try_iter()? {
+    for item in iter_field(bu, intern!(py, "added"), "added")? {
         let item = item?;
         let [index, params, prompt, output]: [Bound<'_, PyAny>; 4] = entry_items(
             &item,
@@ -131,7 +152,7 @@ fn read_shape(bu: &Bound<'_, PyAny>) -> PyResult<Shape> {
         ));
     }
     let mut moved = Vec::new();
-    for item in bu.getattr(intern!(py, "moved"))?.try_iter()? {
+    for item in iter_field(bu, intern!(py, "moved"), "moved")? {
         let item = item?;
         let [a, b, dir]: [Bound<'_, PyAny>; 3] =
             entry_items(&item, 3, "moved", "(index1, index2, direction)")?
