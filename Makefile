@@ -8,7 +8,7 @@ STAMP := $(VENV)/.deps-stamp
 RUN := PYTHONPATH=$(CURDIR)/python $(PY)
 DEPS := "maturin>=1.9.4,<2" "pytest>=8" "ruff>=0.6" "mypy>=1.10" "numpy>=1.22" "torch>=2.4"
 
-.PHONY: help venv build test test-rust test-python demo bench bench-rust bench-python lint fmt clean
+.PHONY: help venv build gpu-build test test-rust test-python demo bench bench-rust bench-python lint fmt clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -23,6 +23,12 @@ venv: $(STAMP)  ## create the Python environment (torch, maturin, pytest, ruff)
 
 build: $(STAMP)  ## build the Rust extension (release) into python/logitsproc_rs/
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --release --skip-install -q
+
+gpu-build: $(STAMP)  ## an abi3 build of the extension to carry to the GPU machine (benches/gpu_check.sh)
+	rm -rf target/gpu-wheel
+	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin build --release --features abi3 -o target/gpu-wheel -q
+	cd target/gpu-wheel && $(PY) -m zipfile -e *.whl unpacked
+	cp target/gpu-wheel/unpacked/logitsproc_rs/_core.abi3.so python/logitsproc_rs/
 
 test: test-rust test-python  ## cargo test + pytest (what CI runs)
 

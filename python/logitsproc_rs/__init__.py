@@ -16,6 +16,7 @@ from .builtin import (
     MinPLogitsProcessor,
     MinTokensLogitsProcessor,
     PenaltiesLogitsProcessor,
+    ThinkingBudgetLogitsProcessor,
 )
 from .interface import (
     AddedRequest,
@@ -73,6 +74,7 @@ __all__ = [
     "SamplingMetadata",
     "SamplingParams",
     "SamplingType",
+    "ThinkingBudgetLogitsProcessor",
     "__version__",
     "apply_token_bitmask_",
     "build_logitsprocs",

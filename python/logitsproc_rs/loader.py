@@ -15,6 +15,7 @@ from .builtin import (
     SAMPLER_TRANSFORMS_AFTER,
     SAMPLER_TRANSFORMS_BEFORE,
     MinTokensLogitsProcessor,
+    ThinkingBudgetLogitsProcessor,
 )
 from .interface import LogitsProcessor
 from .state import LogitsProcessors
@@ -90,6 +91,8 @@ def build_logitsprocs(
         return LogitsProcessors()
     before: list[Any] = list(SAMPLER_TRANSFORMS_BEFORE) if sampler_transforms else []
     after: list[Any] = list(SAMPLER_TRANSFORMS_AFTER) if sampler_transforms else []
+    if sampler_transforms and getattr(vllm_config, "reasoning_config", None) is not None:
+        after.append(ThinkingBudgetLogitsProcessor)
     if getattr(vllm_config, "speculative_config", None):
         if custom:
             raise ValueError(STR_SPEC_DEC_REJECTS_LOGITSPROCS)

@@ -20,6 +20,7 @@ pub mod min_tokens;
 pub mod penalties;
 pub mod sparse;
 pub mod table;
+pub mod thinking;
 
 #[cfg(feature = "python")]
 mod python;

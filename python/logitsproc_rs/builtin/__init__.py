@@ -12,6 +12,7 @@ from .logit_bias import LogitBiasLogitsProcessor
 from .min_p import MinPLogitsProcessor
 from .min_tokens import MinTokensLogitsProcessor
 from .penalties import PenaltiesLogitsProcessor
+from .thinking import ThinkingBudgetLogitsProcessor
 
 BUILTIN_LOGITS_PROCESSORS = [
     MinTokensLogitsProcessor,
@@ -31,4 +32,5 @@ __all__ = [
     "MinPLogitsProcessor",
     "MinTokensLogitsProcessor",
     "PenaltiesLogitsProcessor",
+    "ThinkingBudgetLogitsProcessor",
 ]

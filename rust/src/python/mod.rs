@@ -10,6 +10,7 @@ mod logit_bias;
 mod min_p;
 mod min_tokens;
 mod penalties;
+mod thinking;
 mod update;
 
 use pyo3::prelude::*;
@@ -30,6 +31,8 @@ mod _core {
     use super::min_tokens::MinTokensState;
     #[pymodule_export]
     use super::penalties::PenaltiesState;
+    #[pymodule_export]
+    use super::thinking::ThinkingState;
 
     use pyo3::prelude::*;
 

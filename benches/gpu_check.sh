@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The device check, run on the GPU machine from the repository root:
+#   run(command="bash benches/gpu_check.sh", carry=["python/logitsproc_rs/_core.abi3.so"])
+# That machine's python3 already has torch with CUDA (and pytest) but no Rust toolchain, so the
+# extension travels prebuilt: `make gpu-build` makes an abi3 build (any CPython >= 3.10).
+# Everything it prints also lands in $OUT (the device tool brings that folder back).
+set -uo pipefail
+OUT=${OUT:-/tmp/logitsproc_gpu_check}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+status=0
+step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.txt
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name"
+    timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
+    local rc=${PIPESTATUS[0]}
+    echo "=== $name: exit $rc"
+    [ "$rc" -eq 0 ] || status=1
+}
+step env 60 python3 -c "import torch, logitsproc_rs; print(torch.__version__, torch.cuda.get_device_name(), logitsproc_rs.__version__)"
+# CUDA vs CPU exactness, pinned registration, no sync in apply, async-copy safety.
+step cuda_tests 240 python3 -m pytest -q -p no:cacheprovider -W default tests/test_cuda.py tests/test_transforms.py
+step bench 240 python3 benches/bench_python.py --device cuda --quick
+step demo 150 python3 -m logitsproc_rs demo --device cuda --steps 200
+exit $status
