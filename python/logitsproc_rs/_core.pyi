@@ -23,6 +23,7 @@ __all__ = [
     "MinPState",
     "MinTokensState",
     "PenaltiesState",
+    "ThinkingState",
     "__version__",
 ]
 
@@ -230,3 +231,21 @@ class PenaltiesState:
     def batch_size(self) -> int: ...
     @property
     def prompt_flag(self) -> int: ...
+
+@final
+class ThinkingState:
+    def __new__(
+        cls, capacity: int, vocab_size: int, start_ids: Sequence[int], end_ids: Sequence[int]
+    ) -> ThinkingState: ...
+    def update(self, batch_update: Any | None) -> int:
+        """Applies a batch update (if any), then advances every tracked request over its new
+        output tokens; returns the padded length of the forced (row, token, 1e9) triples."""
+
+    def rows(self) -> HostBufferView: ...
+    def cols(self) -> HostBufferView: ...
+    def vals(self) -> HostBufferView: ...
+    def forced(self) -> list[tuple[int, int]]:
+        """The (row, token) pairs forced this step."""
+
+    @property
+    def active(self) -> int: ...
