@@ -6,7 +6,14 @@ and benchmarks report ratios to it. Line numbers are vLLM 0.25.1's
 (``vllm/v1/sample/logits_processor/builtin.py`` unless another file is named).
 
 Parameters are read as attributes only (``min_p``, ``logit_bias``, ``min_tokens``,
-``all_stop_token_ids``), so vLLM's own ``SamplingParams`` and ``BatchUpdate`` work too.
+``all_stop_token_ids``, ``allowed_token_ids``, ``bad_words_token_ids``, the three penalties),
+so vLLM's own ``SamplingParams`` and ``BatchUpdate`` work too.
+
+Besides vLLM's three built-ins, the transforms vLLM hard-codes in its sampler (allowed token
+ids, bad words, penalties) are reference processors here, as they are processors in
+``logitsproc_rs``; ``ref_apply_token_bitmask`` is the grammar bitmask and ``ReferenceSampler``
+the whole pipeline with logprobs. Unlike the fast path they rebuild everything from the
+request's history on every step (penalty counts, bad-word matches), as vLLM 0.25.1 does.
 """
 
 from __future__ import annotations
@@ -20,19 +27,27 @@ import torch
 
 from .interface import BatchUpdate, LogitsProcessor
 from .params import _SAMPLING_EPS
-from .sampler import SamplerOutput, SamplingMetadata
+from .sampler import LOGPROBS_MODES, LogprobsTensors, SamplerOutput, SamplingMetadata
 from .state import LogitsProcessors
 
 T = TypeVar("T")
 
 __all__ = [
     "REFERENCE_LOGITS_PROCESSORS",
+    "REFERENCE_SAMPLER_TRANSFORMS_AFTER",
+    "REFERENCE_SAMPLER_TRANSFORMS_BEFORE",
+    "RefAllowedTokenIdsLogitsProcessor",
+    "RefBadWordsLogitsProcessor",
     "RefLogitBiasLogitsProcessor",
     "RefMinPLogitsProcessor",
     "RefMinTokensLogitsProcessor",
+    "RefPenaltiesLogitsProcessor",
     "ReferenceSampler",
     "build_reference_logitsprocs",
     "process_dict_updates",
+    "ref_apply_bad_words_single_batch",
+    "ref_apply_token_bitmask",
+    "ref_gather_logprobs",
 ]
 
 
@@ -178,21 +193,240 @@ class RefMinPLogitsProcessor(LogitsProcessor):
         return logits
 
 
+def _param(params: Any, name: str, default: Any) -> Any:
+    """A request parameter read as an attribute; missing or ``None`` reads as ``default``."""
+    value = getattr(params, name, None)
+    return default if value is None else value
+
+
+class RefAllowedTokenIdsLogitsProcessor(LogitsProcessor):
+    """Only a request's ``allowed_token_ids`` survive; every other logit of its row becomes
+    ``-inf``. vLLM 0.25.1 hard-codes this in its sampler (``sampler.py:396-397``) over a dense
+    ``[max_num_seqs, V]`` bool mask kept by ``InputBatch``. Not argmax-invariant.
+
+    State: slot → the set of allowed ids, moved with ``process_dict_updates``, so a SWAP
+    exchanges the two rows' sets and a condense (UNIDIRECTIONAL) move leaves nothing behind at
+    the source. This is the *intended* behaviour: vLLM 0.25.1 gets both wrong (its swap aliases
+    two row views so both rows end up with one mask; its condense never clears the source row,
+    so a later request there inherits a stale mask), fixed in 0.33.0."""
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = device
+        self.allowed: dict[int, frozenset[int]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    @staticmethod
+    def new_state(
+        params: Any, _prompt: list[int] | None, _output: list[int]
+    ) -> frozenset[int] | None:
+        ids = getattr(params, "allowed_token_ids", None)
+        return None if ids is None else frozenset(int(t) for t in ids)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.allowed, batch_update, self.new_state)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for index, allowed in self.allowed.items():
+            row = logits[index]
+            keep = torch.zeros(row.shape[0], dtype=torch.bool, device=row.device)
+            keep[sorted(allowed)] = True
+            row.masked_fill_(~keep, -math.inf)
+        return logits
+
+
+def ref_apply_bad_words_single_batch(
+    logits_row: torch.Tensor, bad_words_token_ids: list[list[int]], past_tokens_ids: list[int]
+) -> torch.Tensor:
+    """vLLM's ``_apply_bad_words_single_batch`` (``ops/bad_words.py:9-27``), in place on one
+    row: a word longer than the output plus one is skipped; otherwise its last token is banned
+    iff the output ends with the rest of the word (always, for a single-token word)."""
+    for bad_word_ids in bad_words_token_ids:
+        if len(bad_word_ids) > len(past_tokens_ids) + 1:
+            continue
+        prefix_length = len(bad_word_ids) - 1
+        last_token_id = bad_word_ids[-1]
+        actual_prefix = list(past_tokens_ids[-prefix_length:]) if prefix_length > 0 else []
+        expected_prefix = list(bad_word_ids[:prefix_length])
+        assert len(actual_prefix) == len(expected_prefix)
+        if actual_prefix == expected_prefix:
+            logits_row[last_token_id] = -math.inf
+    return logits_row
+
+
+class RefBadWordsLogitsProcessor(LogitsProcessor):
+    """Bad words (``params.bad_words_token_ids``, vLLM's tokenized form): vLLM's
+    ``apply_bad_words`` (``ops/bad_words.py:30-36``) per row over the request's **live** output
+    list, re-evaluated on every ``apply``. Not argmax-invariant.
+
+    State: slot → (words, live output list); an empty or missing list of words is no state,
+    as ``InputBatch`` (``if sampling_params.bad_words_token_ids:``)."""
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = device
+        self.bad_words: dict[int, tuple[list[list[int]], list[int]]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    @staticmethod
+    def new_state(
+        params: Any, _prompt: list[int] | None, output: list[int]
+    ) -> tuple[list[list[int]], list[int]] | None:
+        words = getattr(params, "bad_words_token_ids", None)
+        if not words:
+            return None
+        return ([list(w) for w in words], output)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.bad_words, batch_update, self.new_state)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for index, (words, output) in self.bad_words.items():
+            ref_apply_bad_words_single_batch(logits[index], words, output)
+        return logits
+
+
+class RefPenaltiesLogitsProcessor(LogitsProcessor):
+    """Repetition, frequency and presence penalties, rebuilt from the full history on every
+    ``apply`` as vLLM 0.25.1 does (``ops/penalties.py``, ``layers/utils.py:34-89``). Not
+    argmax-invariant; runs after the other non-argmax-invariant processors.
+
+    State: slot → (repetition, frequency, presence) as float32, the prompt ids and the live
+    output list; neutral values (1, 0, 0) are no state (those rows would come out unchanged).
+    Per row, from scratch:
+
+    * prompt mask: the prompt ids (none for a prompt-embeds request);
+    * output counts: a bincount of the output ids in ``[0, V)``; anything else, such as an async
+      ``-1`` placeholder, is padding and not counted (``penalties.py:29``);
+    * ``row = where(prompt_mask | counts > 0, where(row > 0, row / rep, row * rep), row)``
+      (the CUDA kernel's division, not the torch fallback's reciprocal), then
+      ``row -= freq * counts`` and ``row -= pres * (counts > 0)`` in float32.
+    """
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = device
+        self.penalties: dict[
+            int, tuple[tuple[float, float, float], list[int] | None, list[int]]
+        ] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    @staticmethod
+    def new_state(
+        params: Any, prompt: list[int] | None, output: list[int]
+    ) -> tuple[tuple[float, float, float], list[int] | None, list[int]] | None:
+        values = (
+            float(np.float32(_param(params, "repetition_penalty", 1.0))),
+            float(np.float32(_param(params, "frequency_penalty", 0.0))),
+            float(np.float32(_param(params, "presence_penalty", 0.0))),
+        )
+        if values == (1.0, 0.0, 0.0):
+            return None
+        return (values, None if prompt is None else list(prompt), output)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.penalties, batch_update, self.new_state)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        vocab = logits.shape[1]
+        for index, ((rep, freq, pres), prompt, output) in self.penalties.items():
+            row = logits[index]
+            prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=row.device)
+            prompt_mask[[t for t in prompt or () if 0 <= t < vocab]] = True
+            real = [t for t in output if isinstance(t, int) and 0 <= t < vocab]
+            counts = torch.bincount(torch.tensor(real, dtype=torch.int64), minlength=vocab)
+            counts = counts.to(device=row.device, dtype=torch.float32)
+            in_output = counts > 0
+            rep_t, freq_t, pres_t = (
+                torch.tensor(v, dtype=torch.float32, device=row.device) for v in (rep, freq, pres)
+            )
+            new = torch.where(
+                prompt_mask | in_output, torch.where(row > 0, row / rep_t, row * rep_t), row
+            )
+            new -= freq_t * counts
+            new -= pres_t * in_output
+            row.copy_(new)
+        return logits
+
+
 REFERENCE_LOGITS_PROCESSORS: list[type[LogitsProcessor]] = [
     RefMinTokensLogitsProcessor,
     RefLogitBiasLogitsProcessor,
     RefMinPLogitsProcessor,
 ]
+# What vLLM hard-codes in its sampler, as processors around the built-ins (section 13's order).
+REFERENCE_SAMPLER_TRANSFORMS_BEFORE: list[type[LogitsProcessor]] = [
+    RefAllowedTokenIdsLogitsProcessor,
+    RefBadWordsLogitsProcessor,
+]
+REFERENCE_SAMPLER_TRANSFORMS_AFTER: list[type[LogitsProcessor]] = [RefPenaltiesLogitsProcessor]
 
 
-def build_reference_logitsprocs(config: Any, device: torch.device | str) -> LogitsProcessors:
-    """The reference trio in vLLM's order (``__init__.py:49-53, 184-217``); with speculative
-    decoding only MinTokens, as vLLM."""
+def build_reference_logitsprocs(
+    config: Any, device: torch.device | str, sampler_transforms: bool = True
+) -> LogitsProcessors:
+    """The reference processors in the order of ``logitsproc_rs.build_logitsprocs``: allowed
+    ids, bad words, MinTokens, LogitBias, MinP, penalties (with ``sampler_transforms=False``
+    exactly vLLM's trio, ``__init__.py:49-53, 184-217``). With speculative decoding only
+    MinTokens (plus the sampler transforms), as vLLM."""
     device = torch.device(device)
-    classes = REFERENCE_LOGITS_PROCESSORS
+    before = REFERENCE_SAMPLER_TRANSFORMS_BEFORE if sampler_transforms else []
+    after = REFERENCE_SAMPLER_TRANSFORMS_AFTER if sampler_transforms else []
+    middle = REFERENCE_LOGITS_PROCESSORS
     if getattr(config, "speculative_config", None):
-        classes = [RefMinTokensLogitsProcessor]
-    return LogitsProcessors(cls(config, device, False) for cls in classes)
+        middle = [RefMinTokensLogitsProcessor]
+    return LogitsProcessors(cls(config, device, False) for cls in [*before, *middle, *after])
+
+
+def ref_apply_token_bitmask(
+    logits: torch.Tensor,
+    bitmask: Any,
+    indices: Any = None,
+) -> torch.Tensor:
+    """xgrammar's bitmask, one row and one bit at a time, in place: bitmask row ``k`` applies
+    to logits row ``indices[k]`` (or ``k`` without indices); bit ``j`` (LSB first) of word
+    ``w`` is token ``32 * w + j``; a clear bit sets that logit to ``-inf``. Only tokens below
+    ``min(V, 32 * words)`` are touched."""
+    words = np.asarray(bitmask.cpu() if isinstance(bitmask, torch.Tensor) else bitmask)
+    if indices is None:
+        rows = list(range(words.shape[0]))
+    elif isinstance(indices, torch.Tensor):
+        rows = [int(i) for i in indices.cpu()]
+    else:
+        rows = [int(i) for i in np.asarray(indices).reshape(-1)]
+    vocab = logits.shape[1]
+    width = min(vocab, 32 * words.shape[1])
+    for k, row in enumerate(rows):
+        # Unpack the row's words LSB first: bits[32 * w + j] = (word_w >> j) & 1.
+        bits = [(int(word) >> j) & 1 for word in words[k] for j in range(32)]
+        blocked = [token for token in range(width) if bits[token] == 0]
+        logits[row, blocked] = -math.inf
+    return logits
+
+
+def ref_gather_logprobs(
+    logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor
+) -> LogprobsTensors:
+    """vLLM's ``gather_logprobs`` (``ops/logprobs.py:11-27``), row by row: per row the sampled
+    token's value and the ``num_logprobs`` largest values with their ids; the rank is the number
+    of values ``>=`` the sampled token's (so 1 for the top token, ties counted)."""
+    ids, vals, ranks = [], [], []
+    for i in range(logprobs.shape[0]):
+        row = logprobs[i]
+        tok = int(token_ids[i])
+        top = torch.topk(row, num_logprobs)
+        ids.append([tok, *(int(t) for t in top.indices)])
+        vals.append(torch.cat((row[tok : tok + 1], top.values)))
+        ranks.append(int((row >= row[tok]).sum()))
+    device = logprobs.device
+    return LogprobsTensors(
+        torch.tensor(ids, dtype=torch.int32, device=device).reshape(-1, num_logprobs + 1),
+        torch.stack(vals) if vals else logprobs.new_empty((0, num_logprobs + 1)),
+        torch.tensor(ranks, dtype=torch.int64, device=device),
+    )
 
 
 def _top_k_row(row: torch.Tensor, k: int) -> torch.Tensor:
@@ -220,23 +454,62 @@ def _top_k_top_p_row(row: torch.Tensor, k: int | None, p: float) -> torch.Tensor
     return row
 
 
+def _log_softmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``log_softmax`` in float32, one row at a time (vLLM ``compute_logprobs``, 304-306)."""
+    rows = [logits[i].log_softmax(dim=-1, dtype=torch.float32) for i in range(logits.shape[0])]
+    return torch.stack(rows) if rows else logits.to(torch.float32, copy=True)
+
+
 class ReferenceSampler:
-    """vLLM 0.25.1's ``Sampler.forward`` order (``vllm/v1/sample/sampler.py:72-302``), one row
-    at a time: fp32 cast → non-argmax-invariant processors → (all greedy: argmax, stop) →
-    greedy snapshot → temperature (greedy rows ÷ 1) → argmax-invariant processors → top-k →
-    top-p → exponential-race sampling → greedy/random merge.
+    """vLLM 0.25.1's order around the sampler (``vllm/v1/sample/sampler.py:72-302`` and the
+    runner's grammar bitmask, section 13 of the semantics note), one row at a time:
+    grammar bitmask (in place, model dtype) → raw logprobs (``raw_*`` modes) → fp32 cast →
+    non-argmax-invariant processors in container order → (all greedy: argmax, stop) → greedy
+    snapshot → temperature (greedy rows ÷ 1) → argmax-invariant processors → top-k → top-p →
+    exponential-race sampling → greedy/random merge → logprobs (``processed_*`` modes: of the
+    logits the tokens were sampled from).
 
     The exponential noise ``q`` is drawn exactly as ``logitsproc_rs.sampler.random_sample``
     draws it, so with identically seeded generators both samplers pick the same tokens."""
 
-    def __init__(self, logitsprocs: LogitsProcessors) -> None:
+    def __init__(self, logitsprocs: LogitsProcessors, logprobs_mode: str = "raw_logprobs") -> None:
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
+            )
         self.logitsprocs = logitsprocs
+        self.logprobs_mode = logprobs_mode
 
-    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        metadata: SamplingMetadata,
+        grammar_bitmask: Any = None,
+        bitmask_indices: Any = None,
+    ) -> SamplerOutput:
         md = metadata
+        mode = self.logprobs_mode
+        if grammar_bitmask is not None:  # the runner, before the sampler (section 8.2)
+            ref_apply_token_bitmask(logits, grammar_bitmask, bitmask_indices)
+        num_logprobs = md.max_num_logprobs
+        raw: torch.Tensor | None = None
+        if num_logprobs is not None and mode == "raw_logprobs":  # 84-93, 304-306
+            raw = _log_softmax_rows(logits)
+        elif num_logprobs is not None and mode == "raw_logits":
+            raw = logits.to(torch.float32, copy=True)
         logits = logits.to(torch.float32)  # sampler.py:96
-        for p in self.logitsprocs.non_argmax_invariant:  # 404-405
+        for p in self.logitsprocs.non_argmax_invariant:  # 404-405 (+ hard-coded transforms)
             logits = p.apply(logits)
+        out = self._sample(logits, md)
+        if num_logprobs is not None:
+            if raw is None:
+                raw = out.logits
+                if mode == "processed_logprobs":
+                    raw = _log_softmax_rows(raw)
+            out.logprobs_tensors = ref_gather_logprobs(raw, num_logprobs, out.sampled_token_ids)
+        return out
+
+    def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         num_rows = logits.shape[0]
 
         # Greedy snapshot before temperature and the argmax-invariant processors (239-241).
