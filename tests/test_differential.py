@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
 from logitsproc_rs import (
     BatchUpdate,
     EngineConfig,

@@ -199,3 +199,21 @@ def test_bad_budget_in_update_names_request_and_field_and_changes_nothing():
 def test_marker_ids_outside_vocab_rejected():
     with pytest.raises(ValueError, match="reasoning_end_token_ids"):
         L.ThinkingBudgetLogitsProcessor(make_cfg([5], [VOCAB + 3]), torch.device("cpu"), False)
+
+
+def test_async_placeholder_filled_before_apply_is_seen():
+    """vLLM's holder runs in the sampler, after async -1 placeholders were filled in."""
+    cfg = make_cfg([5], [7])
+    ours = L.ThinkingBudgetLogitsProcessor(cfg, torch.device("cpu"), False)
+    ref = RefThinkingBudgetLogitsProcessor(cfg, torch.device("cpu"), False)
+    out: list[int] = [5]
+    update = _update(1, added=[(0, L.SamplingParams(thinking_token_budget=1), None, out)])
+    for p in (ours, ref):
+        p.update_state(update)
+    out.append(-1)  # async placeholder for the token being generated
+    for p in (ours, ref):
+        p.update_state(None)
+    out[-1] = 3  # filled in before sampling: one thinking token, the budget is spent
+    a = ours.apply(torch.zeros(1, VOCAB))
+    b = ref.apply(torch.zeros(1, VOCAB))
+    assert forced_rows(a) == forced_rows(b) == {0: 7}

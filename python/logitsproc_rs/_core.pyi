@@ -63,6 +63,9 @@ class HostBufferView:
 @final
 class MinPState:
     def __new__(cls, capacity: int) -> MinPState: ...
+    def unsafe_apply_cpu(self, ptr: int, rows: int, vocab: int, row_stride: int) -> None:
+        """Applies in place to float32 CPU logits at ``ptr`` (Rust writes the memory). The caller
+        checks dtype float32, device CPU, unit column stride and shape ``[rows, vocab]``."""
     def update(self, batch_update: Any) -> bool:
         """Applies a batch update; True when ``ln(min_p)[:batch_size]`` must be re-copied."""
 
@@ -173,6 +176,9 @@ class BadWordsState:
     ) -> BadWordsState:
         """``spec_tokens``: draft tokens per request under speculative decoding (0 when off)."""
 
+    @property
+    def saw_placeholders(self) -> bool:
+        """Whether the last pass stopped at an async placeholder (-1): pass again before applying."""
     def spec_decode(
         self, num_draft_tokens: Sequence[int], spec_token_ids: Sequence[Sequence[int]]
     ) -> tuple[int, int]:
@@ -200,6 +206,12 @@ class BadWordsState:
 @final
 class PenaltiesState:
     def __new__(cls, capacity: int, vocab_size: int, ops_capacity: int) -> PenaltiesState: ...
+    @property
+    def saw_placeholders(self) -> bool:
+        """Whether the last pass stopped at an async placeholder (-1): pass again before applying."""
+    def unsafe_apply_cpu(self, ptr: int, rows: int, vocab: int, row_stride: int) -> None:
+        """Applies in place to float32 CPU logits at ``ptr`` (Rust writes the memory). The caller
+        checks dtype float32, device CPU, unit column stride and shape ``[rows, vocab]``."""
     def update(self, batch_update: Any | None) -> None:
         """Applies a batch update (or, with None, only counts new output tokens)."""
 
@@ -237,6 +249,9 @@ class ThinkingState:
     def __new__(
         cls, capacity: int, vocab_size: int, start_ids: Sequence[int], end_ids: Sequence[int]
     ) -> ThinkingState: ...
+    @property
+    def saw_placeholders(self) -> bool:
+        """Whether the last pass stopped at an async placeholder (-1): pass again before applying."""
     def update(self, batch_update: Any | None) -> int:
         """Applies a batch update (if any), then advances every tracked request over its new
         output tokens; returns the padded length of the forced (row, token, 1e9) triples."""

@@ -68,6 +68,8 @@ def apply_token_bitmask_(
             raise ValueError(
                 f"bitmask has {bitmask.shape[0]} rows but {idx.shape[0]} indices were given"
             )
+    if bitmask.shape[0] == 0:
+        return logits  # nothing to mask (and an empty reshape below would be ambiguous)
     width = min(vocab, 32 * bitmask.shape[1])
     words = bitmask.to(logits.device, non_blocking=True)
     bits = (words.unsqueeze(-1) >> _shifts(logits.device)) & 1

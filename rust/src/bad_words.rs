@@ -32,6 +32,8 @@ pub struct BadWordsState<H> {
     batch_size: usize,
     /// Slots with at least one multi-token word: their bans depend on the output.
     dynamic: usize,
+    /// Some output tail ended in an async placeholder at the last match.
+    placeholders: bool,
     tail: Vec<i64>,
 }
 
@@ -46,6 +48,7 @@ impl<H: TokenHistory> BadWordsState<H> {
             max_word_len,
             batch_size: 0,
             dynamic: 0,
+            placeholders: false,
             tail: Vec::new(),
         }
     }
@@ -203,7 +206,14 @@ impl<H: TokenHistory> BadWordsState<H> {
         }
     }
 
+    /// Whether the last match saw an async placeholder (-1) in an output tail: the engine
+    /// fills those in before sampling, so the caller should match again then.
+    pub fn saw_placeholders(&self) -> bool {
+        self.placeholders
+    }
+
     fn step(&mut self, changed: bool) -> bool {
+        self.placeholders = false;
         if !changed && self.dynamic == 0 {
             return false;
         }
@@ -218,6 +228,7 @@ impl<H: TokenHistory> BadWordsState<H> {
             let out_len = e.output.len();
             if e.max_prefix > 0 {
                 e.output.read_tail(e.max_prefix, tail);
+                self.placeholders |= tail.iter().any(|&t| t < 0);
             }
             Self::match_words(&e.words, tail, out_len, row, &mut banned);
         }

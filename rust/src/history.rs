@@ -18,6 +18,13 @@ pub trait TokenHistory {
     /// Appends tokens `[start, len)` to `out` (ids as i64: async placeholders are -1).
     fn read_from(&self, start: usize, out: &mut Vec<i64>);
 
+    /// The token at position `i`, if the history is that long.
+    fn token_at(&self, i: usize) -> Option<i64> {
+        let mut one = Vec::new();
+        self.read_from(i, &mut one);
+        one.first().copied()
+    }
+
     /// Appends the last `n` tokens (fewer if the history is shorter) to `out`.
     fn read_tail(&self, n: usize, out: &mut Vec<i64>) {
         let len = self.len();
@@ -31,6 +38,10 @@ pub type SharedHistory = Arc<RwLock<Vec<i64>>>;
 impl TokenHistory for SharedHistory {
     fn len(&self) -> usize {
         self.read().map(|v| v.len()).unwrap_or(0)
+    }
+
+    fn token_at(&self, i: usize) -> Option<i64> {
+        self.read().ok().and_then(|v| v.get(i).copied())
     }
 
     fn read_from(&self, start: usize, out: &mut Vec<i64>) {

@@ -57,6 +57,38 @@ impl MinPState {
         &self.log_min_p
     }
 
+    /// Applies MinP in place to float32 logits on the host (rows `0..rows`, row `r` at
+    /// `r * row_stride`): in each row with a min_p, every logit below `max + ln(min_p)` becomes
+    /// −inf. Same arithmetic as the device form (`amax`, one float32 add, strict `<`); a row
+    /// holding a NaN has a NaN maximum there too and is left alone.
+    pub fn apply_to_rows(&self, logits: &mut [f32], rows: usize, vocab: usize, row_stride: usize) {
+        assert!(
+            rows <= self.batch_size
+                && (rows == 0 || (rows - 1) * row_stride + vocab <= logits.len())
+        );
+        for row in 0..rows {
+            let log_min_p = self.log_min_p.get(row);
+            if log_min_p == f32::NEG_INFINITY {
+                continue;
+            }
+            let line = &mut logits[row * row_stride..row * row_stride + vocab];
+            let mut max = f32::NEG_INFINITY;
+            for &x in line.iter() {
+                if x.is_nan() {
+                    max = f32::NAN;
+                    break;
+                }
+                max = max.max(x);
+            }
+            let threshold = max + log_min_p;
+            for x in line.iter_mut() {
+                if *x < threshold {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+
     /// Checks one request's min_p: a number in [0, 1].
     pub fn check(index: usize, min_p: f64) -> Result<f32> {
         if min_p.is_nan() || !(0.0..=1.0).contains(&min_p) {

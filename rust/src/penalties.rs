@@ -16,6 +16,7 @@
 //! Penalty values are dense per slot (neutral 1/0/0 where untracked), so the device apply is a
 //! few fused passes over `[batch_size, V]`; rows with neutral values come out bit-identical.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::batch::{BatchUpdate, MoveDirectionality};
@@ -44,6 +45,8 @@ struct Entry<H> {
     counted: Vec<i32>,
     /// Distinct prompt tokens, emitted as PROMPT_FLAG additions when the entry is fresh.
     prompt: Vec<i32>,
+    /// Output count per token id: what the CPU apply reads (the device keeps its own copy).
+    counts: HashMap<i32, u32>,
 }
 
 /// Where a slot's device row comes from after an update.
@@ -70,6 +73,9 @@ pub struct PenaltiesState<H> {
     values_changed: bool,
     origin: Vec<Origin>,
     is_touched: Vec<bool>,
+    /// Some output list ended in an async placeholder (-1) at the last count: the engine may
+    /// fill it in before the logits are processed, so the caller should count again then.
+    placeholders: bool,
     scratch: Vec<i64>,
 }
 
@@ -92,6 +98,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
             values_changed: false,
             origin: (0..capacity).map(Origin::Row).collect(),
             is_touched: vec![false; capacity],
+            placeholders: false,
             scratch: Vec::new(),
         }
     }
@@ -204,6 +211,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
             output: p.output,
             counted: Vec::new(),
             prompt,
+            counts: HashMap::new(),
         }))
     }
 
@@ -303,31 +311,86 @@ impl<H: TokenHistory> PenaltiesState<H> {
     }
 
     fn count_new_tokens(&mut self) {
+        self.placeholders = false;
         if self.table.active() == 0 {
             return;
         }
         let vocab = self.vocab_size as i64;
         let scratch = &mut self.scratch;
         let pending = &mut self.pending;
+        let mut placeholders = false;
         for (row, e) in self.table.iter_mut() {
             let len = e.output.len();
-            let counted = e.counted.len();
-            if len < counted {
-                // The engine shrank the list (e.g. rejected speculative tokens): undo.
-                for t in e.counted.drain(len..) {
+            // Keep the counted prefix that the list still holds. The list may have shrunk (the
+            // engine dropped rejected tokens) or shrunk and regrown: step back from its end to
+            // the last position that still holds the counted token. One element is read per
+            // row and step in the usual case, however long the output.
+            let mut keep = e.counted.len().min(len);
+            while keep > 0 && e.output.token_at(keep - 1).map(clamp_id) != Some(e.counted[keep - 1])
+            {
+                keep -= 1;
+            }
+            for t in e.counted.drain(keep..) {
+                if t >= 0 && (t as i64) < vocab {
+                    uncount(&mut e.counts, t);
                     pending.push((row, t, -1));
                 }
-            } else if len > counted {
+            }
+            if len > keep {
                 scratch.clear();
-                e.output.read_from(counted, scratch);
+                e.output.read_from(keep, scratch);
                 for &t in scratch.iter() {
                     // Async placeholders (-1) sit at the tail until the engine fills them in;
                     // stop there and count them once they are real tokens.
-                    if t < 0 || t >= vocab {
+                    if t < 0 {
+                        placeholders = true;
                         break;
                     }
-                    e.counted.push(t as i32);
-                    pending.push((row, t as i32, 1));
+                    // An id outside the vocabulary takes its place but is never counted.
+                    let t = clamp_id(t);
+                    e.counted.push(t);
+                    if (t as i64) < vocab {
+                        *e.counts.entry(t).or_insert(0) += 1;
+                        pending.push((row, t, 1));
+                    }
+                }
+            }
+        }
+        self.placeholders = placeholders;
+    }
+
+    /// Whether the last count stopped at an async placeholder (see `placeholders`).
+    pub fn saw_placeholders(&self) -> bool {
+        self.placeholders
+    }
+
+    /// Applies the penalties in place to float32 logits on the host, touching only the tokens
+    /// each tracked request has seen (prompt ∪ output): row `r` is
+    /// `logits[r * row_stride .. r * row_stride + vocab]`, rows `0..rows`. The arithmetic is
+    /// the device apply's, element for element (rows and tokens it skips are ones the dense
+    /// form leaves unchanged, up to the sign of a zero).
+    pub fn apply_to_rows(&self, logits: &mut [f32], rows: usize, vocab: usize, row_stride: usize) {
+        assert!(
+            vocab <= self.vocab_size
+                && (rows == 0 || (rows - 1) * row_stride + vocab <= logits.len())
+        );
+        for (row, e) in self.table.iter() {
+            if row >= rows {
+                break;
+            }
+            let (rep, freq, pres) = e.values;
+            let line = &mut logits[row * row_stride..row * row_stride + vocab];
+            let penalize = |x: f32, count: u32| -> f32 {
+                let x = if x > 0.0 { x / rep } else { x * rep };
+                let x = x - freq * count as f32;
+                x - pres * if count > 0 { 1.0 } else { 0.0 }
+            };
+            for (&t, &c) in &e.counts {
+                line[t as usize] = penalize(line[t as usize], c);
+            }
+            for &t in &e.prompt {
+                if !e.counts.contains_key(&t) {
+                    line[t as usize] = penalize(line[t as usize], 0);
                 }
             }
         }
@@ -351,6 +414,20 @@ impl<H: TokenHistory> PenaltiesState<H> {
     /// Pending additions not yet handed out (tests).
     pub fn pending_len(&self) -> usize {
         self.pending.len() - self.pending_pos
+    }
+}
+
+/// A token id as stored in `counted` (ids beyond int32 saturate; they are never counted).
+fn clamp_id(t: i64) -> i32 {
+    t.clamp(-1, i32::MAX as i64) as i32
+}
+
+fn uncount(counts: &mut HashMap<i32, u32>, t: i32) {
+    if let Some(c) = counts.get_mut(&t) {
+        *c -= 1;
+        if *c == 0 {
+            counts.remove(&t);
+        }
     }
 }
 
@@ -424,6 +501,25 @@ mod tests {
         out1.write().unwrap().truncate(1);
         s.update_none();
         assert_eq!(drain(&mut s), vec![(0, 4, -1)]);
+    }
+
+    #[test]
+    fn shrink_then_regrow_to_the_same_length_recounts() {
+        let out = SharedHistory::default();
+        out.write().unwrap().extend([1, 2, 3]);
+        let mut s = PenaltiesState::new(2, 10, 16);
+        let mut u = BatchUpdate::new(1);
+        u.added = vec![(0, params(1.5, &out, vec![]))];
+        s.update(u).unwrap();
+        drain(&mut s);
+        {
+            let mut v = out.write().unwrap();
+            v.pop();
+            v.push(5);
+        }
+        s.update_none();
+        assert_eq!(drain(&mut s), vec![(0, 3, -1), (0, 5, 1)]);
+        assert_eq!(s.counted(0), Some(&[1, 2, 5][..]));
     }
 
     #[test]

@@ -175,6 +175,8 @@ struct Ctx<'a> {
     start: &'a Marker,
     end: &'a Marker,
     buf: &'a mut Vec<i64>,
+    /// Set when some output ended in an async placeholder.
+    placeholders: bool,
 }
 
 impl<H: TokenHistory> Entry<H> {
@@ -285,6 +287,7 @@ impl<H: TokenHistory> Entry<H> {
             // Async placeholders end the usable output.
             if let Some(i) = cx.buf.iter().position(|&t| t < 0) {
                 cx.buf.truncate(i);
+                cx.placeholders = true;
             }
             let len = lo + cx.buf.len();
             if len >= self.read {
@@ -367,6 +370,7 @@ pub struct ThinkingState<H> {
     end: Marker,
     forced: Vec<(usize, i64)>,
     buf: Vec<i64>,
+    placeholders: bool,
 }
 
 impl<H: TokenHistory> ThinkingState<H> {
@@ -393,6 +397,7 @@ impl<H: TokenHistory> ThinkingState<H> {
             end: Marker::new(&config.end_ids),
             forced: Vec::with_capacity(capacity),
             buf: Vec::new(),
+            placeholders: false,
         })
     }
 
@@ -443,6 +448,7 @@ impl<H: TokenHistory> ThinkingState<H> {
     /// placeholders were replaced.
     pub fn step(&mut self, batch_size: usize) -> usize {
         self.forced.clear();
+        self.placeholders = false;
         if self.table.active() == 0 || self.end.len() == 0 {
             return 0; // an empty end list disables the budget (vLLM 253-257)
         }
@@ -450,6 +456,7 @@ impl<H: TokenHistory> ThinkingState<H> {
             start: &self.start,
             end: &self.end,
             buf: &mut self.buf,
+            placeholders: false,
         };
         for (row, e) in self.table.iter_mut() {
             if row >= batch_size {
@@ -459,7 +466,15 @@ impl<H: TokenHistory> ThinkingState<H> {
                 self.forced.push((row, cx.end.ids[j]));
             }
         }
+        self.placeholders = cx.placeholders;
         self.forced.len()
+    }
+
+    /// Whether the last step stopped at an async placeholder in some output. A step that sees
+    /// no new token leaves the state as it was, so the caller may step again once the engine
+    /// has filled the placeholders in (as vLLM, whose holder runs after that).
+    pub fn saw_placeholders(&self) -> bool {
+        self.placeholders
     }
 
     /// The `(row, token)` pairs whose logit is set to 1e9 this step, in row order.

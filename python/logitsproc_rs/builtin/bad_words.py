@@ -51,6 +51,12 @@ class BadWordsLogitsProcessor(LogitsProcessor):
             self._rows = batch_update.batch_size
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if self._state.saw_placeholders:
+            # Async scheduling: an output ended in a -1 placeholder at update_state; the engine
+            # fills those in before sampling (vLLM reads the outputs only now), so look again.
+            self._triples.mirror.before_host_write()
+            if self._state.update(None):
+                self._triples.refresh(self._state.padded_len)
         triples = self._triples.current
         if triples is None:
             return logits

@@ -8,7 +8,7 @@ from .. import _core
 from .._transfer import DeviceMirror
 from ..interface import BatchUpdate, LogitsProcessor
 from ..params import config_max_num_seqs, config_vocab_size
-from ._common import check_logits
+from ._common import check_logits, host_kernel_ok
 
 
 def min_p_mask_(logits: torch.Tensor, log_min_p: torch.Tensor) -> torch.Tensor:
@@ -28,6 +28,9 @@ class MinPLogitsProcessor(LogitsProcessor):
         self._state = _core.MinPState(config_max_num_seqs(vllm_config))
         self._vocab_size = config_vocab_size(vllm_config)
         self._mirror = DeviceMirror([self._state.log_min_p()], device, is_pin_memory)
+        # On the CPU, Rust masks the rows that have a min_p in place (two passes over each such
+        # row, no temporaries); elsewhere, or for other dtypes/layouts, torch does.
+        self._host_kernel = self._mirror.on_cpu
         self._count = 0
         self._rows = 0
         # [rows, 1] views of the device buffer, one per batch size seen (views never move).
@@ -58,6 +61,10 @@ class MinPLogitsProcessor(LogitsProcessor):
         if not self._count:
             return logits
         check_logits("MinPLogitsProcessor", logits, self._rows, self._vocab_size)
+        if self._host_kernel and host_kernel_ok(logits):
+            rows, vocab = logits.shape
+            self._state.unsafe_apply_cpu(logits.data_ptr(), rows, vocab, logits.stride(0))
+            return logits
         return min_p_mask_(logits, self._log_min_p)
 
     def get_min_p_by_index(self, index: int) -> float:

@@ -1,10 +1,12 @@
 """Repetition, frequency and presence penalties with incremental counts.
 
-The device holds one int32 matrix ``cells[capacity + 1, V]``: output count of each (slot,
-token), plus ``PROMPT_FLAG`` for prompt tokens; row ``capacity`` stays zero. Each step Rust
-reads only the newly generated tokens and hands back row copies (moved requests take their
-counts along, new ones copy the zero row) and ``(row, token, delta)`` additions, applied with
-two small kernels. So a step costs the same at 16 or 4,096 generated tokens.
+Each step Rust reads only the newly generated tokens of each request, so a step costs the same
+at 16 or 4,096 generated tokens. On the CPU, Rust then applies the penalties in place, touching
+only the tokens each request has seen (its counts live in the Rust state). On a GPU the device
+holds one int32 matrix ``cells[capacity + 1, V]``: the output count of each (slot, token), plus
+``PROMPT_FLAG`` for prompt tokens; row ``capacity`` stays zero. Rust hands back row copies
+(moved requests take their counts along, new ones copy the zero row) and ``(row, token,
+delta)`` additions, applied with two small kernels, and the apply is a few dense torch ops.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from .. import _core
 from .._transfer import DeviceMirror
 from ..interface import BatchUpdate, LogitsProcessor
 from ..params import config_max_num_seqs, config_vocab_size
-from ._common import check_logits
+from ._common import check_logits, host_kernel_ok
 
 
 def apply_penalties_(
@@ -57,6 +59,8 @@ class PenaltiesLogitsProcessor(LogitsProcessor):
         self._ops = DeviceMirror([s.ops_rows(), s.ops_cols(), s.ops_vals()], device, is_pin_memory)
         self._columns = [t.unsqueeze(1) for t in self._values.dev]
         self._cells: torch.Tensor | None = None  # allocated when the first request needs it
+        # CPU: Rust applies in place from its own counts; the device matrix is not kept.
+        self._host_kernel = self._values.on_cpu
         self._rows = 0
         self._row_views: tuple[torch.Tensor, ...] = ()
         self._op_views: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -74,8 +78,12 @@ class PenaltiesLogitsProcessor(LogitsProcessor):
         if batch_update is not None and batch_update.batch_size != self._rows:
             self._rows = batch_update.batch_size
             self._row_views = ()
-        if not state.active:
-            return
+        if state.active and not self._host_kernel:
+            self._sync_device()
+
+    def _sync_device(self) -> None:
+        """Bring the device matrix and penalty values in step with the Rust state."""
+        state = self._state
         if self._cells is None:
             cap = state.zero_row
             self._cells = torch.zeros(
@@ -101,9 +109,26 @@ class PenaltiesLogitsProcessor(LogitsProcessor):
             self._cells.index_put_((rows, cols), vals, accumulate=True)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self._state.active:
+        state = self._state
+        if not state.active:
             return logits
         check_logits("PenaltiesLogitsProcessor", logits, self._rows, self._vocab_size)
+        if state.saw_placeholders:
+            # Async scheduling: tokens that were -1 at update_state may be real by now (vLLM
+            # fills them in between); count them before applying, as vLLM would see them.
+            for m in (self._copies, self._ops):
+                m.before_host_write()
+            state.update(None)
+            if not self._host_kernel:
+                self._sync_device()
+        if self._host_kernel:
+            if host_kernel_ok(logits):
+                rows, vocab = logits.shape
+                state.unsafe_apply_cpu(logits.data_ptr(), rows, vocab, logits.stride(0))
+                return logits
+            work = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+            state.unsafe_apply_cpu(work.data_ptr(), *work.shape, work.stride(0))
+            return logits.copy_(work)
         if not self._row_views:
             r = self._rows
             assert self._cells is not None

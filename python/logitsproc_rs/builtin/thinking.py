@@ -57,6 +57,11 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
         self._triples.refresh(n)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if self._state.saw_placeholders:
+            # Async scheduling: an output ended in a -1 placeholder at update_state; the engine
+            # fills those in before sampling (vLLM reads the outputs only now), so look again.
+            self._triples.mirror.before_host_write()
+            self._triples.refresh(self._state.update(None))
         triples = self._triples.current
         if triples is None:
             return logits

@@ -123,4 +123,11 @@ impl BadWordsState {
     fn active(&self) -> usize {
         self.inner.active()
     }
+
+    /// Whether the last pass saw an async placeholder (-1) in an output: run it again (update
+    /// with None) once the engine has filled the placeholders in, before applying.
+    #[getter]
+    fn saw_placeholders(&self) -> bool {
+        self.inner.saw_placeholders()
+    }
 }

@@ -14,6 +14,16 @@ impl TokenHistory for PyTokenList {
         Python::attach(|py| self.0.bind(py).len())
     }
 
+    fn token_at(&self, i: usize) -> Option<i64> {
+        Python::attach(|py| {
+            let list = self.0.bind(py);
+            if i >= list.len() {
+                return None;
+            }
+            Some(list.get_item(i).ok()?.extract::<i64>().unwrap_or(-1))
+        })
+    }
+
     fn read_from(&self, start: usize, out: &mut Vec<i64>) {
         Python::attach(|py| {
             let list = self.0.bind(py);

@@ -4,7 +4,7 @@ use pyo3::prelude::*;
 
 use crate::limits::check_sizes;
 
-use super::buffer::HostBufferView;
+use super::buffer::{logits_rows, HostBufferView};
 use super::update::{float_param, parse_update};
 use crate::min_p;
 
@@ -30,6 +30,29 @@ impl MinPState {
             float_param(e.index, &e.params, "min_p", 0.0)
         })?;
         Ok(self.inner.update(update)?.needs_copy)
+    }
+
+    /// MinP applied by Rust directly on float32 CPU logits (only rows with a min_p are
+    /// touched). The caller passes `tensor.data_ptr()` after checking dtype float32, device CPU,
+    /// unit column stride and shape `[batch_size, vocab]`.
+    fn unsafe_apply_cpu(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        rows: usize,
+        vocab: usize,
+        row_stride: usize,
+    ) -> PyResult<()> {
+        if rows > self.inner.batch_size() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "logits have more rows than the batch",
+            ));
+        }
+        // SAFETY: the Python caller checked the tensor (see the docstring).
+        let logits = unsafe { logits_rows(ptr, rows, vocab, row_stride)? };
+        let inner = &self.inner;
+        py.detach(|| inner.apply_to_rows(logits, rows, vocab, row_stride));
+        Ok(())
     }
 
     /// The per-slot `ln(min_p)` buffer (float32, −inf where unset).

@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use crate::limits::check_sizes;
 use pyo3::types::PyList;
 
-use super::buffer::HostBufferView;
+use super::buffer::{logits_rows, HostBufferView};
 use super::errors::bad_value;
 use super::history::PyTokenList;
 use super::update::{float_param, parse_update, token_ids};
@@ -14,6 +14,7 @@ use crate::penalties::{self, PenaltyParams};
 #[pyclass(module = "logitsproc_rs._core")]
 pub struct PenaltiesState {
     inner: penalties::PenaltiesState<PyTokenList>,
+    vocab_size: usize,
 }
 
 #[pymethods]
@@ -24,6 +25,7 @@ impl PenaltiesState {
         check_sizes(ops_capacity, vocab_size, &[])?;
         Ok(PenaltiesState {
             inner: penalties::PenaltiesState::new(capacity, vocab_size, ops_capacity),
+            vocab_size,
         })
     }
 
@@ -69,6 +71,35 @@ impl PenaltiesState {
     /// length (0 when none are left).
     fn next_chunk(&mut self) -> usize {
         self.inner.next_chunk()
+    }
+
+    /// Penalties applied by Rust directly on float32 CPU logits, touching only the tokens each
+    /// tracked request has seen. The caller passes `tensor.data_ptr()` after checking dtype
+    /// float32, device CPU, unit column stride and shape `[batch_size, vocab]`.
+    fn unsafe_apply_cpu(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        rows: usize,
+        vocab: usize,
+        row_stride: usize,
+    ) -> PyResult<()> {
+        if vocab > self.vocab_size {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "logits are wider than the vocabulary",
+            ));
+        }
+        // SAFETY: the Python caller checked the tensor (see the docstring).
+        let logits = unsafe { logits_rows(ptr, rows, vocab, row_stride)? };
+        let inner = &self.inner;
+        py.detach(|| inner.apply_to_rows(logits, rows, vocab, row_stride));
+        Ok(())
+    }
+
+    /// Whether the last count stopped at an async placeholder (count again before applying).
+    #[getter]
+    fn saw_placeholders(&self) -> bool {
+        self.inner.saw_placeholders()
     }
 
     /// True once after the per-slot penalty values changed.

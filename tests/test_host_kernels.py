@@ -1,0 +1,81 @@
+"""On the CPU, MinP and the penalties run in Rust directly on the logits' memory; on a GPU the
+torch forms run. Both must give the same logits: drive churn through processors of each kind
+(the torch form forced on the CPU) and compare, exactly."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import logitsproc_rs as L
+from logitsproc_rs.simulate import ChurnSimulator
+
+VOCAB = 300
+
+
+def _params(rng: random.Random) -> L.SamplingParams:
+    return L.SamplingParams(
+        max_tokens=None,
+        temperature=rng.choice([0.0, 0.7, 1.0]),
+        min_p=rng.choice([0.0, 0.0, 0.05, 0.2, 1.0]),
+        repetition_penalty=rng.choice([1.0, 0.7, 1.3, 2.0]),
+        frequency_penalty=rng.choice([0.0, 0.5, -1.25, 2.0]),
+        presence_penalty=rng.choice([0.0, 0.25, -2.0]),
+    )
+
+
+def _pair(cls, cfg):
+    fast = cls(cfg, torch.device("cpu"), False)
+    slow = cls(cfg, torch.device("cpu"), False)
+    slow._host_kernel = False  # the torch (device) form, on the CPU
+    assert fast._host_kernel
+    return fast, slow
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_host_kernels_match_torch_forms(seed):
+    cfg = L.EngineConfig(max_num_seqs=48, vocab_size=VOCAB)
+    pairs = [_pair(L.MinPLogitsProcessor, cfg), _pair(L.PenaltiesLogitsProcessor, cfg)]
+    hot = [3, 7, 11]
+
+    def next_token(rng, req):
+        return rng.choice(hot) if rng.random() < 0.3 else rng.randrange(VOCAB)
+
+    sim = ChurnSimulator(48, VOCAB, seed, _params, finish_prob=1 / 20, next_token=next_token)
+    gen = torch.Generator().manual_seed(seed)
+    for step in range(250):
+        update = sim.step()
+        rows = sim.batch.num_reqs
+        logits = torch.randn(rows, VOCAB, generator=gen) * 3
+        logits[:, 5] = float("-inf")
+        if step % 7 == 0:
+            logits[:, 6] = 0.0
+            logits[:, 8] = -0.0
+        for fast, slow in pairs:
+            fast.update_state(update)
+            slow.update_state(update)
+            a = fast.apply(logits.clone())
+            b = slow.apply(logits.clone())
+            assert torch.equal(a, b), (type(fast).__name__, step)
+
+
+def test_penalties_host_kernel_on_non_contiguous_logits():
+    cfg = L.EngineConfig(max_num_seqs=2, vocab_size=8)
+    fast, slow = _pair(L.PenaltiesLogitsProcessor, cfg)
+    out = [1, 1, 2]
+    update = L.BatchUpdate(
+        batch_size=2,
+        removed=[],
+        added=[(0, L.SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5), [3], out)],
+        moved=[],
+    )
+    fast.update_state(update)
+    slow.update_state(update)
+    base = torch.arange(32, dtype=torch.float32).view(8, 4).t() - 10  # [4, 8], not contiguous
+    expected = slow.apply(base[:2].contiguous())
+    view = base[:2]
+    got = fast.apply(view)
+    assert got is view and not view.is_contiguous()
+    assert torch.equal(got, expected)
