@@ -114,6 +114,7 @@ def make_params_factory(vocab: int):
             top_p=rng.choice((1.0, 1.0, 1.0, 0.9, 0.5)),
             logprobs=rng.choice(LOGPROBS_VALUES),
             max_tokens=None,
+            thinking_token_budget=rng.choice((None, None, -1, 0, 2, 5, 20)),
             **penalties,
         )
 
@@ -278,7 +279,14 @@ def run_full_churn(
     sampler_every: int = 5,
     shrink_prob: float = 0.02,
 ) -> FullStats:
-    cfg = EngineConfig(max_num_seqs=max_num_seqs, vocab_size=vocab)
+    # Thinking markers among the hot ids (a 1-token start, a 2-token end), so sections open,
+    # close and get forced often.
+    cfg = EngineConfig(
+        max_num_seqs=max_num_seqs,
+        vocab_size=vocab,
+        reasoning_start_token_ids=[HOT_IDS[0]],
+        reasoning_end_token_ids=[HOT_IDS[1], HOT_IDS[2]],
+    )
     ours = build_logitsprocs(cfg, "cpu", False)
     ref = build_reference_logitsprocs(cfg, "cpu")
     assert [type(p).__name__ for p in ours.non_argmax_invariant] == [
@@ -287,6 +295,7 @@ def run_full_churn(
         "MinTokensLogitsProcessor",
         "LogitBiasLogitsProcessor",
         "PenaltiesLogitsProcessor",
+        "ThinkingBudgetLogitsProcessor",
     ]
     assert [type(p).__name__ for p in ref.non_argmax_invariant] == [
         "RefAllowedTokenIdsLogitsProcessor",
@@ -294,6 +303,7 @@ def run_full_churn(
         "RefMinTokensLogitsProcessor",
         "RefLogitBiasLogitsProcessor",
         "RefPenaltiesLogitsProcessor",
+        "RefThinkingBudgetLogitsProcessor",
     ]
     by_type = {type(p): p for p in ref.all}
     ref_allowed = by_type[RefAllowedTokenIdsLogitsProcessor]

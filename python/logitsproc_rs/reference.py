@@ -378,6 +378,10 @@ def build_reference_logitsprocs(
     middle = REFERENCE_LOGITS_PROCESSORS
     if getattr(config, "speculative_config", None):
         middle = [RefMinTokensLogitsProcessor]
+    if sampler_transforms and getattr(config, "reasoning_config", None) is not None:
+        from .reference_thinking import RefThinkingBudgetLogitsProcessor  # imports this module
+
+        after = [*after, RefThinkingBudgetLogitsProcessor]
     return LogitsProcessors(cls(config, device, False) for cls in [*before, *middle, *after])
 
 

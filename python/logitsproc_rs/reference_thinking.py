@@ -193,6 +193,7 @@ class RefThinkingBudgetLogitsProcessor(LogitsProcessor):
         self.states: dict[int, tuple[ReferenceThinking, list[int]]] = {}
         self.forced: dict[int, int] = {}
         self.placeholders = False
+        self.seen: dict[int, int] = {}
         self.batch_size = 0
 
     def is_argmax_invariant(self) -> bool:
@@ -210,24 +211,31 @@ class RefThinkingBudgetLogitsProcessor(LogitsProcessor):
         if batch_update is not None:
             process_dict_updates(self.states, batch_update, self._new_state)
             self.batch_size = batch_update.batch_size
-        self._step()
-
-    def _step(self) -> None:
         self.forced = {}
         self.placeholders = False
+        self.seen: dict[int, int] = {}  # row -> usable output length at its last step
         for row, (ref, output) in self.states.items():
             if row < self.batch_size:
-                self.placeholders |= any(t < 0 for t in output)
-                tok = ref.step(output)
-                if tok is not None:
-                    self.forced[row] = tok
+                self._step_row(row, ref, output)
+
+    def _step_row(self, row: int, ref: ReferenceThinking, output: list[int]) -> None:
+        usable = resolved_prefix(output)
+        self.placeholders |= len(usable) < len(output)
+        self.seen[row] = len(usable)
+        tok = ref.step(output)
+        if tok is None:
+            self.forced.pop(row, None)
+        else:
+            self.forced[row] = tok
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self.placeholders:
             # Outputs held async placeholders at update_state; the engine fills them in before
-            # sampling, where vLLM's holder runs. A step that sees no new token changes nothing,
-            # so stepping again now is the same as stepping only now.
-            self._step()
+            # sampling, where vLLM's holder runs: step again the rows that can now read more.
+            self.placeholders = False
+            for row, (ref, output) in self.states.items():
+                if row < self.batch_size and len(resolved_prefix(output)) > self.seen[row]:
+                    self._step_row(row, ref, output)
         for row, tok in self.forced.items():
             logits[row, tok] = 1e9
         return logits

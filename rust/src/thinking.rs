@@ -306,7 +306,10 @@ impl<H: TokenHistory> Entry<H> {
         // 1. Start marker (vLLM 260-282); a new block after a forced end is closed at once.
         if self.start == Start::None {
             let from = self.start_scan.pos;
-            if let Some(s) = cx.start.feed(&mut self.start_scan, &cx.buf[from - lo..]) {
+            // A scan can sit past the usable output when the list shrank below the point where
+            // a forced end completed: then there is nothing new to search yet.
+            let fresh = cx.buf.get(from.saturating_sub(lo)..).unwrap_or(&[]);
+            if let Some(s) = cx.start.feed(&mut self.start_scan, fresh) {
                 self.start = Start::At(s);
                 if self.scan_offset > 0 {
                     // Re-entry (vLLM 268-279): no end search on this step.
@@ -318,7 +321,8 @@ impl<H: TokenHistory> Entry<H> {
         // 2. End marker (vLLM 283-293).
         if self.end_at.is_none() {
             let from = self.end_scan.pos;
-            self.end_at = cx.end.feed(&mut self.end_scan, &cx.buf[from - lo..]);
+            let fresh = cx.buf.get(from.saturating_sub(lo)..).unwrap_or(&[]);
+            self.end_at = cx.end.feed(&mut self.end_scan, fresh);
         }
         // 3. Not thinking (vLLM 295-296).
         if self.start == Start::None {
@@ -464,6 +468,39 @@ impl<H: TokenHistory> ThinkingState<H> {
             }
             if let Some(j) = e.step(&mut cx) {
                 self.forced.push((row, cx.end.ids[j]));
+            }
+        }
+        self.placeholders = cx.placeholders;
+        self.forced.len()
+    }
+
+    /// Steps again only the rows whose output grew past what the last step could read (an
+    /// async placeholder was filled in since), keeping the other rows' forced tokens. Returns
+    /// how many rows are forced. This is what the caller runs before applying when
+    /// [`saw_placeholders`](Self::saw_placeholders) is set.
+    pub fn restep(&mut self, batch_size: usize) -> usize {
+        let previous = std::mem::take(&mut self.forced);
+        self.placeholders = false;
+        if self.table.active() == 0 || self.end.len() == 0 {
+            return 0;
+        }
+        let mut cx = Ctx {
+            start: &self.start,
+            end: &self.end,
+            buf: &mut self.buf,
+            placeholders: false,
+        };
+        for (row, e) in self.table.iter_mut() {
+            if row >= batch_size {
+                break;
+            }
+            let grew = e.output.token_at(e.read).is_some_and(|t| t >= 0);
+            if grew {
+                if let Some(j) = e.step(&mut cx) {
+                    self.forced.push((row, cx.end.ids[j]));
+                }
+            } else if let Some(&kept) = previous.iter().find(|(r, _)| *r == row) {
+                self.forced.push(kept);
             }
         }
         self.placeholders = cx.placeholders;

@@ -61,7 +61,7 @@ class ThinkingBudgetLogitsProcessor(LogitsProcessor):
             # Async scheduling: an output ended in a -1 placeholder at update_state; the engine
             # fills those in before sampling (vLLM reads the outputs only now), so look again.
             self._triples.mirror.before_host_write()
-            self._triples.refresh(self._state.update(None))
+            self._triples.refresh(self._state.restep())
         triples = self._triples.current
         if triples is None:
             return logits

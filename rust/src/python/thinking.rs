@@ -22,6 +22,19 @@ pub struct ThinkingState {
 /// The logit written to force a token (vLLM `_apply_forcing_to_logits`).
 const FORCE_LOGIT: f32 = 1e9;
 
+impl ThinkingState {
+    fn rebuild_forced(&mut self) -> usize {
+        let forced = self.inner.forced();
+        self.forced.rebuild(
+            forced
+                .iter()
+                .map(|&(row, tok)| (row, tok as i32, FORCE_LOGIT)),
+            Padding::RepeatFirst,
+        );
+        self.forced.padded_len()
+    }
+}
+
 #[pymethods]
 impl ThinkingState {
     #[new]
@@ -96,6 +109,13 @@ impl ThinkingState {
             Padding::RepeatFirst,
         );
         Ok(self.forced.padded_len())
+    }
+
+    /// Before applying, when `saw_placeholders`: steps again the rows whose placeholder was
+    /// filled in since `update`. Returns the padded length of the forced triples.
+    fn restep(&mut self) -> usize {
+        self.inner.restep(self.batch_size);
+        self.rebuild_forced()
     }
 
     fn rows(&self) -> HostBufferView {
