@@ -178,7 +178,7 @@ class BadWordsState:
 
     @property
     def saw_placeholders(self) -> bool:
-        """Whether the last pass stopped at an async placeholder (-1): pass again before applying."""
+        """Whether the last pass stopped at an async placeholder (-1): pass again first."""
     def spec_decode(
         self, num_draft_tokens: Sequence[int], spec_token_ids: Sequence[Sequence[int]]
     ) -> tuple[int, int]:
@@ -208,7 +208,7 @@ class PenaltiesState:
     def __new__(cls, capacity: int, vocab_size: int, ops_capacity: int) -> PenaltiesState: ...
     @property
     def saw_placeholders(self) -> bool:
-        """Whether the last pass stopped at an async placeholder (-1): pass again before applying."""
+        """Whether the last pass stopped at an async placeholder (-1): pass again first."""
     def unsafe_apply_cpu(self, ptr: int, rows: int, vocab: int, row_stride: int) -> None:
         """Applies in place to float32 CPU logits at ``ptr`` (Rust writes the memory). The caller
         checks dtype float32, device CPU, unit column stride and shape ``[rows, vocab]``."""
@@ -251,10 +251,13 @@ class ThinkingState:
     ) -> ThinkingState: ...
     @property
     def saw_placeholders(self) -> bool:
-        """Whether the last pass stopped at an async placeholder (-1): pass again before applying."""
+        """Whether the last pass stopped at an async placeholder (-1): pass again first."""
     def update(self, batch_update: Any | None) -> int:
         """Applies a batch update (if any), then advances every tracked request over its new
         output tokens; returns the padded length of the forced (row, token, 1e9) triples."""
+
+    def restep(self) -> int:
+        """Steps again the rows whose async placeholder was filled in since ``update``."""
 
     def rows(self) -> HostBufferView: ...
     def cols(self) -> HostBufferView: ...
