@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use crate::limits::check_sizes;
 
 use super::buffer::HostBufferView;
-use super::update::{param, parse_update, token_ids};
+use super::update::{parse_update, token_ids};
 use crate::allowed;
 
 #[pyclass(module = "logitsproc_rs._core")]
@@ -27,7 +27,7 @@ impl AllowedTokenIdsState {
     /// None). Returns True when the exported pairs and rows changed.
     fn update(&mut self, batch_update: &Bound<'_, PyAny>) -> PyResult<bool> {
         let update = parse_update(batch_update, |e| {
-            let ids = param(e.index, &e.params, "allowed_token_ids")?;
+            let ids = param!(e, "allowed_token_ids")?;
             if ids.is_none() {
                 return Ok(None);
             }

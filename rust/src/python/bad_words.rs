@@ -8,7 +8,7 @@ use pyo3::types::PyList;
 use super::buffer::HostBufferView;
 use super::errors::bad_value;
 use super::history::PyTokenList;
-use super::update::{param, parse_update, token_ids};
+use super::update::{parse_update, token_ids};
 use crate::bad_words::{self, BadWordsParams};
 use crate::sparse::SparseRows;
 
@@ -73,7 +73,7 @@ impl BadWordsState {
             return Ok(self.inner.update_none());
         };
         let update = parse_update(bu, |e| {
-            let words_obj = param(e.index, &e.params, "bad_words_token_ids")?;
+            let words_obj = param!(e, "bad_words_token_ids")?;
             let mut words = Vec::new();
             if !words_obj.is_none() {
                 for w in words_obj.try_iter().map_err(|_| {

@@ -7,7 +7,7 @@ use pyo3::types::PyDict;
 
 use super::buffer::HostBufferView;
 use super::errors::bad_value;
-use super::update::{extract_as, param, parse_update};
+use super::update::{extract_as, parse_update};
 use crate::logit_bias;
 
 #[pyclass(module = "logitsproc_rs._core")]
@@ -30,7 +30,7 @@ impl LogitBiasState {
     fn update(&mut self, batch_update: &Bound<'_, PyAny>) -> PyResult<bool> {
         let cap = self.inner.max_entries();
         let update = parse_update(batch_update, |e| {
-            let lb = param(e.index, &e.params, "logit_bias")?;
+            let lb = param!(e, "logit_bias")?;
             if lb.is_none() {
                 return Ok(Vec::new());
             }

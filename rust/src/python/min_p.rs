@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use crate::limits::check_sizes;
 
 use super::buffer::{logits_rows, HostBufferView};
-use super::update::{float_param, parse_update};
+use super::update::parse_update;
 use crate::min_p;
 
 #[pyclass(module = "logitsproc_rs._core")]
@@ -26,9 +26,7 @@ impl MinPState {
     /// Applies a batch update (reads each added request's `params.min_p`). Returns True when
     /// the device copy of `ln(min_p)[:batch_size]` must be refreshed.
     fn update(&mut self, batch_update: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let update = parse_update(batch_update, |e| {
-            float_param(e.index, &e.params, "min_p", 0.0)
-        })?;
+        let update = parse_update(batch_update, |e| float_param!(e, "min_p", 0.0))?;
         Ok(self.inner.update(update)?.needs_copy)
     }
 

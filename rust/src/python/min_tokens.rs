@@ -8,7 +8,7 @@ use pyo3::types::PyList;
 use super::buffer::HostBufferView;
 use super::errors::bad_value;
 use super::history::PyTokenList;
-use super::update::{extract_as, param, parse_update};
+use super::update::{extract_as, parse_update};
 use crate::min_tokens::{self, MinTokensParams};
 use crate::sparse::SparseRows;
 
@@ -67,7 +67,7 @@ impl MinTokensState {
             return Ok(self.inner.update_none());
         };
         let update = parse_update(bu, |e| {
-            let min = param(e.index, &e.params, "min_tokens")?;
+            let min = param!(e, "min_tokens")?;
             let min_tokens = if min.is_none() {
                 0
             } else {
@@ -82,7 +82,7 @@ impl MinTokensState {
             })?;
             let mut stop_token_ids = Vec::new();
             if min_tokens > 0 {
-                let stop = param(e.index, &e.params, "all_stop_token_ids")?;
+                let stop = param!(e, "all_stop_token_ids")?;
                 if !stop.is_none() {
                     for t in stop.try_iter()? {
                         stop_token_ids.push(extract_as::<i64>(

@@ -1,6 +1,9 @@
 //! PyO3 bindings: wiring only. Each exposed class is a thin wrapper around one core state;
 //! parsing of vLLM-shaped Python objects lives in `update.rs`, error mapping in `errors.rs`.
 
+#[macro_use]
+mod update;
+
 mod allowed;
 mod bad_words;
 mod buffer;
@@ -11,7 +14,6 @@ mod min_p;
 mod min_tokens;
 mod penalties;
 mod thinking;
-mod update;
 
 use pyo3::prelude::*;
 

@@ -8,7 +8,7 @@ use pyo3::types::PyList;
 use super::buffer::{logits_rows, HostBufferView};
 use super::errors::bad_value;
 use super::history::PyTokenList;
-use super::update::{float_param, parse_update, token_ids};
+use super::update::{parse_update, token_ids};
 use crate::penalties::{self, PenaltyParams};
 
 #[pyclass(module = "logitsproc_rs._core")]
@@ -39,9 +39,9 @@ impl PenaltiesState {
             return Ok(());
         };
         let update = parse_update(bu, |e| {
-            let repetition_penalty = float_param(e.index, &e.params, "repetition_penalty", 1.0)?;
-            let frequency_penalty = float_param(e.index, &e.params, "frequency_penalty", 0.0)?;
-            let presence_penalty = float_param(e.index, &e.params, "presence_penalty", 0.0)?;
+            let repetition_penalty = float_param!(e, "repetition_penalty", 1.0)?;
+            let frequency_penalty = float_param!(e, "frequency_penalty", 0.0)?;
+            let presence_penalty = float_param!(e, "presence_penalty", 0.0)?;
             let neutral =
                 repetition_penalty == 1.0 && frequency_penalty == 0.0 && presence_penalty == 0.0;
             let prompt = if neutral || e.prompt_tok_ids.is_none() {

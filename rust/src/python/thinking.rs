@@ -8,7 +8,7 @@ use crate::limits::check_sizes;
 use super::buffer::HostBufferView;
 use super::errors::bad_value;
 use super::history::PyTokenList;
-use super::update::{extract_as, param, parse_update, token_ids};
+use super::update::{extract_as, parse_update, token_ids};
 use crate::sparse::{Padding, SparseRows};
 use crate::thinking::{self, ThinkingConfig, ThinkingParams};
 
@@ -60,7 +60,7 @@ impl ThinkingState {
     fn update(&mut self, batch_update: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
         if let Some(bu) = batch_update {
             let update = parse_update(bu, |e| {
-                let b = param(e.index, &e.params, "thinking_token_budget")?;
+                let b = param!(e, "thinking_token_budget")?;
                 let budget = if b.is_none() {
                     None
                 } else {

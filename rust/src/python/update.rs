@@ -5,6 +5,32 @@
 //! `(index1, index2, direction)`, direction any enum whose name is SWAP or UNIDIRECTIONAL, or
 //! its value 1 / 2). Every malformed piece becomes a `ValueError` naming the request and field.
 
+/// `param!(entry, "field")`: reads `entry.params.field` (see [`param_named`]) with the
+/// attribute name interned once per call site.
+macro_rules! param {
+    ($e:expr, $field:literal) => {
+        $crate::python::update::param_named(
+            $e.index,
+            &$e.params,
+            $field,
+            pyo3::intern!($e.params.py(), $field),
+        )
+    };
+}
+
+/// `float_param!(entry, "field", default)`: a float field, `None` or missing giving `default`.
+macro_rules! float_param {
+    ($e:expr, $field:literal, $default:expr) => {
+        $crate::python::update::float_named(
+            $e.index,
+            &$e.params,
+            $field,
+            pyo3::intern!($e.params.py(), $field),
+            $default,
+        )
+    };
+}
+
 use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyAttributeError;
@@ -214,13 +240,15 @@ pub fn parse_update<'py, A>(
 
 /// Reads `params.<field>`. A missing attribute reads as `None` ("not set"), so a duck-typed
 /// params object only needs the fields it uses; any other error from a property propagates.
-pub fn param<'py>(
+/// `name` is the interned Python string of `field` (see the `param!` macro).
+pub fn param_named<'py>(
     index: usize,
     params: &Bound<'py, PyAny>,
     field: &'static str,
+    name: &Bound<'py, PyString>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let py = params.py();
-    match params.getattr(PyString::intern(py, field)) {
+    match params.getattr(name) {
         Ok(v) => Ok(v),
         Err(e) if e.is_instance_of::<PyAttributeError>(py) => Ok(py.None().into_bound(py)),
         Err(e) => Err(bad_value(index, field, format!("reading it raised {e}"))),
@@ -228,13 +256,14 @@ pub fn param<'py>(
 }
 
 /// Reads a float field; `None` (or missing) gives `default`.
-pub fn float_param(
+pub fn float_named(
     index: usize,
     params: &Bound<'_, PyAny>,
     field: &'static str,
+    name: &Bound<'_, PyString>,
     default: f64,
 ) -> PyResult<f64> {
-    let v = param(index, params, field)?;
+    let v = param_named(index, params, field, name)?;
     if v.is_none() {
         return Ok(default);
     }
