@@ -20,7 +20,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.tx
 }
 step env 60 python3 -c "import torch, logitsproc_rs; print(torch.__version__, torch.cuda.get_device_name(), logitsproc_rs.__version__)"
 # CUDA vs CPU exactness, pinned registration, no sync in apply, async-copy safety.
-step cuda_tests 240 python3 -m pytest -q -p no:cacheprovider -W default tests/test_cuda.py tests/test_transforms.py
-step bench 240 python3 benches/bench_python.py --device cuda --quick
-step demo 150 python3 -m logitsproc_rs demo --device cuda --steps 200
+step cuda_tests 150 python3 -m pytest -q -p no:cacheprovider -W default tests/test_cuda.py tests/test_transforms.py
+step bench 200 python3 benches/bench_python.py --device cuda --quick
+step demo 120 python3 -m logitsproc_rs demo --device cuda --steps 150
 exit $status
