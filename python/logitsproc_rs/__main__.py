@@ -58,7 +58,11 @@ FEATURES = {
     "PenaltiesLogitsProcessor": "penalties",
     "BadWordsLogitsProcessor": "bad_words",
     "AllowedTokenIdsLogitsProcessor": "allowed_token_ids",
+    "ThinkingBudgetLogitsProcessor": "thinking_token_budget",
 }
+# Reasoning markers among the hot tokens, so thinking sections open and budgets run out.
+THINK_START = [HOT_TOKENS[-1]]
+THINK_END = [HOT_TOKENS[-2], HOT_TOKENS[-3]]
 
 
 def processor_name(p: Any) -> str:
@@ -113,6 +117,8 @@ def make_params_factory(
                 [rng.choice(HOT_TOKENS) for _ in range(rng.randint(1, 3))]
                 for _ in range(rng.randint(1, 3))
             ]
+        if "thinking_token_budget" in features and rng.random() < 0.3:
+            kw["thinking_token_budget"] = rng.choice((0, 4, 16, 64))
         if "allowed_token_ids" in features and rng.random() < 0.05:
             allowed = set(rng.sample(range(vocab), 100)) | set(HOT_TOKENS[:4]) | {EOS}
             kw["allowed_token_ids"] = sorted(allowed)
@@ -287,7 +293,12 @@ def run_demo(args: argparse.Namespace) -> int:
         print("--vocab must be at least 256", file=sys.stderr)
         return 2
 
-    cfg = EngineConfig(max_num_seqs=batch, vocab_size=vocab)
+    cfg = EngineConfig(
+        max_num_seqs=batch,
+        vocab_size=vocab,
+        reasoning_start_token_ids=THINK_START,
+        reasoning_end_token_ids=THINK_END,
+    )
     ours = build_logitsprocs(cfg, device, is_pin_memory=on_cuda)
     ours_features = processor_features(ours)
     ref = build_reference_logitsprocs(cfg, device) if use_ref else None
