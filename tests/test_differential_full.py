@@ -57,17 +57,6 @@ from logitsproc_rs.reference import (
 from logitsproc_rs.sampler import LOGPROBS_MODES
 from logitsproc_rs.simulate import ChurnSimulator, Request
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small tensors on 2 shared cores: torch's intra-op threads only spin against each other
-    (elementwise ops ~30x slower under load), so this module runs on one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # Bad words are drawn from these ids, and the token stream returns to them often, so
 # multi-token prefixes match all the time.
 HOT_IDS = (20, 21, 22, 23, 24, 25)

@@ -45,17 +45,6 @@ from logitsproc_rs.reference import (
     ref_apply_token_bitmask,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small tensors on 2 shared cores: torch's intra-op threads only spin against each other
-    (elementwise ops ~30x slower under load), so this module runs on one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 INF = math.inf
 SWAP = MoveDirectionality.SWAP
 UNI = MoveDirectionality.UNIDIRECTIONAL

@@ -255,6 +255,46 @@ def ref_apply_bad_words_single_batch(
     return logits_row
 
 
+def ref_bad_words_with_drafts(
+    logits: torch.Tensor,
+    bad_words: dict[int, list[list[int]]],
+    outputs: dict[int, list[int]],
+    num_draft_tokens: list[int],
+    spec_token_ids: list[list[int]],
+) -> torch.Tensor:
+    """vLLM's ``apply_bad_words_with_drafts`` (``ops/bad_words.py:39-58``): request ``r`` owns
+    ``num_draft_tokens[r]`` rows from ``sum(num_draft_tokens[:r])``; row ``j`` of it is matched
+    against ``output + drafts[:j]``."""
+    start = 0
+    for r, n in enumerate(num_draft_tokens):
+        if r in bad_words:
+            for j in range(n):
+                past = list(outputs[r]) + list(spec_token_ids[r][:j])
+                ref_apply_bad_words_single_batch(logits[start + j], bad_words[r], past)
+        start += n
+    return logits
+
+
+def ref_min_tokens_with_drafts(
+    logits: torch.Tensor,
+    requests: dict[int, tuple[int, set[int], list[int]]],
+    num_draft_tokens: list[int],
+) -> torch.Tensor:
+    """vLLM's ``MinTokensLogitsProcessor.apply_with_spec_decode`` (``builtin.py:235-286``):
+    for request ``r`` = (min_tokens, stop ids, output), the first
+    ``min(max(min_tokens - len(output), 0), num_draft_tokens[r])`` of its rows get every stop
+    id masked."""
+    start = 0
+    for r, n in enumerate(num_draft_tokens):
+        if r in requests:
+            min_tokens, stop, output = requests[r]
+            for j in range(min(max(min_tokens - len(output), 0), n)):
+                for t in stop:
+                    logits[start + j, t] = -math.inf
+        start += n
+    return logits
+
+
 class RefBadWordsLogitsProcessor(LogitsProcessor):
     """Bad words (``params.bad_words_token_ids``, vLLM's tokenized form): vLLM's
     ``apply_bad_words`` (``ops/bad_words.py:30-36``) per row over the request's **live** output

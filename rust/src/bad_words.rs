@@ -8,7 +8,9 @@
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
-use crate::sparse::{resize_touches_active, Padding, SparseRows};
+use crate::sparse::{
+    draft_offsets, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
+};
 use crate::table::SlotTable;
 
 pub struct BadWordsParams<H> {
@@ -141,12 +143,7 @@ impl<H: TokenHistory> BadWordsState<H> {
         drafts: &[Vec<i64>],
         out: &mut SparseRows<f32>,
     ) -> Result<usize> {
-        let mut offsets = Vec::with_capacity(num_draft.len());
-        let mut total = 0;
-        for &n in num_draft {
-            offsets.push(total);
-            total += n;
-        }
+        let (offsets, total) = draft_offsets(num_draft);
         let mut banned = Vec::new();
         let mut past: Vec<i64> = Vec::new();
         for (req, e) in self.table.iter() {
@@ -164,19 +161,7 @@ impl<H: TokenHistory> BadWordsState<H> {
                 Self::match_words(&e.words, &past, out_len + j, offsets[req] + j, &mut banned);
             }
         }
-        if banned.len() > out.capacity() {
-            return Err(Error::invalid(
-                0,
-                "num_draft_tokens",
-                format!(
-                    "the draft layout needs {} masked entries, more than the {} reserved \
-                     (num_draft_tokens above the configured speculative tokens?)",
-                    banned.len(),
-                    out.capacity()
-                ),
-            ));
-        }
-        out.rebuild(banned, Padding::RepeatFirst);
+        rebuild_draft_rows(out, banned)?;
         Ok(total)
     }
 

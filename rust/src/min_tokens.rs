@@ -8,7 +8,9 @@
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
-use crate::sparse::{resize_touches_active, Padding, SparseRows};
+use crate::sparse::{
+    draft_offsets, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
+};
 use crate::table::SlotTable;
 
 /// One added request's parameters, as read from its sampling params.
@@ -120,12 +122,7 @@ impl<H: TokenHistory> MinTokensState<H> {
     /// num_draft[r])` of them get every stop token masked. Writes the (row, token, −inf)
     /// triples into `out` and returns how many logits rows the layout has.
     pub fn spec_decode_triples(&self, num_draft: &[usize], out: &mut SparseRows) -> Result<usize> {
-        let mut offsets = Vec::with_capacity(num_draft.len() + 1);
-        let mut total = 0;
-        for &n in num_draft {
-            offsets.push(total);
-            total += n;
-        }
+        let (offsets, total) = draft_offsets(num_draft);
         let mut triples = Vec::new();
         for (req, e) in self.table.iter() {
             if req >= num_draft.len() {
@@ -139,19 +136,7 @@ impl<H: TokenHistory> MinTokensState<H> {
                 triples.extend(e.stop.iter().map(|&t| (row, t, f32::NEG_INFINITY)));
             }
         }
-        if triples.len() > out.capacity() {
-            return Err(Error::invalid(
-                0,
-                "num_draft_tokens",
-                format!(
-                    "the draft layout needs {} masked entries, more than the {} reserved \
-                     (num_draft_tokens above the configured speculative tokens?)",
-                    triples.len(),
-                    out.capacity()
-                ),
-            ));
-        }
-        out.rebuild(triples, Padding::RepeatFirst);
+        rebuild_draft_rows(out, triples)?;
         Ok(total)
     }
 

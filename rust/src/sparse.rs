@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use crate::buffer::{Element, HostBuffer};
+use crate::error::{Error, Result};
 
 pub struct SparseRows<V: Element = f32> {
     rows: Arc<HostBuffer<i32>>,
@@ -116,6 +117,40 @@ impl<V: Element + Default> SparseRows<V> {
             .map(|i| (self.rows.get(i), self.cols.get(i), self.vals.get(i)))
             .collect()
     }
+}
+
+/// Speculative decoding's row layout: request `r` owns `num_draft[r]` consecutive logits rows
+/// starting at `offsets[r]`. Returns the offsets and the total row count.
+pub fn draft_offsets(num_draft: &[usize]) -> (Vec<usize>, usize) {
+    let mut offsets = Vec::with_capacity(num_draft.len());
+    let mut total = 0;
+    for &n in num_draft {
+        offsets.push(total);
+        total += n;
+    }
+    (offsets, total)
+}
+
+/// Rebuilds `out` from draft-row triples, refusing more than it can hold (a caller passing more
+/// draft tokens than the configured speculative tokens).
+pub fn rebuild_draft_rows(
+    out: &mut SparseRows<f32>,
+    triples: Vec<(usize, i32, f32)>,
+) -> Result<()> {
+    if triples.len() > out.capacity() {
+        return Err(Error::invalid(
+            0,
+            "num_draft_tokens",
+            format!(
+                "the draft layout needs {} masked entries, more than the {} reserved \
+                 (num_draft_tokens above the configured speculative tokens?)",
+                triples.len(),
+                out.capacity()
+            ),
+        ));
+    }
+    out.rebuild(triples, Padding::RepeatFirst);
+    Ok(())
 }
 
 /// Whether any slot in `[min(a, b), max(a, b))` is active: a batch-size change exposes or hides

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from .._transfer import TripleViews
 
 
 def check_logits(name: str, logits: torch.Tensor, rows: int, vocab_size: int | None) -> None:
@@ -30,3 +34,31 @@ def host_kernel_ok(logits: torch.Tensor) -> bool:
         and logits.stride(0) >= logits.shape[1]
         and not logits.requires_grad
     )
+
+
+class DraftRowMask:
+    """Speculative decoding's draft-row masks for a state with ``spec_decode`` and
+    ``spec_rows/cols/vals`` (MinTokens, bad words): built by Rust per call, written as −inf.
+    The device buffers are made on first use."""
+
+    def __init__(self, name: str, state: Any, vocab_size: int, device: Any, pin: bool) -> None:
+        self._name, self._state, self._vocab_size = name, state, vocab_size
+        self._device, self._pin = device, pin
+        self._views: Any = None
+
+    def apply(self, logits: torch.Tensor, *spec_args: Any) -> torch.Tensor:
+        """``spec_args`` go to the state's ``spec_decode`` (the draft counts, ...)."""
+
+        if self._views is None:
+            s = self._state
+            self._views = TripleViews(
+                [s.spec_rows(), s.spec_cols(), s.spec_vals()], self._device, self._pin
+            )
+        self._views.mirror.before_host_write()
+        rows, n = self._state.spec_decode(*spec_args)
+        check_logits(f"{self._name}.apply_with_spec_decode", logits, rows, self._vocab_size)
+        self._views.refresh(n)
+        if self._views.current is None:
+            return logits
+        rows_t, cols, vals = self._views.current
+        return logits.index_put_((rows_t, cols), vals)

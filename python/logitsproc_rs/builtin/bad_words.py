@@ -10,7 +10,7 @@ from .. import _core
 from .._transfer import TripleViews
 from ..interface import BatchUpdate, LogitsProcessor
 from ..params import config_cap, config_max_num_seqs, config_spec_tokens, config_vocab_size
-from ._common import check_logits
+from ._common import DraftRowMask, check_logits
 from .min_tokens import put_sparse_
 
 DEFAULT_MAX_BAD_WORDS = 128
@@ -34,8 +34,9 @@ class BadWordsLogitsProcessor(LogitsProcessor):
         )
         s = self._state
         self._triples = TripleViews([s.rows(), s.cols(), s.vals()], device, is_pin_memory)
-        self._spec: TripleViews | None = None
-        self._device, self._pin = device, is_pin_memory
+        self._spec = DraftRowMask(
+            "BadWordsLogitsProcessor", self._state, self._vocab_size, device, is_pin_memory
+        )
         self._rows = 0
 
     def is_argmax_invariant(self) -> bool:
@@ -74,17 +75,4 @@ class BadWordsLogitsProcessor(LogitsProcessor):
         ``spec_token_ids[r][:j]``."""
         if not self._state.active:
             return logits
-        if self._spec is None:
-            s = self._state
-            self._spec = TripleViews(
-                [s.spec_rows(), s.spec_cols(), s.spec_vals()], self._device, self._pin
-            )
-        self._spec.mirror.before_host_write()
-        rows, n = self._state.spec_decode(list(num_draft_tokens), [list(t) for t in spec_token_ids])
-        check_logits(
-            "BadWordsLogitsProcessor.apply_with_spec_decode", logits, rows, self._vocab_size
-        )
-        self._spec.refresh(n)
-        if self._spec.current is None:
-            return logits
-        return put_sparse_(logits, *self._spec.current)
+        return self._spec.apply(logits, list(num_draft_tokens), [list(t) for t in spec_token_ids])

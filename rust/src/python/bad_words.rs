@@ -3,7 +3,6 @@
 use pyo3::prelude::*;
 
 use crate::limits::check_sizes;
-use pyo3::types::PyList;
 
 use super::buffer::HostBufferView;
 use super::errors::bad_value;
@@ -82,16 +81,10 @@ impl BadWordsState {
                     words.push(token_ids(e.index, "bad_words", &w?)?);
                 }
             }
-            let output = e.output_tok_ids.cast::<PyList>().map_err(|_| {
-                bad_value(
-                    e.index,
-                    "output_tok_ids",
-                    "expected the live output list (a list)",
-                )
-            })?;
+            let output = PyTokenList::of(e)?;
             Ok(BadWordsParams {
                 words,
-                output: PyTokenList(output.clone().unbind()),
+                output: output,
             })
         })?;
         Ok(self.inner.update(update)?)

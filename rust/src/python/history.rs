@@ -3,9 +3,25 @@
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
+use super::errors::bad_value;
+use super::update::AddedEntry;
 use crate::history::TokenHistory;
 
 pub struct PyTokenList(pub Py<PyList>);
+
+impl PyTokenList {
+    /// The live output list of an added request (`output_tok_ids`, which must be a `list`).
+    pub fn of(e: &AddedEntry<'_>) -> PyResult<Self> {
+        let list = e.output_tok_ids.cast::<PyList>().map_err(|_| {
+            bad_value(
+                e.index,
+                "output_tok_ids",
+                "expected the live output list (a list)",
+            )
+        })?;
+        Ok(PyTokenList(list.clone().unbind()))
+    }
+}
 
 impl TokenHistory for PyTokenList {
     fn len(&self) -> usize {

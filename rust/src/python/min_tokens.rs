@@ -3,10 +3,8 @@
 use pyo3::prelude::*;
 
 use crate::limits::check_sizes;
-use pyo3::types::PyList;
 
 use super::buffer::HostBufferView;
-use super::errors::bad_value;
 use super::history::PyTokenList;
 use super::update::{extract_as, parse_update};
 use crate::min_tokens::{self, MinTokensParams};
@@ -73,13 +71,7 @@ impl MinTokensState {
             } else {
                 extract_as::<i64>(e.index, "min_tokens", &min, "an int")?
             };
-            let output = e.output_tok_ids.cast::<PyList>().map_err(|_| {
-                bad_value(
-                    e.index,
-                    "output_tok_ids",
-                    "expected the live output list (a list)",
-                )
-            })?;
+            let output = PyTokenList::of(e)?;
             let mut stop_token_ids = Vec::new();
             if min_tokens > 0 {
                 let stop = param!(e, "all_stop_token_ids")?;
@@ -97,7 +89,7 @@ impl MinTokensState {
             Ok(MinTokensParams {
                 min_tokens,
                 stop_token_ids,
-                output: PyTokenList(output.clone().unbind()),
+                output: output,
             })
         })?;
         Ok(self.inner.update(update)?)

@@ -3,10 +3,8 @@
 use pyo3::prelude::*;
 
 use crate::limits::check_sizes;
-use pyo3::types::PyList;
 
 use super::buffer::{logits_rows, HostBufferView};
-use super::errors::bad_value;
 use super::history::PyTokenList;
 use super::update::{parse_update, token_ids};
 use crate::penalties::{self, PenaltyParams};
@@ -49,19 +47,13 @@ impl PenaltiesState {
             } else {
                 Some(token_ids(e.index, "prompt_tok_ids", &e.prompt_tok_ids)?)
             };
-            let output = e.output_tok_ids.cast::<PyList>().map_err(|_| {
-                bad_value(
-                    e.index,
-                    "output_tok_ids",
-                    "expected the live output list (a list)",
-                )
-            })?;
+            let output = PyTokenList::of(e)?;
             Ok(PenaltyParams {
                 repetition_penalty,
                 frequency_penalty,
                 presence_penalty,
                 prompt,
-                output: PyTokenList(output.clone().unbind()),
+                output: output,
             })
         })?;
         Ok(self.inner.update(update)?)

@@ -1,7 +1,6 @@
 //! Binding for [`crate::thinking::ThinkingState`] over live Python output lists.
 
 use pyo3::prelude::*;
-use pyo3::types::PyList;
 
 use crate::limits::check_sizes;
 
@@ -83,17 +82,11 @@ impl ThinkingState {
                 } else {
                     Some(token_ids(e.index, "prompt_tok_ids", &e.prompt_tok_ids)?)
                 };
-                let output = e.output_tok_ids.cast::<PyList>().map_err(|_| {
-                    bad_value(
-                        e.index,
-                        "output_tok_ids",
-                        "expected the live output list (a list)",
-                    )
-                })?;
+                let output = PyTokenList::of(e)?;
                 Ok(ThinkingParams {
                     budget,
                     prompt,
-                    output: PyTokenList(output.clone().unbind()),
+                    output: output,
                 })
             })?;
             let batch_size = update.batch_size;
