@@ -82,10 +82,7 @@ impl BadWordsState {
                 }
             }
             let output = PyTokenList::of(e)?;
-            Ok(BadWordsParams {
-                words,
-                output: output,
-            })
+            Ok(BadWordsParams { words, output })
         })?;
         Ok(self.inner.update(update)?)
     }

@@ -89,7 +89,7 @@ impl MinTokensState {
             Ok(MinTokensParams {
                 min_tokens,
                 stop_token_ids,
-                output: output,
+                output,
             })
         })?;
         Ok(self.inner.update(update)?)

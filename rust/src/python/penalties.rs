@@ -53,7 +53,7 @@ impl PenaltiesState {
                 frequency_penalty,
                 presence_penalty,
                 prompt,
-                output: output,
+                output,
             })
         })?;
         Ok(self.inner.update(update)?)

@@ -86,7 +86,7 @@ impl ThinkingState {
                 Ok(ThinkingParams {
                     budget,
                     prompt,
-                    output: output,
+                    output,
                 })
             })?;
             let batch_size = update.batch_size;
