@@ -117,15 +117,6 @@ impl<T: Element> HostBuffer<T> {
         }
     }
 
-    /// Copies `src` into `[start, start + src.len())`.
-    pub fn write_slice(&self, start: usize, src: &[T]) {
-        assert!(start + src.len() <= self.len);
-        // SAFETY: in bounds; `src` cannot overlap this allocation (it is borrowed Rust memory).
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(start), src.len())
-        }
-    }
-
     /// A snapshot copy of the first `n` elements (tests and debugging).
     pub fn to_vec(&self, n: usize) -> Vec<T> {
         (0..n.min(self.len)).map(|i| self.get(i)).collect()

@@ -410,11 +410,6 @@ impl<H: TokenHistory> PenaltiesState<H> {
         self.pending_pos = end;
         self.ops.padded_len()
     }
-
-    /// Pending additions not yet handed out (tests).
-    pub fn pending_len(&self) -> usize {
-        self.pending.len() - self.pending_pos
-    }
 }
 
 /// A token id as stored in `counted` (ids beyond int32 saturate; they are never counted).

@@ -518,12 +518,6 @@ impl<H: TokenHistory> ThinkingState<H> {
     pub fn forced(&self) -> &[(usize, i64)] {
         &self.forced
     }
-
-    /// Same as [`forced`](Self::forced), into a caller's buffer (cleared first).
-    pub fn forced_into(&self, out: &mut Vec<(usize, i64)>) {
-        out.clear();
-        out.extend_from_slice(&self.forced);
-    }
 }
 
 #[cfg(test)]
@@ -847,9 +841,6 @@ mod tests {
         assert_eq!(s.step(2), 0); // row 2 is not in the batch
         assert_eq!(s.step(3), 1);
         assert_eq!(s.forced(), &[(2, E)]);
-        let mut v = vec![(9, 9)];
-        s.forced_into(&mut v);
-        assert_eq!(v, vec![(2, E)]);
     }
 
     #[test]
