@@ -7,18 +7,18 @@
 //! saves the allowed logits, fills the restricted rows with −inf, and writes the saved values
 //! back.
 
-use std::sync::Arc;
-
+use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
+use crate::limits::check_token;
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 
 pub struct AllowedState {
     table: SlotTable<Vec<i32>>,
     pairs: SparseRows<f32>,
-    rows: Arc<HostBuffer<i64>>,
+    rows: HostBuffer<i64>,
     n_rows: usize,
     padded_rows: usize,
     vocab_size: usize,
@@ -31,7 +31,7 @@ impl AllowedState {
         AllowedState {
             table: SlotTable::new(capacity),
             pairs: SparseRows::new(capacity * max_ids),
-            rows: Arc::new(HostBuffer::new(capacity, 0)),
+            rows: HostBuffer::new(capacity, 0),
             n_rows: 0,
             padded_rows: 0,
             vocab_size,
@@ -53,8 +53,13 @@ impl AllowedState {
     }
 
     /// Restricted rows (prefix `[0, padded_rows)`, padded by repeating the first).
-    pub fn rows(&self) -> &Arc<HostBuffer<i64>> {
+    pub fn rows(&self) -> &HostBuffer<i64> {
         &self.rows
+    }
+
+    /// Whether slot `index` has an allowed set.
+    pub fn is_restricted(&self, index: usize) -> bool {
+        self.table.get(index).is_some()
     }
 
     pub fn n_rows(&self) -> usize {
@@ -65,7 +70,7 @@ impl AllowedState {
         self.padded_rows
     }
 
-    fn check(&self, index: usize, ids: Option<Vec<i64>>) -> Result<Option<Vec<i32>>> {
+    pub fn check(&self, index: usize, ids: Option<Vec<i64>>) -> Result<Option<Vec<i32>>> {
         let Some(ids) = ids else { return Ok(None) };
         if ids.is_empty() {
             return Err(Error::invalid(
@@ -76,14 +81,7 @@ impl AllowedState {
         }
         let mut out: Vec<i32> = Vec::with_capacity(ids.len());
         for t in ids {
-            if t < 0 || t as u64 >= self.vocab_size as u64 {
-                return Err(Error::invalid(
-                    index,
-                    "allowed_token_ids",
-                    format!("token id {t} outside [0, {})", self.vocab_size),
-                ));
-            }
-            out.push(t as i32);
+            out.push(check_token(index, "allowed_token_ids", t, self.vocab_size)?);
         }
         out.sort_unstable();
         out.dedup();
@@ -102,6 +100,12 @@ impl AllowedState {
     pub fn update(&mut self, update: BatchUpdate<Option<Vec<i64>>>) -> Result<bool> {
         update.validate(self.capacity())?;
         let update = update.try_map_added(|i, ids| self.check(i, ids))?;
+        Ok(self.commit(update))
+    }
+
+    /// Applies an update whose indices and sets were already checked; returns whether the
+    /// exported pairs changed.
+    pub fn commit(&mut self, update: BatchUpdate<Option<Vec<i32>>>) -> bool {
         let new_bs = update.batch_size;
         let mut changed = self.table.apply_validated(update);
         changed |= resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
@@ -109,7 +113,7 @@ impl AllowedState {
         if changed {
             self.rebuild();
         }
-        Ok(changed)
+        changed
     }
 
     fn rebuild(&mut self) {
@@ -137,6 +141,14 @@ impl AllowedState {
             let first = self.rows.get(0);
             self.rows.fill(n, self.padded_rows, first);
         }
+    }
+}
+
+impl HasBuffers for AllowedState {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        self.pairs
+            .visit_as(["allowed.rows", "allowed.cols", "allowed.vals"], f);
+        f("allowed.restricted_rows", &mut self.rows);
     }
 }
 

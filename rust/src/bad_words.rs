@@ -5,9 +5,11 @@
 //! `bad_words.py`). Matching runs here over the tail of each live output list, once per step;
 //! the result is a set of (row, token) pairs written to −inf.
 
+use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
+use crate::limits::check_token;
 use crate::sparse::{
     draft_offsets, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
 };
@@ -18,7 +20,8 @@ pub struct BadWordsParams<H> {
     pub output: H,
 }
 
-struct Entry<H> {
+/// One tracked request (checked words and its output handle).
+pub struct Entry<H> {
     words: Vec<Vec<i32>>,
     /// Longest prefix among the words: how much of the output tail matching needs.
     max_prefix: usize,
@@ -67,7 +70,7 @@ impl<H: TokenHistory> BadWordsState<H> {
         &self.triples
     }
 
-    fn check(&self, index: usize, p: BadWordsParams<H>) -> Result<Option<Entry<H>>> {
+    pub fn check(&self, index: usize, p: BadWordsParams<H>) -> Result<Option<Entry<H>>> {
         if p.words.len() > self.max_words {
             return Err(Error::TooManyEntries {
                 index,
@@ -94,14 +97,7 @@ impl<H: TokenHistory> BadWordsState<H> {
             }
             let mut word = Vec::with_capacity(w.len());
             for t in w {
-                if t < 0 || t as u64 >= self.vocab_size as u64 {
-                    return Err(Error::invalid(
-                        index,
-                        "bad_words",
-                        format!("token id {t} outside [0, {})", self.vocab_size),
-                    ));
-                }
-                word.push(t as i32);
+                word.push(check_token(index, "bad_words", t, self.vocab_size)?);
             }
             words.push(word);
         }
@@ -118,6 +114,12 @@ impl<H: TokenHistory> BadWordsState<H> {
     pub fn update(&mut self, update: BatchUpdate<BadWordsParams<H>>) -> Result<bool> {
         update.validate(self.capacity())?;
         let update = update.try_map_added(|i, p| self.check(i, p))?;
+        Ok(self.commit(update))
+    }
+
+    /// Applies an update whose entries were already checked, and re-matches. Returns whether
+    /// the banned pairs changed.
+    pub fn commit(&mut self, update: BatchUpdate<Option<Entry<H>>>) -> bool {
         let new_bs = update.batch_size;
         let mut changed = self.table.apply_validated(update);
         changed |= resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
@@ -125,7 +127,7 @@ impl<H: TokenHistory> BadWordsState<H> {
         if changed {
             self.dynamic = self.table.iter().filter(|(_, e)| e.max_prefix > 0).count();
         }
-        Ok(self.step(changed))
+        self.step(changed)
     }
 
     /// A step without a batch change: re-match the words that depend on the output.
@@ -143,7 +145,7 @@ impl<H: TokenHistory> BadWordsState<H> {
         drafts: &[Vec<i64>],
         out: &mut SparseRows<f32>,
     ) -> Result<usize> {
-        let (offsets, total) = draft_offsets(num_draft);
+        let (offsets, total) = draft_offsets(num_draft)?;
         let mut banned = Vec::new();
         let mut past: Vec<i64> = Vec::new();
         for (req, e) in self.table.iter() {
@@ -159,6 +161,9 @@ impl<H: TokenHistory> BadWordsState<H> {
                     past.push(draft.get(j - 1).copied().unwrap_or(-1));
                 }
                 Self::match_words(&e.words, &past, out_len + j, offsets[req] + j, &mut banned);
+                if banned.len() > out.capacity() {
+                    break; // rejected below, before anything grows further
+                }
             }
         }
         rebuild_draft_rows(out, banned)?;
@@ -228,6 +233,13 @@ impl<H: TokenHistory> BadWordsState<H> {
         }
         self.triples.rebuild(banned, Padding::RepeatFirst);
         true
+    }
+}
+
+impl<H> HasBuffers for BadWordsState<H> {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        self.triples
+            .visit_as(["bad_words.rows", "bad_words.cols", "bad_words.vals"], f);
     }
 }
 

@@ -133,9 +133,68 @@ impl<A> BatchUpdate<A> {
         })
     }
 
+    /// Replays the update on `store` as elementary slot operations, in vLLM's order: added
+    /// (`value` maps the payload; `None` clears the slot), removed (cleared), then moved (a
+    /// UNIDIRECTIONAL move takes the source's state, leaving it empty, and overwrites the
+    /// destination; a SWAP exchanges the two). This is the one place the move rule lives.
+    pub fn replay<S: SlotOps>(self, store: &mut S, mut value: impl FnMut(A) -> Option<S::Value>) {
+        for (index, a) in self.added {
+            store.put(index, value(a));
+        }
+        replay_rest(&self.removed, &self.moved, store);
+    }
+
+    /// As [`replay`](Self::replay), reading the payloads by reference.
+    pub fn replay_ref<S: SlotOps>(
+        &self,
+        store: &mut S,
+        mut value: impl FnMut(&A) -> Option<S::Value>,
+    ) {
+        for (index, a) in &self.added {
+            store.put(*index, value(a));
+        }
+        replay_rest(&self.removed, &self.moved, store);
+    }
+
+    /// The same structure with every payload replaced (tables that only need the shape).
+    pub fn shape_with<B>(&self, mut f: impl FnMut(usize, &A) -> B) -> BatchUpdate<B> {
+        BatchUpdate {
+            batch_size: self.batch_size,
+            removed: self.removed.clone(),
+            added: self.added.iter().map(|(i, a)| (*i, f(*i, a))).collect(),
+            moved: self.moved.clone(),
+        }
+    }
+
     /// True when the update adds, removes or moves nothing.
     pub fn is_empty(&self) -> bool {
         self.removed.is_empty() && self.added.is_empty() && self.moved.is_empty()
+    }
+}
+
+/// Per-slot storage that a [`BatchUpdate`] can be replayed on.
+pub trait SlotOps {
+    type Value;
+    /// Overwrites slot `index` (`None` empties it).
+    fn put(&mut self, index: usize, value: Option<Self::Value>);
+    /// Empties slot `index`, returning what it held.
+    fn take(&mut self, index: usize) -> Option<Self::Value>;
+    /// Exchanges two slots (also when one or both are empty).
+    fn swap(&mut self, a: usize, b: usize);
+}
+
+fn replay_rest<S: SlotOps>(removed: &[usize], moved: &[Move], store: &mut S) {
+    for &index in removed {
+        store.put(index, None);
+    }
+    for m in moved {
+        match m.dir {
+            MoveDirectionality::Swap => store.swap(m.from, m.to),
+            MoveDirectionality::Unidirectional => {
+                let v = store.take(m.from);
+                store.put(m.to, v);
+            }
+        }
     }
 }
 

@@ -4,10 +4,8 @@
 //! deleter touches no Python object and cannot panic: torch may call it from any thread, without
 //! the GIL, even during interpreter shutdown.
 
+use crate::buffer::SharedBuffer;
 use std::ffi::c_void;
-use std::sync::Arc;
-
-use crate::buffer::{Element, HostBuffer};
 
 pub const KDL_CPU: i32 = 1;
 
@@ -65,7 +63,8 @@ struct ExportCtx {
     shape: [i64; 1],
 }
 
-fn make_tensor<T: Element>(buf: &HostBuffer<T>, ctx: &mut ExportCtx) -> DLTensor {
+fn make_tensor(buf: &SharedBuffer, ctx: &mut ExportCtx) -> DLTensor {
+    let (code, bits) = buf.dtype();
     DLTensor {
         data: buf.as_ptr() as *mut c_void,
         device: DLDevice {
@@ -74,8 +73,8 @@ fn make_tensor<T: Element>(buf: &HostBuffer<T>, ctx: &mut ExportCtx) -> DLTensor
         },
         ndim: 1,
         dtype: DLDataType {
-            code: T::DLPACK_CODE,
-            bits: T::BITS,
+            code,
+            bits,
             lanes: 1,
         },
         shape: ctx.shape.as_mut_ptr(),
@@ -84,9 +83,9 @@ fn make_tensor<T: Element>(buf: &HostBuffer<T>, ctx: &mut ExportCtx) -> DLTensor
     }
 }
 
-fn new_ctx<T: Element>(buf: &Arc<HostBuffer<T>>) -> Box<ExportCtx> {
+fn new_ctx(buf: &SharedBuffer) -> Box<ExportCtx> {
     Box::new(ExportCtx {
-        _owner: Box::new(Arc::clone(buf)),
+        _owner: Box::new(buf.clone()),
         shape: [buf.len() as i64],
     })
 }
@@ -115,7 +114,7 @@ unsafe extern "C" fn delete_legacy(p: *mut DLManagedTensor) {
 
 /// A versioned (DLPack 1.x) managed tensor viewing the whole buffer. The caller owns the
 /// returned pointer and must hand it to a consumer or call its deleter.
-pub fn export_versioned<T: Element>(buf: &Arc<HostBuffer<T>>) -> *mut DLManagedTensorVersioned {
+pub fn export_versioned(buf: &SharedBuffer) -> *mut DLManagedTensorVersioned {
     let mut ctx = new_ctx(buf);
     let dl_tensor = make_tensor(buf, &mut ctx);
     Box::into_raw(Box::new(DLManagedTensorVersioned {
@@ -128,7 +127,7 @@ pub fn export_versioned<T: Element>(buf: &Arc<HostBuffer<T>>) -> *mut DLManagedT
 }
 
 /// A legacy (pre-1.0) managed tensor, for consumers that do not ask for a version.
-pub fn export_legacy<T: Element>(buf: &Arc<HostBuffer<T>>) -> *mut DLManagedTensor {
+pub fn export_legacy(buf: &SharedBuffer) -> *mut DLManagedTensor {
     let mut ctx = new_ctx(buf);
     let dl_tensor = make_tensor(buf, &mut ctx);
     Box::into_raw(Box::new(DLManagedTensor {
@@ -144,19 +143,20 @@ mod tests {
 
     #[test]
     fn export_keeps_owner_alive_until_deleted() {
-        let buf = Arc::new(HostBuffer::<f32>::new(8, 0.25));
+        let owner = crate::buffer::HostBuffer::<f32>::new(8, 0.25);
+        let buf = owner.shared();
         let m = export_versioned(&buf);
-        assert_eq!(Arc::strong_count(&buf), 2);
+        assert_eq!(buf.owners(), 3);
         // SAFETY: freshly exported, not yet consumed.
         unsafe {
             assert_eq!(*(*m).dl_tensor.shape, 8);
             assert_eq!((*m).dl_tensor.data as usize, buf.as_ptr() as usize);
             ((*m).deleter.unwrap())(m);
         }
-        assert_eq!(Arc::strong_count(&buf), 1);
+        assert_eq!(buf.owners(), 2);
         let l = export_legacy(&buf);
         // SAFETY: as above.
         unsafe { ((*l).deleter.unwrap())(l) };
-        assert_eq!(Arc::strong_count(&buf), 1);
+        assert_eq!(buf.owners(), 2);
     }
 }

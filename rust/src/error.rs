@@ -41,6 +41,10 @@ pub enum Error {
     },
     /// `removed_append` after `removed` was read (vLLM raises `RuntimeError`).
     RemovedAfterRead,
+    /// The allocator refused a buffer (Python's `MemoryError`).
+    OutOfMemory { field: &'static str, bytes: usize },
+    /// A step call that does not fit the pipeline's protocol (Python's `RuntimeError`).
+    Protocol(String),
 }
 
 impl Error {
@@ -97,6 +101,11 @@ impl fmt::Display for Error {
                 f,
                 "Cannot register new removed request after self.removed has been read."
             ),
+            Error::OutOfMemory { field, bytes } => write!(
+                f,
+                "field '{field}': could not allocate {bytes} bytes of host memory"
+            ),
+            Error::Protocol(message) => f.write_str(message),
         }
     }
 }

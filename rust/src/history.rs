@@ -25,6 +25,17 @@ pub trait TokenHistory {
         one.first().copied()
     }
 
+    /// Appends one token to a history the pipeline owns (the token feed); `false` for a
+    /// history that only the engine writes (a live output list).
+    fn push(&self, _token: i64) -> bool {
+        false
+    }
+
+    /// Whether [`push`](Self::push) appends (the history is owned by the pipeline).
+    fn can_push(&self) -> bool {
+        false
+    }
+
     /// Appends the last `n` tokens (fewer if the history is shorter) to `out`.
     fn read_tail(&self, n: usize, out: &mut Vec<i64>) {
         let len = self.len();
@@ -42,6 +53,20 @@ impl TokenHistory for SharedHistory {
 
     fn token_at(&self, i: usize) -> Option<i64> {
         self.read().ok().and_then(|v| v.get(i).copied())
+    }
+
+    fn can_push(&self) -> bool {
+        true
+    }
+
+    fn push(&self, token: i64) -> bool {
+        match self.write() {
+            Ok(mut v) => {
+                v.push(token);
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     fn read_from(&self, start: usize, out: &mut Vec<i64>) {

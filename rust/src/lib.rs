@@ -7,9 +7,11 @@
 //! so `cargo test` and `cargo bench` need no interpreter.
 
 pub mod allowed;
+pub mod arena;
 pub mod bad_words;
 pub mod batch;
 pub mod buffer;
+pub mod columns;
 pub mod dlpack;
 pub mod error;
 pub mod history;
@@ -18,6 +20,7 @@ pub mod logit_bias;
 pub mod min_p;
 pub mod min_tokens;
 pub mod penalties;
+pub mod pipeline;
 pub mod sparse;
 pub mod table;
 pub mod thinking;

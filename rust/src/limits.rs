@@ -43,6 +43,23 @@ pub fn check_sizes(capacity: usize, vocab_size: usize, per_request: &[usize]) ->
     Ok(())
 }
 
+/// Checks one token id against the vocabulary: the one range check every table uses.
+pub fn check_token(
+    index: usize,
+    field: &'static str,
+    token: i64,
+    vocab_size: usize,
+) -> Result<i32> {
+    if token < 0 || token as u64 >= vocab_size as u64 {
+        return Err(Error::invalid(
+            index,
+            field,
+            format!("token id {token} outside [0, {vocab_size})"),
+        ));
+    }
+    Ok(token as i32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

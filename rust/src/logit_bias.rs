@@ -4,8 +4,10 @@
 //! have a fixed size). Triples are rebuilt only when some slot's biases changed or a batch-size
 //! change hid or exposed a biased row. Within a row, entries keep the request's own order.
 
+use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
+use crate::limits::check_token;
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 
@@ -65,13 +67,7 @@ impl LogitBiasState {
         }
         let mut out = Vec::with_capacity(entries.len());
         for (token, bias) in entries {
-            if token < 0 || token as u64 >= self.vocab_size as u64 {
-                return Err(Error::invalid(
-                    index,
-                    "logit_bias",
-                    format!("token id {token} outside [0, {})", self.vocab_size),
-                ));
-            }
+            check_token(index, "logit_bias", token, self.vocab_size)?;
             // Checked after the cast: a finite f64 beyond f32's range would become inf.
             if !(bias as f32).is_finite() {
                 return Err(Error::invalid(
@@ -97,6 +93,12 @@ impl LogitBiasState {
     pub fn update(&mut self, update: BatchUpdate<Vec<(i64, f64)>>) -> Result<bool> {
         update.validate(self.capacity())?;
         let update = update.try_map_added(|i, e| self.check(i, e))?;
+        Ok(self.commit(update))
+    }
+
+    /// Applies an update whose indices and entries were already checked. Returns whether the
+    /// triples were rebuilt.
+    pub fn commit(&mut self, update: BatchUpdate<Option<Vec<(i32, f32)>>>) -> bool {
         let new_bs = update.batch_size;
         let changed = self.table.apply_validated(update);
         let resized =
@@ -104,9 +106,9 @@ impl LogitBiasState {
         self.batch_size = new_bs;
         if changed || resized {
             self.rebuild();
-            return Ok(true);
+            return true;
         }
-        Ok(false)
+        false
     }
 
     fn rebuild(&mut self) {
@@ -119,6 +121,13 @@ impl LogitBiasState {
                 .flat_map(|(row, e)| e.iter().map(move |&(t, b)| (row, t, b))),
             Padding::FirstWithValue(-0.0),
         );
+    }
+}
+
+impl HasBuffers for LogitBiasState {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        self.triples
+            .visit_as(["logit_bias.rows", "logit_bias.cols", "logit_bias.vals"], f);
     }
 }
 

@@ -5,15 +5,14 @@
 //! `p >= min_p * p_max` without a softmax. The raw float32 values are kept too, so the
 //! bookkeeping (count, what changed) matches vLLM's float32 comparisons exactly.
 
-use std::sync::Arc;
-
-use crate::batch::{BatchUpdate, MoveDirectionality};
+use crate::arena::{HasBuffers, Staged};
+use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
 
 pub struct MinPState {
     values: Vec<f32>,
-    log_min_p: Arc<HostBuffer<f32>>,
+    log_min_p: HostBuffer<f32>,
     count: usize,
     batch_size: usize,
 }
@@ -29,7 +28,7 @@ impl MinPState {
     pub fn new(capacity: usize) -> Self {
         MinPState {
             values: vec![0.0; capacity],
-            log_min_p: Arc::new(HostBuffer::new(capacity, f32::NEG_INFINITY)),
+            log_min_p: HostBuffer::new(capacity, f32::NEG_INFINITY),
             count: 0,
             batch_size: 0,
         }
@@ -53,7 +52,7 @@ impl MinPState {
     }
 
     /// The per-slot `ln(min_p)` buffer Python views.
-    pub fn log_min_p(&self) -> &Arc<HostBuffer<f32>> {
+    pub fn log_min_p(&self) -> &HostBuffer<f32> {
         &self.log_min_p
     }
 
@@ -62,12 +61,26 @@ impl MinPState {
     /// −inf. Same arithmetic as the device form (`amax`, one float32 add, strict `<`); a row
     /// holding a NaN has a NaN maximum there too and is left alone.
     pub fn apply_to_rows(&self, logits: &mut [f32], rows: usize, vocab: usize, row_stride: usize) {
+        self.apply_to_mapped_rows(logits, rows, vocab, row_stride, None)
+    }
+
+    /// As [`apply_to_rows`](Self::apply_to_rows); with `row_to_slot`, logits row `r` takes the
+    /// min_p of slot `row_to_slot[r]` (the stable-slot front-end).
+    pub fn apply_to_mapped_rows(
+        &self,
+        logits: &mut [f32],
+        rows: usize,
+        vocab: usize,
+        row_stride: usize,
+        row_to_slot: Option<&[usize]>,
+    ) {
         assert!(
-            rows <= self.batch_size
+            row_to_slot.map_or(rows <= self.batch_size, |m| m.len() >= rows)
                 && (rows == 0 || (rows - 1) * row_stride + vocab <= logits.len())
         );
         for row in 0..rows {
-            let log_min_p = self.log_min_p.get(row);
+            let slot = row_to_slot.map_or(row, |m| m[row]);
+            let log_min_p = self.log_min_p.get(slot);
             if log_min_p == f32::NEG_INFINITY {
                 continue;
             }
@@ -109,26 +122,55 @@ impl MinPState {
     pub fn update(&mut self, update: BatchUpdate<f64>) -> Result<MinPUpdate> {
         update.validate(self.capacity())?;
         let update = update.try_map_added(Self::check)?;
-        let mut changed = false;
-        for &(index, v) in &update.added {
-            changed |= self.write(index, v);
-        }
-        for &index in &update.removed {
-            changed |= self.write(index, 0.0);
-        }
-        for m in &update.moved {
-            let (a, b) = (self.values[m.from], self.values[m.to]);
-            changed |= self.write(m.to, a);
-            match m.dir {
-                MoveDirectionality::Swap => changed |= self.write(m.from, b),
-                MoveDirectionality::Unidirectional => changed |= self.write(m.from, 0.0),
-            }
-        }
-        let resized = update.batch_size != self.batch_size;
-        self.batch_size = update.batch_size;
-        Ok(MinPUpdate {
+        Ok(self.commit(update))
+    }
+
+    /// Applies an update whose indices and values were already checked.
+    pub fn commit(&mut self, update: BatchUpdate<f32>) -> MinPUpdate {
+        let batch_size = update.batch_size;
+        let mut ops = MinPOps {
+            state: self,
+            changed: false,
+        };
+        update.replay(&mut ops, Some);
+        let changed = ops.changed;
+        let resized = batch_size != self.batch_size;
+        self.batch_size = batch_size;
+        MinPUpdate {
             needs_copy: self.count > 0 && (changed || resized),
-        })
+        }
+    }
+}
+
+impl HasBuffers for MinPState {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        f("min_p.log_min_p", &mut self.log_min_p);
+    }
+}
+
+/// MinP's dense values under the table rule: an empty slot holds 0 ("no min_p").
+struct MinPOps<'a> {
+    state: &'a mut MinPState,
+    changed: bool,
+}
+
+impl SlotOps for MinPOps<'_> {
+    type Value = f32;
+
+    fn put(&mut self, index: usize, value: Option<f32>) {
+        self.changed |= self.state.write(index, value.unwrap_or(0.0));
+    }
+
+    fn take(&mut self, index: usize) -> Option<f32> {
+        let v = self.state.values[index];
+        self.changed |= self.state.write(index, 0.0);
+        Some(v)
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        let (va, vb) = (self.state.values[a], self.state.values[b]);
+        self.changed |= self.state.write(a, vb);
+        self.changed |= self.state.write(b, va);
     }
 }
 

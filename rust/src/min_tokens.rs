@@ -5,9 +5,11 @@
 //! step, also on steps without a batch change: an entry whose output has reached `min_tokens` is
 //! dropped and the (row, token) triples are rebuilt.
 
+use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
+use crate::limits::check_token;
 use crate::sparse::{
     draft_offsets, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
 };
@@ -20,7 +22,8 @@ pub struct MinTokensParams<H> {
     pub output: H,
 }
 
-struct Entry<H> {
+/// One tracked request (checked parameters and its output handle).
+pub struct Entry<H> {
     min_tokens: usize,
     stop: Vec<i32>,
     output: H,
@@ -60,7 +63,7 @@ impl<H: TokenHistory> MinTokensState<H> {
 
     /// Checks one request and decides whether it needs an entry at all (vLLM: none when
     /// min_tokens is 0 or the output is already long enough).
-    fn check(&self, index: usize, p: MinTokensParams<H>) -> Result<Option<Entry<H>>> {
+    pub fn check(&self, index: usize, p: MinTokensParams<H>) -> Result<Option<Entry<H>>> {
         if p.min_tokens < 0 {
             return Err(Error::invalid(
                 index,
@@ -78,15 +81,9 @@ impl<H: TokenHistory> MinTokensState<H> {
         }
         let mut stop = Vec::with_capacity(p.stop_token_ids.len());
         for t in p.stop_token_ids {
-            if t < 0 || t as u64 >= self.vocab_size as u64 {
-                return Err(Error::invalid(
-                    index,
-                    "stop_token_ids",
-                    format!("token id {t} outside [0, {})", self.vocab_size),
-                ));
-            }
-            if !stop.contains(&(t as i32)) {
-                stop.push(t as i32);
+            let t = check_token(index, "stop_token_ids", t, self.vocab_size)?;
+            if !stop.contains(&t) {
+                stop.push(t);
             }
         }
         let min_tokens = p.min_tokens as usize;
@@ -105,11 +102,17 @@ impl<H: TokenHistory> MinTokensState<H> {
     pub fn update(&mut self, update: BatchUpdate<MinTokensParams<H>>) -> Result<bool> {
         update.validate(self.capacity())?;
         let update = update.try_map_added(|i, p| self.check(i, p))?;
+        Ok(self.commit(update))
+    }
+
+    /// Applies an update whose entries were already checked, then the per-step length check.
+    /// Returns whether the triples were rebuilt.
+    pub fn commit(&mut self, update: BatchUpdate<Option<Entry<H>>>) -> bool {
         let new_bs = update.batch_size;
         let mut changed = self.table.apply_validated(update);
         changed |= resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
         self.batch_size = new_bs;
-        Ok(self.step(changed))
+        self.step(changed)
     }
 
     /// A step without a batch change: only the output lengths are re-checked.
@@ -122,7 +125,7 @@ impl<H: TokenHistory> MinTokensState<H> {
     /// num_draft[r])` of them get every stop token masked. Writes the (row, token, −inf)
     /// triples into `out` and returns how many logits rows the layout has.
     pub fn spec_decode_triples(&self, num_draft: &[usize], out: &mut SparseRows) -> Result<usize> {
-        let (offsets, total) = draft_offsets(num_draft);
+        let (offsets, total) = draft_offsets(num_draft)?;
         let mut triples = Vec::new();
         for (req, e) in self.table.iter() {
             if req >= num_draft.len() {
@@ -132,6 +135,20 @@ impl<H: TokenHistory> MinTokensState<H> {
                 .min_tokens
                 .saturating_sub(e.output.len())
                 .min(num_draft[req]);
+            // Checked before expanding: a huge draft count must be an error, not an allocation.
+            if n_mask.saturating_mul(e.stop.len())
+                > out.capacity() - triples.len().min(out.capacity())
+            {
+                return Err(crate::error::Error::invalid(
+                    req,
+                    "num_draft_tokens",
+                    format!(
+                        "the draft layout needs more than the {} masked entries reserved \
+                         (num_draft_tokens above the configured speculative tokens?)",
+                        out.capacity()
+                    ),
+                ));
+            }
             for row in offsets[req]..offsets[req] + n_mask {
                 triples.extend(e.stop.iter().map(|&t| (row, t, f32::NEG_INFINITY)));
             }
@@ -155,6 +172,13 @@ impl<H: TokenHistory> MinTokensState<H> {
             );
         }
         changed
+    }
+}
+
+impl<H> HasBuffers for MinTokensState<H> {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        self.triples
+            .visit_as(["min_tokens.rows", "min_tokens.cols", "min_tokens.vals"], f);
     }
 }
 

@@ -17,12 +17,13 @@
 //! few fused passes over `[batch_size, V]`; rows with neutral values come out bit-identical.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use crate::batch::{BatchUpdate, MoveDirectionality};
+use crate::arena::{HasBuffers, Staged};
+use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
+use crate::limits::check_token;
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
 
@@ -38,7 +39,8 @@ pub struct PenaltyParams<H> {
     pub output: H,
 }
 
-struct Entry<H> {
+/// One tracked request (checked penalties, prompt and its output handle).
+pub struct Entry<H> {
     values: (f32, f32, f32),
     output: H,
     /// Output tokens already counted (a copy, so a shrinking list can be undone exactly).
@@ -59,11 +61,11 @@ enum Origin {
 
 pub struct PenaltiesState<H> {
     table: SlotTable<Entry<H>>,
-    repetition: Arc<HostBuffer<f32>>,
-    frequency: Arc<HostBuffer<f32>>,
-    presence: Arc<HostBuffer<f32>>,
-    copy_dst: Arc<HostBuffer<i64>>,
-    copy_src: Arc<HostBuffer<i64>>,
+    repetition: HostBuffer<f32>,
+    frequency: HostBuffer<f32>,
+    presence: HostBuffer<f32>,
+    copy_dst: HostBuffer<i64>,
+    copy_src: HostBuffer<i64>,
     n_copies: usize,
     ops: SparseRows<i32>,
     pending: Vec<(usize, i32, i32)>,
@@ -84,11 +86,11 @@ impl<H: TokenHistory> PenaltiesState<H> {
     pub fn new(capacity: usize, vocab_size: usize, ops_capacity: usize) -> Self {
         PenaltiesState {
             table: SlotTable::new(capacity),
-            repetition: Arc::new(HostBuffer::new(capacity, 1.0)),
-            frequency: Arc::new(HostBuffer::new(capacity, 0.0)),
-            presence: Arc::new(HostBuffer::new(capacity, 0.0)),
-            copy_dst: Arc::new(HostBuffer::new(capacity, 0)),
-            copy_src: Arc::new(HostBuffer::new(capacity, 0)),
+            repetition: HostBuffer::new(capacity, 1.0),
+            frequency: HostBuffer::new(capacity, 0.0),
+            presence: HostBuffer::new(capacity, 0.0),
+            copy_dst: HostBuffer::new(capacity, 0),
+            copy_src: HostBuffer::new(capacity, 0),
             n_copies: 0,
             ops: SparseRows::new(ops_capacity.max(1)),
             pending: Vec::new(),
@@ -121,23 +123,23 @@ impl<H: TokenHistory> PenaltiesState<H> {
         self.batch_size
     }
 
-    pub fn repetition(&self) -> &Arc<HostBuffer<f32>> {
+    pub fn repetition(&self) -> &HostBuffer<f32> {
         &self.repetition
     }
 
-    pub fn frequency(&self) -> &Arc<HostBuffer<f32>> {
+    pub fn frequency(&self) -> &HostBuffer<f32> {
         &self.frequency
     }
 
-    pub fn presence(&self) -> &Arc<HostBuffer<f32>> {
+    pub fn presence(&self) -> &HostBuffer<f32> {
         &self.presence
     }
 
-    pub fn copy_dst(&self) -> &Arc<HostBuffer<i64>> {
+    pub fn copy_dst(&self) -> &HostBuffer<i64> {
         &self.copy_dst
     }
 
-    pub fn copy_src(&self) -> &Arc<HostBuffer<i64>> {
+    pub fn copy_src(&self) -> &HostBuffer<i64> {
         &self.copy_src
     }
 
@@ -161,7 +163,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
         self.table.get(index).map(|e| e.counted.as_slice())
     }
 
-    fn check(&self, index: usize, p: PenaltyParams<H>) -> Result<Option<Entry<H>>> {
+    pub fn check(&self, index: usize, p: PenaltyParams<H>) -> Result<Option<Entry<H>>> {
         let rep = p.repetition_penalty;
         if !(rep.is_finite() && rep > 0.0) {
             return Err(Error::invalid(
@@ -194,15 +196,9 @@ impl<H: TokenHistory> PenaltiesState<H> {
         if let Some(tokens) = p.prompt {
             let mut seen = std::collections::HashSet::with_capacity(tokens.len());
             for t in tokens {
-                if t < 0 || t as u64 >= self.vocab_size as u64 {
-                    return Err(Error::invalid(
-                        index,
-                        "prompt_tok_ids",
-                        format!("token id {t} outside [0, {})", self.vocab_size),
-                    ));
-                }
+                let t = check_token(index, "prompt_tok_ids", t, self.vocab_size)?;
                 if seen.insert(t) {
-                    prompt.push(t as i32);
+                    prompt.push(t);
                 }
             }
         }
@@ -233,41 +229,29 @@ impl<H: TokenHistory> PenaltiesState<H> {
     pub fn update(&mut self, update: BatchUpdate<PenaltyParams<H>>) -> Result<()> {
         update.validate(self.capacity())?;
         let update = update.try_map_added(|i, p| self.check(i, p))?;
+        self.commit(update);
+        Ok(())
+    }
+
+    /// Applies an update whose entries were already checked, then counts the new output tokens.
+    pub fn commit(&mut self, update: BatchUpdate<Option<Entry<H>>>) {
         self.begin_step();
 
-        // Where each touched slot's device row comes from, following the same order as the
-        // table (added, removed, moved) on pre-update row numbers.
-        let mut touched: Vec<usize> = Vec::new();
-        let is_touched = &mut self.is_touched;
-        let mut touch = |i: usize, touched: &mut Vec<usize>| {
-            if !is_touched[i] {
-                is_touched[i] = true;
-                touched.push(i);
-            }
+        // Where each touched slot's device row comes from: the table rule replayed on the
+        // pre-update row numbers.
+        let mut origins = Origins {
+            origin: &mut self.origin,
+            is_touched: &mut self.is_touched,
+            touched: Vec::new(),
         };
-        for (i, e) in &update.added {
-            touch(*i, &mut touched);
-            self.origin[*i] = if e.is_some() {
+        update.replay_ref(&mut origins, |e| {
+            Some(if e.is_some() {
                 Origin::Fresh
             } else {
                 Origin::Empty
-            };
-        }
-        for &i in &update.removed {
-            touch(i, &mut touched);
-            self.origin[i] = Origin::Empty;
-        }
-        for m in &update.moved {
-            touch(m.from, &mut touched);
-            touch(m.to, &mut touched);
-            match m.dir {
-                MoveDirectionality::Swap => self.origin.swap(m.from, m.to),
-                MoveDirectionality::Unidirectional => {
-                    self.origin[m.to] = self.origin[m.from];
-                    self.origin[m.from] = Origin::Empty;
-                }
-            }
-        }
+            })
+        });
+        let touched = origins.touched;
         self.batch_size = update.batch_size;
         self.table.apply_validated(update);
 
@@ -295,7 +279,6 @@ impl<H: TokenHistory> PenaltiesState<H> {
             }
         }
         self.count_new_tokens();
-        Ok(())
     }
 
     /// A step without a batch change: only new output tokens are counted.
@@ -370,14 +353,25 @@ impl<H: TokenHistory> PenaltiesState<H> {
     /// the device apply's, element for element (rows and tokens it skips are ones the dense
     /// form leaves unchanged, up to the sign of a zero).
     pub fn apply_to_rows(&self, logits: &mut [f32], rows: usize, vocab: usize, row_stride: usize) {
+        self.apply_to_mapped_rows(logits, rows, vocab, row_stride, None)
+    }
+
+    /// As [`apply_to_rows`](Self::apply_to_rows); with `row_to_slot`, logits row `r` takes the
+    /// penalties of slot `row_to_slot[r]` (the stable-slot front-end).
+    pub fn apply_to_mapped_rows(
+        &self,
+        logits: &mut [f32],
+        rows: usize,
+        vocab: usize,
+        row_stride: usize,
+        row_to_slot: Option<&[usize]>,
+    ) {
         assert!(
             vocab <= self.vocab_size
                 && (rows == 0 || (rows - 1) * row_stride + vocab <= logits.len())
+                && row_to_slot.is_none_or(|m| m.len() >= rows)
         );
-        for (row, e) in self.table.iter() {
-            if row >= rows {
-                break;
-            }
+        let mut apply_row = |row: usize, e: &Entry<H>| {
             let (rep, freq, pres) = e.values;
             let line = &mut logits[row * row_stride..row * row_stride + vocab];
             let penalize = |x: f32, count: u32| -> f32 {
@@ -391,6 +385,23 @@ impl<H: TokenHistory> PenaltiesState<H> {
             for &t in &e.prompt {
                 if !e.counts.contains_key(&t) {
                     line[t as usize] = penalize(line[t as usize], 0);
+                }
+            }
+        };
+        match row_to_slot {
+            Some(map) => {
+                for (row, &slot) in map[..rows].iter().enumerate() {
+                    if let Some(e) = self.table.get(slot) {
+                        apply_row(row, e);
+                    }
+                }
+            }
+            None => {
+                for (row, e) in self.table.iter() {
+                    if row >= rows {
+                        break;
+                    }
+                    apply_row(row, e);
                 }
             }
         }
@@ -409,6 +420,61 @@ impl<H: TokenHistory> PenaltiesState<H> {
             .rebuild(chunk.iter().copied(), Padding::FirstWithValue(0));
         self.pending_pos = end;
         self.ops.padded_len()
+    }
+}
+
+impl<H> HasBuffers for PenaltiesState<H> {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        f("penalties.repetition", &mut self.repetition);
+        f("penalties.frequency", &mut self.frequency);
+        f("penalties.presence", &mut self.presence);
+        f("penalties.copy_dst", &mut self.copy_dst);
+        f("penalties.copy_src", &mut self.copy_src);
+        self.ops.visit_as(
+            [
+                "penalties.ops_rows",
+                "penalties.ops_cols",
+                "penalties.ops_vals",
+            ],
+            f,
+        );
+    }
+}
+
+/// The origin of each slot's device row, replayed with the table rule; `touched` lists every
+/// slot an operation reached, once.
+struct Origins<'a> {
+    origin: &'a mut Vec<Origin>,
+    is_touched: &'a mut Vec<bool>,
+    touched: Vec<usize>,
+}
+
+impl Origins<'_> {
+    fn touch(&mut self, i: usize) {
+        if !self.is_touched[i] {
+            self.is_touched[i] = true;
+            self.touched.push(i);
+        }
+    }
+}
+
+impl SlotOps for Origins<'_> {
+    type Value = Origin;
+
+    fn put(&mut self, index: usize, value: Option<Origin>) {
+        self.touch(index);
+        self.origin[index] = value.unwrap_or(Origin::Empty);
+    }
+
+    fn take(&mut self, index: usize) -> Option<Origin> {
+        self.touch(index);
+        Some(std::mem::replace(&mut self.origin[index], Origin::Empty))
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        self.touch(a);
+        self.touch(b);
+        self.origin.swap(a, b);
     }
 }
 

@@ -8,15 +8,14 @@
 //! only ever needs views of a handful of lengths and can cache them instead of slicing torch
 //! tensors every step (a torch slice costs about a microsecond of host time).
 
-use std::sync::Arc;
-
+use crate::arena::Staged;
 use crate::buffer::{Element, HostBuffer};
 use crate::error::{Error, Result};
 
 pub struct SparseRows<V: Element = f32> {
-    rows: Arc<HostBuffer<i32>>,
-    cols: Arc<HostBuffer<i32>>,
-    vals: Arc<HostBuffer<V>>,
+    rows: HostBuffer<i32>,
+    cols: HostBuffer<i32>,
+    vals: HostBuffer<V>,
     len: usize,
     padded_len: usize,
     version: u64,
@@ -38,9 +37,9 @@ const MIN_PADDED: usize = 16;
 impl<V: Element + Default> SparseRows<V> {
     pub fn new(capacity: usize) -> Self {
         SparseRows {
-            rows: Arc::new(HostBuffer::new(capacity, 0)),
-            cols: Arc::new(HostBuffer::new(capacity, 0)),
-            vals: Arc::new(HostBuffer::new(capacity, V::default())),
+            rows: HostBuffer::new(capacity, 0),
+            cols: HostBuffer::new(capacity, 0),
+            vals: HostBuffer::new(capacity, V::default()),
             len: 0,
             padded_len: 0,
             version: 0,
@@ -70,15 +69,15 @@ impl<V: Element + Default> SparseRows<V> {
         self.version
     }
 
-    pub fn rows(&self) -> &Arc<HostBuffer<i32>> {
+    pub fn rows(&self) -> &HostBuffer<i32> {
         &self.rows
     }
 
-    pub fn cols(&self) -> &Arc<HostBuffer<i32>> {
+    pub fn cols(&self) -> &HostBuffer<i32> {
         &self.cols
     }
 
-    pub fn vals(&self) -> &Arc<HostBuffer<V>> {
+    pub fn vals(&self) -> &HostBuffer<V> {
         &self.vals
     }
 
@@ -111,6 +110,20 @@ impl<V: Element + Default> SparseRows<V> {
         self.version += 1;
     }
 
+    /// Rewrites the triples only if `entries` differ from the current ones (so an unchanged
+    /// step uploads nothing). Returns whether they were rebuilt.
+    pub fn rebuild_if_changed(&mut self, entries: Vec<(usize, i32, V)>, pad: Padding<V>) -> bool {
+        let same = entries.len() == self.len
+            && entries.iter().enumerate().all(|(i, &(r, c, v))| {
+                self.rows.get(i) as usize == r && self.cols.get(i) == c && self.vals.get(i) == v
+            });
+        if same {
+            return false;
+        }
+        self.rebuild(entries, pad);
+        true
+    }
+
     /// Snapshot of the valid triples (tests).
     pub fn triples(&self) -> Vec<(i32, i32, V)> {
         (0..self.len)
@@ -119,16 +132,38 @@ impl<V: Element + Default> SparseRows<V> {
     }
 }
 
+impl<V: Element + Default> SparseRows<V> {
+    /// Visits the three buffers under the given names (a table's prefix is part of them).
+    pub fn visit_as(
+        &mut self,
+        names: [&'static str; 3],
+        f: &mut dyn FnMut(&'static str, &mut dyn Staged),
+    ) {
+        f(names[0], &mut self.rows);
+        f(names[1], &mut self.cols);
+        f(names[2], &mut self.vals);
+    }
+}
+
 /// Speculative decoding's row layout: request `r` owns `num_draft[r]` consecutive logits rows
 /// starting at `offsets[r]`. Returns the offsets and the total row count.
-pub fn draft_offsets(num_draft: &[usize]) -> (Vec<usize>, usize) {
+pub fn draft_offsets(num_draft: &[usize]) -> Result<(Vec<usize>, usize)> {
     let mut offsets = Vec::with_capacity(num_draft.len());
-    let mut total = 0;
-    for &n in num_draft {
+    let mut total: usize = 0;
+    for (r, &n) in num_draft.iter().enumerate() {
         offsets.push(total);
-        total += n;
+        total = total
+            .checked_add(n)
+            .filter(|&t| t <= i32::MAX as usize)
+            .ok_or_else(|| {
+                Error::invalid(
+                    r,
+                    "num_draft_tokens",
+                    "the draft rows add up to more than 2**31",
+                )
+            })?;
     }
-    (offsets, total)
+    Ok((offsets, total))
 }
 
 /// Rebuilds `out` from draft-row triples, refusing more than it can hold (a caller passing more

@@ -6,7 +6,7 @@
 //! state and empties the source; a SWAP exchanges the two slots even when only one holds state.
 //! The return value says whether any slot's state changed, so callers rebuild only when needed.
 
-use crate::batch::{BatchUpdate, MoveDirectionality};
+use crate::batch::{BatchUpdate, SlotOps};
 use crate::error::Result;
 
 #[derive(Clone, Debug)]
@@ -74,35 +74,12 @@ impl<T> SlotTable<T> {
 
     /// Applies an update already checked with [`BatchUpdate::validate`] against this capacity.
     pub fn apply_validated(&mut self, update: BatchUpdate<Option<T>>) -> bool {
-        let mut changed = false;
-        for (index, state) in update.added {
-            let had = self.set(index, state).is_some();
-            changed |= had || self.slots[index].is_some();
-        }
-        if self.active == 0 {
-            return changed;
-        }
-        for index in update.removed {
-            changed |= self.take(index).is_some();
-        }
-        for m in update.moved {
-            if m.from == m.to {
-                continue;
-            }
-            match m.dir {
-                MoveDirectionality::Swap => {
-                    changed |= self.slots[m.from].is_some() || self.slots[m.to].is_some();
-                    self.slots.swap(m.from, m.to);
-                }
-                MoveDirectionality::Unidirectional => {
-                    let a = self.take(m.from);
-                    changed |= a.is_some();
-                    let b = self.set(m.to, a);
-                    changed |= b.is_some();
-                }
-            }
-        }
-        changed
+        let mut tracked = Tracked {
+            table: self,
+            changed: false,
+        };
+        update.replay(&mut tracked, |state| state);
+        tracked.changed
     }
 
     /// Drops every state for which `keep` returns false; returns whether any was dropped.
@@ -117,6 +94,34 @@ impl<T> SlotTable<T> {
             }
         }
         dropped
+    }
+}
+
+/// A table being replayed on, noting whether any slot's state changed.
+struct Tracked<'a, T> {
+    table: &'a mut SlotTable<T>,
+    changed: bool,
+}
+
+impl<T> SlotOps for Tracked<'_, T> {
+    type Value = T;
+
+    fn put(&mut self, index: usize, value: Option<T>) {
+        let new = value.is_some();
+        let old = self.table.set(index, value).is_some();
+        self.changed |= old || new;
+    }
+
+    fn take(&mut self, index: usize) -> Option<T> {
+        let v = self.table.take(index);
+        self.changed |= v.is_some();
+        v
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        let slots = &mut self.table.slots;
+        self.changed |= slots[a].is_some() || slots[b].is_some();
+        slots.swap(a, b);
     }
 }
 

@@ -27,9 +27,12 @@
 //! up to its first negative id. vLLM runs this state after the placeholders are replaced, so
 //! call [`ThinkingState::step`] after that replacement to match it exactly.
 
+use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
+use crate::limits::check_token;
+use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
 
 /// The model's reasoning delimiters (vLLM `ReasoningConfig.reasoning_{start,end}_token_ids`).
@@ -143,7 +146,8 @@ enum Start {
     At(usize),
 }
 
-struct Entry<H> {
+/// One tracked request's budget state.
+pub struct Entry<H> {
     output: H,
     budget: i64,
     /// With `Start::Prompt`: the thinking tokens vLLM attributes to the prompt when it counts,
@@ -367,12 +371,24 @@ impl<H: TokenHistory> Entry<H> {
     }
 }
 
+/// The logit written to force a token (vLLM `_apply_forcing_to_logits`).
+pub const FORCE_LOGIT: f32 = 1e9;
+
+impl<H> HasBuffers for ThinkingState<H> {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        self.triples
+            .visit_as(["thinking.rows", "thinking.cols", "thinking.vals"], f);
+    }
+}
+
 /// Thinking-budget state of every slot of the persistent batch.
 pub struct ThinkingState<H> {
     table: SlotTable<Entry<H>>,
     start: Marker,
     end: Marker,
     forced: Vec<(usize, i64)>,
+    /// `forced` as (row, token, 1e9) triples for the device, rewritten only when they change.
+    triples: SparseRows<f32>,
     buf: Vec<i64>,
     placeholders: bool,
 }
@@ -384,15 +400,8 @@ impl<H: TokenHistory> ThinkingState<H> {
             ("reasoning_start_token_ids", &config.start_ids),
             ("reasoning_end_token_ids", &config.end_ids),
         ] {
-            if let Some(&t) = ids
-                .iter()
-                .find(|&&t| t < 0 || t as u64 >= vocab_size as u64)
-            {
-                return Err(Error::invalid(
-                    0,
-                    field,
-                    format!("token id {t} outside [0, {vocab_size})"),
-                ));
+            for &t in ids {
+                check_token(0, field, t, vocab_size)?;
             }
         }
         Ok(ThinkingState {
@@ -400,6 +409,7 @@ impl<H: TokenHistory> ThinkingState<H> {
             start: Marker::new(&config.start_ids),
             end: Marker::new(&config.end_ids),
             forced: Vec::with_capacity(capacity),
+            triples: SparseRows::new(capacity),
             buf: Vec::new(),
             placeholders: false,
         })
@@ -415,7 +425,7 @@ impl<H: TokenHistory> ThinkingState<H> {
     }
 
     /// Checks one request; `None` when it is not tracked.
-    fn check(&self, index: usize, p: ThinkingParams<H>) -> Result<Option<Entry<H>>> {
+    pub fn check(&self, index: usize, p: ThinkingParams<H>) -> Result<Option<Entry<H>>> {
         let budget = match p.budget {
             None | Some(-1) => return Ok(None),
             Some(b) if b < 0 => {
@@ -442,8 +452,29 @@ impl<H: TokenHistory> ThinkingState<H> {
     pub fn update(&mut self, update: BatchUpdate<ThinkingParams<H>>) -> Result<bool> {
         update.validate(self.capacity())?;
         let update = update.try_map_added(|i, p| self.check(i, p))?;
+        Ok(self.commit(update))
+    }
+
+    /// Applies an update whose entries were already checked (see [`update`](Self::update)).
+    pub fn commit(&mut self, update: BatchUpdate<Option<Entry<H>>>) -> bool {
         self.forced.clear();
-        Ok(self.table.apply_validated(update))
+        self.table.apply_validated(update)
+    }
+
+    /// Rewrites the device triples from `forced` if they changed; returns whether they did.
+    pub fn sync_triples(&mut self) -> bool {
+        let entries = self
+            .forced
+            .iter()
+            .map(|&(row, tok)| (row, tok as i32, FORCE_LOGIT))
+            .collect();
+        self.triples
+            .rebuild_if_changed(entries, Padding::RepeatFirst)
+    }
+
+    /// The forced (row, token, 1e9) triples as last synced.
+    pub fn triples(&self) -> &SparseRows<f32> {
+        &self.triples
     }
 
     /// One engine step: reads the new output tokens of every tracked request in rows

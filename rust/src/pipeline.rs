@@ -1,0 +1,965 @@
+//! One core per pipeline: every table of a processor set, one update per step.
+//!
+//! A [`Pipeline`] owns the tables of the built-in processors it was configured with, plus the
+//! columns custom processors declared, and the arena they upload through. One step:
+//! 1. the update's shape is validated once;
+//! 2. every added request's parameters (read once, into one [`RequestParams`]) are checked by
+//!    every table, with checked arithmetic, before anything changes;
+//! 3. only then is the update applied to every table, and the per-step work runs (output
+//!    lengths, new tokens, bad-word matching, thinking budgets);
+//! 4. what the tables wrote is staged for one upload ([`Pipeline::stage`]).
+//!
+//! A rejected update returns the first error and leaves every table exactly as it was. There is
+//! no global state: two pipelines are independent.
+//!
+//! Two front-ends drive the same tables. **V1** (vLLM 0.25.1): [`BatchUpdate`]s with added,
+//! removed and moved requests, rows = slots. **Stable slots** (vLLM's Model Runner V2):
+//! [`Pipeline::add_request`] overwrites a slot, and each step gives a row → slot map
+//! ([`Pipeline::map_rows`]) under which a slot may own several rows; the row-space copies of the
+//! sparse tables are built on the host and go up with the step's one upload.
+
+use crate::allowed::AllowedState;
+use crate::arena::{Arena, HasBuffers, Staged};
+use crate::bad_words::{BadWordsParams, BadWordsState};
+use crate::batch::{BatchUpdate, Move};
+use crate::buffer::HostBuffer;
+use crate::columns::{Column, ColumnSpec, ColumnValue};
+use crate::error::{Error, Result};
+use crate::history::TokenHistory;
+use crate::limits::{check_sizes, check_token, MAX_ELEMENTS};
+use crate::logit_bias::LogitBiasState;
+use crate::min_p::MinPState;
+use crate::min_tokens::{MinTokensParams, MinTokensState};
+use crate::penalties::{PenaltiesState, PenaltyParams};
+use crate::sparse::{Padding, SparseRows};
+use crate::table::SlotTable;
+use crate::thinking::{ThinkingConfig, ThinkingParams, ThinkingState};
+
+/// Which tables a pipeline holds, with their stated caps.
+#[derive(Clone, Debug, Default)]
+pub struct PipelineConfig {
+    /// Slots (`max_num_seqs`).
+    pub capacity: usize,
+    pub vocab_size: usize,
+    pub min_p: bool,
+    /// LogitBias with at most this many entries per request.
+    pub logit_bias: Option<usize>,
+    /// MinTokens with at most this many stop ids per request.
+    pub min_tokens: Option<usize>,
+    pub penalties: bool,
+    /// Bad words: (words per request, tokens per word).
+    pub bad_words: Option<(usize, usize)>,
+    /// Allowed token ids, at most this many per request.
+    pub allowed: Option<usize>,
+    pub thinking: Option<ThinkingConfig>,
+    /// Draft tokens per request under speculative decoding (0: off).
+    pub spec_tokens: usize,
+    pub columns: Vec<ColumnSpec>,
+    /// Keep row-space copies for the stable-slot front-end ([`Pipeline::map_rows`]).
+    pub stable_slots: bool,
+}
+
+/// Everything any table reads from one added request, read once.
+pub struct RequestParams<H> {
+    pub min_p: f64,
+    pub logit_bias: Vec<(i64, f64)>,
+    pub min_tokens: i64,
+    pub stop_token_ids: Vec<i64>,
+    pub repetition_penalty: f64,
+    pub frequency_penalty: f64,
+    pub presence_penalty: f64,
+    /// Prompt token ids (`None` for prompt-embeds requests).
+    pub prompt: Option<Vec<i64>>,
+    pub bad_words: Vec<Vec<i64>>,
+    pub allowed_token_ids: Option<Vec<i64>>,
+    pub thinking_budget: Option<i64>,
+    /// One value per declared column, in declaration order.
+    pub columns: Vec<ColumnValue>,
+    pub output: H,
+}
+
+impl<H> RequestParams<H> {
+    /// A request with every parameter at its neutral value.
+    pub fn neutral(output: H) -> Self {
+        RequestParams {
+            min_p: 0.0,
+            logit_bias: Vec::new(),
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            prompt: None,
+            bad_words: Vec::new(),
+            allowed_token_ids: None,
+            thinking_budget: None,
+            columns: Vec::new(),
+            output,
+        }
+    }
+}
+
+/// Row-space copies of the sparse tables (stable-slot front-end).
+struct RowSpace {
+    row_to_slot: HostBuffer<i64>,
+    rows: usize,
+    logit_bias: SparseRows<f32>,
+    min_tokens: SparseRows<f32>,
+    bad_words: SparseRows<f32>,
+    allowed: SparseRows<f32>,
+    allowed_rows: HostBuffer<i64>,
+    allowed_rows_len: usize,
+    thinking: SparseRows<f32>,
+    map: Vec<usize>,
+}
+
+/// The tables of one pipeline (what the arena lays out).
+pub struct Tables<H> {
+    pub min_p: Option<MinPState>,
+    pub logit_bias: Option<LogitBiasState>,
+    pub min_tokens: Option<MinTokensState<H>>,
+    pub penalties: Option<PenaltiesState<H>>,
+    pub bad_words: Option<BadWordsState<H>>,
+    pub allowed: Option<AllowedState>,
+    pub thinking: Option<ThinkingState<H>>,
+    pub columns: Vec<Column>,
+    /// Draft-row masks of MinTokens and bad words under speculative decoding.
+    pub spec_min_tokens: Option<SparseRows<f32>>,
+    pub spec_bad_words: Option<SparseRows<f32>>,
+    rows: Option<RowSpace>,
+}
+
+impl<H> HasBuffers for Tables<H> {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        // Small, often-written buffers first, so a typical step's span is short.
+        if let Some(t) = &mut self.min_p {
+            t.visit_buffers(f);
+        }
+        if let Some(t) = &mut self.penalties {
+            t.visit_buffers(f);
+        }
+        for c in &mut self.columns {
+            c.visit_buffers(f);
+        }
+        if let Some(r) = &mut self.rows {
+            f("rows.row_to_slot", &mut r.row_to_slot);
+        }
+        if let Some(t) = &mut self.thinking {
+            t.visit_buffers(f);
+        }
+        if let Some(t) = &mut self.min_tokens {
+            t.visit_buffers(f);
+        }
+        if let Some(t) = &mut self.bad_words {
+            t.visit_buffers(f);
+        }
+        if let Some(t) = &mut self.logit_bias {
+            t.visit_buffers(f);
+        }
+        if let Some(t) = &mut self.allowed {
+            t.visit_buffers(f);
+        }
+        if let Some(r) = &mut self.rows {
+            r.thinking.visit_as(
+                [
+                    "rows.thinking.rows",
+                    "rows.thinking.cols",
+                    "rows.thinking.vals",
+                ],
+                f,
+            );
+            r.min_tokens.visit_as(
+                [
+                    "rows.min_tokens.rows",
+                    "rows.min_tokens.cols",
+                    "rows.min_tokens.vals",
+                ],
+                f,
+            );
+            r.bad_words.visit_as(
+                [
+                    "rows.bad_words.rows",
+                    "rows.bad_words.cols",
+                    "rows.bad_words.vals",
+                ],
+                f,
+            );
+            r.logit_bias.visit_as(
+                [
+                    "rows.logit_bias.rows",
+                    "rows.logit_bias.cols",
+                    "rows.logit_bias.vals",
+                ],
+                f,
+            );
+            r.allowed.visit_as(
+                [
+                    "rows.allowed.rows",
+                    "rows.allowed.cols",
+                    "rows.allowed.vals",
+                ],
+                f,
+            );
+            f("rows.allowed.restricted_rows", &mut r.allowed_rows);
+        }
+        if let Some(t) = &mut self.spec_min_tokens {
+            t.visit_as(
+                [
+                    "spec.min_tokens.rows",
+                    "spec.min_tokens.cols",
+                    "spec.min_tokens.vals",
+                ],
+                f,
+            );
+        }
+        if let Some(t) = &mut self.spec_bad_words {
+            t.visit_as(
+                [
+                    "spec.bad_words.rows",
+                    "spec.bad_words.cols",
+                    "spec.bad_words.vals",
+                ],
+                f,
+            );
+        }
+    }
+}
+
+/// Checked payloads of one added request, one per enabled table.
+struct Checked<H> {
+    min_p: f32,
+    logit_bias: Option<Vec<(i32, f32)>>,
+    min_tokens: Option<crate::min_tokens::Entry<H>>,
+    penalties: Option<crate::penalties::Entry<H>>,
+    bad_words: Option<crate::bad_words::Entry<H>>,
+    allowed: Option<Vec<i32>>,
+    thinking: Option<crate::thinking::Entry<H>>,
+    columns: Vec<Option<crate::columns::Row>>,
+    output: H,
+}
+
+/// One pipeline: its tables, its arena, and the batch it was last given.
+pub struct Pipeline<H> {
+    tables: Tables<H>,
+    arena: Arena,
+    /// Each slot's output handle (the token feed appends through it).
+    outputs: SlotTable<H>,
+    capacity: usize,
+    vocab_size: usize,
+    spec_tokens: usize,
+    batch_size: usize,
+    steps: u64,
+}
+
+impl<H: TokenHistory + Clone> Pipeline<H> {
+    /// Builds every configured table. Sizes are checked first (products of caps with checked
+    /// arithmetic), so an impossible configuration is an error naming its field.
+    pub fn new(cfg: PipelineConfig) -> Result<Self> {
+        let cap = cfg.capacity;
+        let spec = cfg.spec_tokens;
+        let row_factor = if cfg.stable_slots { spec + 1 } else { 1 };
+        check_sizes(cap, cfg.vocab_size, &[row_factor])?;
+        let sized = |per: usize, field: &'static str| -> Result<usize> {
+            cap.checked_mul(per.max(1))
+                .and_then(|n| n.checked_mul(row_factor.max(spec.max(1))))
+                .filter(|&n| n <= MAX_ELEMENTS)
+                .map(|_| cap * per.max(1))
+                .ok_or(Error::TooLarge {
+                    field,
+                    value: per,
+                    max: MAX_ELEMENTS / cap.max(1) / row_factor.max(spec.max(1)),
+                })
+        };
+        let logit_bias = cfg
+            .logit_bias
+            .map(|n| sized(n, "max_logit_bias_entries").map(|_| n))
+            .transpose()?;
+        let min_tokens = cfg
+            .min_tokens
+            .map(|n| sized(n, "max_stop_token_ids").map(|_| n))
+            .transpose()?;
+        let bad_words = cfg
+            .bad_words
+            .map(|(w, l)| {
+                sized(w, "max_bad_words")?;
+                if l == 0 || l > MAX_ELEMENTS {
+                    return Err(Error::TooLarge {
+                        field: "max_bad_word_len",
+                        value: l,
+                        max: MAX_ELEMENTS,
+                    });
+                }
+                Ok((w, l))
+            })
+            .transpose()?;
+        let allowed = cfg
+            .allowed
+            .map(|n| sized(n, "max_allowed_token_ids").map(|_| n))
+            .transpose()?;
+        for c in &cfg.columns {
+            sized(c.width(), "column width")?;
+        }
+        let v = cfg.vocab_size;
+        let mut tables = Tables {
+            min_p: cfg.min_p.then(|| MinPState::new(cap)),
+            logit_bias: logit_bias.map(|n| LogitBiasState::new(cap, v, n)),
+            min_tokens: min_tokens.map(|n| MinTokensState::new(cap, v, n)),
+            penalties: cfg
+                .penalties
+                .then(|| PenaltiesState::new(cap, v, (4 * cap).max(16384))),
+            bad_words: bad_words.map(|(w, l)| BadWordsState::new(cap, v, w, l)),
+            allowed: allowed.map(|n| AllowedState::new(cap, v, n)),
+            thinking: cfg
+                .thinking
+                .map(|t| ThinkingState::new(cap, v, t))
+                .transpose()?,
+            columns: cfg
+                .columns
+                .into_iter()
+                .map(|c| Column::new(c, cap, v))
+                .collect::<Result<_>>()?,
+            spec_min_tokens: (spec > 0)
+                .then(|| min_tokens.map(|n| SparseRows::new(cap * n * spec)))
+                .flatten(),
+            spec_bad_words: (spec > 0)
+                .then(|| bad_words.map(|(w, _)| SparseRows::new(cap * w * spec)))
+                .flatten(),
+            rows: None,
+        };
+        if cfg.stable_slots {
+            let rows = cap * row_factor;
+            let sz = |per: Option<usize>| per.map_or(1, |n| rows * n);
+            tables.rows = Some(RowSpace {
+                row_to_slot: HostBuffer::try_new(rows, 0, "row_to_slot")?,
+                rows: 0,
+                logit_bias: SparseRows::new(sz(logit_bias)),
+                min_tokens: SparseRows::new(sz(min_tokens)),
+                bad_words: SparseRows::new(sz(bad_words.map(|b| b.0))),
+                allowed: SparseRows::new(sz(allowed)),
+                allowed_rows: HostBuffer::try_new(rows, 0, "row_to_slot")?,
+                allowed_rows_len: 0,
+                thinking: SparseRows::new(rows),
+                map: Vec::new(),
+            });
+        }
+        let arena = Arena::new(&mut tables, "")?;
+        Ok(Pipeline {
+            tables,
+            arena,
+            outputs: SlotTable::new(cap),
+            capacity: cap,
+            vocab_size: v,
+            spec_tokens: spec,
+            batch_size: 0,
+            steps: 0,
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
+    /// Steps applied since construction.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    pub fn tables(&self) -> &Tables<H> {
+        &self.tables
+    }
+
+    pub fn arena(&self) -> &Arena {
+        &self.arena
+    }
+
+    pub fn arena_mut(&mut self) -> &mut Arena {
+        &mut self.arena
+    }
+
+    /// Whether any table holds state (a step with nothing active can skip everything).
+    fn any_active(&self) -> bool {
+        let t = &self.tables;
+        t.min_tokens.as_ref().is_some_and(|s| s.active() > 0)
+            || t.penalties.as_ref().is_some_and(|s| s.active() > 0)
+            || t.bad_words.as_ref().is_some_and(|s| s.active() > 0)
+            || t.thinking.as_ref().is_some_and(|s| s.active() > 0)
+    }
+
+    /// Checks one added request against every table; nothing is written.
+    fn check(&self, index: usize, p: RequestParams<H>) -> Result<Checked<H>> {
+        let t = &self.tables;
+        let min_p = if t.min_p.is_some() {
+            MinPState::check(index, p.min_p)?
+        } else {
+            0.0
+        };
+        let logit_bias = match &t.logit_bias {
+            Some(s) => s.check(index, p.logit_bias)?,
+            None => None,
+        };
+        let min_tokens = match &t.min_tokens {
+            Some(s) => s.check(
+                index,
+                MinTokensParams {
+                    min_tokens: p.min_tokens,
+                    stop_token_ids: p.stop_token_ids,
+                    output: p.output.clone(),
+                },
+            )?,
+            None => None,
+        };
+        let penalties = match &t.penalties {
+            Some(s) => s.check(
+                index,
+                PenaltyParams {
+                    repetition_penalty: p.repetition_penalty,
+                    frequency_penalty: p.frequency_penalty,
+                    presence_penalty: p.presence_penalty,
+                    prompt: p.prompt.clone(),
+                    output: p.output.clone(),
+                },
+            )?,
+            None => None,
+        };
+        let bad_words = match &t.bad_words {
+            Some(s) => s.check(
+                index,
+                BadWordsParams {
+                    words: p.bad_words,
+                    output: p.output.clone(),
+                },
+            )?,
+            None => None,
+        };
+        let allowed = match &t.allowed {
+            Some(s) => s.check(index, p.allowed_token_ids)?,
+            None => None,
+        };
+        let thinking = match &t.thinking {
+            Some(s) => s.check(
+                index,
+                ThinkingParams {
+                    budget: p.thinking_budget,
+                    prompt: p.prompt,
+                    output: p.output.clone(),
+                },
+            )?,
+            None => None,
+        };
+        if p.columns.len() != t.columns.len() && !p.columns.is_empty() {
+            return Err(Error::invalid(
+                index,
+                "column",
+                format!(
+                    "{} column values for {} declared columns",
+                    p.columns.len(),
+                    t.columns.len()
+                ),
+            ));
+        }
+        let mut values = p.columns.into_iter();
+        let columns = t
+            .columns
+            .iter()
+            .map(|c| c.check(index, values.next().unwrap_or(ColumnValue::Unset)))
+            .collect::<Result<_>>()?;
+        Ok(Checked {
+            min_p,
+            logit_bias,
+            min_tokens,
+            penalties,
+            bad_words,
+            allowed,
+            thinking,
+            columns,
+            output: p.output,
+        })
+    }
+
+    /// One V1 step: validates the whole update and every added request for every table, then
+    /// applies it everywhere and runs the step's work.
+    pub fn update(&mut self, update: BatchUpdate<RequestParams<H>>) -> Result<()> {
+        self.step(Some(update), None)
+    }
+
+    fn commit(&mut self, u: BatchUpdate<Checked<H>>) {
+        let t = &mut self.tables;
+        // Each table gets the same shape with its own payload; moving the payloads out once.
+        let BatchUpdate {
+            batch_size,
+            removed,
+            added,
+            moved,
+        } = u;
+        let n = added.len();
+        let mut min_p = Vec::with_capacity(n);
+        let mut bias = Vec::with_capacity(n);
+        let mut mt = Vec::with_capacity(n);
+        let mut pen = Vec::with_capacity(n);
+        let mut bw = Vec::with_capacity(n);
+        let mut al = Vec::with_capacity(n);
+        let mut th = Vec::with_capacity(n);
+        let mut cols: Vec<Vec<_>> = (0..t.columns.len())
+            .map(|_| Vec::with_capacity(n))
+            .collect();
+        let mut outs = Vec::with_capacity(n);
+        for (i, c) in added {
+            min_p.push((i, c.min_p));
+            bias.push((i, c.logit_bias));
+            mt.push((i, c.min_tokens));
+            pen.push((i, c.penalties));
+            bw.push((i, c.bad_words));
+            al.push((i, c.allowed));
+            th.push((i, c.thinking));
+            for (k, row) in c.columns.into_iter().enumerate() {
+                cols[k].push((i, row));
+            }
+            outs.push((i, Some(c.output)));
+        }
+        fn with<A>(
+            bs: usize,
+            removed: &[usize],
+            moved: &[Move],
+            added: Vec<(usize, A)>,
+        ) -> BatchUpdate<A> {
+            BatchUpdate {
+                batch_size: bs,
+                removed: removed.to_vec(),
+                added,
+                moved: moved.to_vec(),
+            }
+        }
+        if let Some(s) = &mut t.min_p {
+            s.commit(with(batch_size, &removed, &moved, min_p));
+        }
+        if let Some(s) = &mut t.logit_bias {
+            s.commit(with(batch_size, &removed, &moved, bias));
+        }
+        if let Some(s) = &mut t.min_tokens {
+            s.commit(with(batch_size, &removed, &moved, mt));
+        }
+        if let Some(s) = &mut t.penalties {
+            s.commit(with(batch_size, &removed, &moved, pen));
+        }
+        if let Some(s) = &mut t.bad_words {
+            s.commit(with(batch_size, &removed, &moved, bw));
+        }
+        if let Some(s) = &mut t.allowed {
+            s.commit(with(batch_size, &removed, &moved, al));
+        }
+        if let Some(s) = &mut t.thinking {
+            s.commit(with(batch_size, &removed, &moved, th));
+            s.step(batch_size);
+            s.sync_triples();
+        }
+        for (c, rows) in t.columns.iter_mut().zip(cols) {
+            c.commit(with(batch_size, &removed, &moved, rows));
+        }
+        self.outputs
+            .apply_validated(with(batch_size, &removed, &moved, outs));
+        self.batch_size = batch_size;
+        self.steps += 1;
+    }
+
+    /// A V1 step without a batch change: only the per-step work (new tokens, lengths).
+    pub fn update_none(&mut self) {
+        self.steps += 1;
+        if !self.any_active() {
+            return;
+        }
+        let t = &mut self.tables;
+        if let Some(s) = &mut t.min_tokens {
+            s.update_none();
+        }
+        if let Some(s) = &mut t.penalties {
+            s.update_none();
+        }
+        if let Some(s) = &mut t.bad_words {
+            s.update_none();
+        }
+        if let Some(s) = &mut t.thinking {
+            s.step(self.batch_size);
+            s.sync_triples();
+        }
+    }
+
+    /// Whether the last step stopped at an async placeholder (−1) in some output list: the
+    /// caller should [`restep`](Self::restep) before applying, once the engine filled them in.
+    pub fn saw_placeholders(&self) -> bool {
+        let t = &self.tables;
+        t.penalties.as_ref().is_some_and(|s| s.saw_placeholders())
+            || t.bad_words.as_ref().is_some_and(|s| s.saw_placeholders())
+            || t.thinking.as_ref().is_some_and(|s| s.saw_placeholders())
+    }
+
+    /// Looks again at the outputs of the tables that stopped at a placeholder.
+    pub fn restep(&mut self) {
+        let bs = self.batch_size;
+        let t = &mut self.tables;
+        if let Some(s) = t.penalties.as_mut().filter(|s| s.saw_placeholders()) {
+            s.update_none();
+        }
+        if let Some(s) = t.bad_words.as_mut().filter(|s| s.saw_placeholders()) {
+            s.update_none();
+        }
+        if let Some(s) = t.thinking.as_mut().filter(|s| s.saw_placeholders()) {
+            s.restep(bs);
+            s.sync_triples();
+        }
+    }
+
+    /// One step, atomically: the token feed (if any) and the batch update (or none) are both
+    /// checked before either changes anything. The feed comes first: `tokens[r]` was sampled
+    /// for the row `r` of the previous step (before this step's update), or for slot
+    /// `slots[r]` with a row map; −1 means the row got no token.
+    pub fn step(
+        &mut self,
+        update: Option<BatchUpdate<RequestParams<H>>>,
+        feed: Option<(&[i64], Option<&[usize]>)>,
+    ) -> Result<()> {
+        let checked = match update {
+            Some(u) => {
+                u.validate(self.capacity)?;
+                Some(u.try_map_added(|i, p| self.check(i, p))?)
+            }
+            None => None,
+        };
+        if let Some((tokens, slots)) = feed {
+            self.check_feed(tokens, slots)?;
+            for (r, &t) in tokens.iter().enumerate() {
+                if t >= 0 {
+                    if let Some(h) = self.outputs.get(slots.map_or(r, |s| s[r])) {
+                        h.push(t);
+                    }
+                }
+            }
+        }
+        match checked {
+            Some(c) => self.commit(c),
+            None => self.update_none(),
+        }
+        Ok(())
+    }
+
+    /// Checks a token feed without appending anything.
+    fn check_feed(&self, tokens: &[i64], slots: Option<&[usize]>) -> Result<()> {
+        if let Some(s) = slots {
+            if s.len() != tokens.len() {
+                return Err(Error::invalid(
+                    0,
+                    "sampled_token_ids",
+                    format!("{} tokens for {} rows", tokens.len(), s.len()),
+                ));
+            }
+        }
+        if tokens.len() > self.capacity * (self.spec_tokens + 1) {
+            return Err(Error::TooLarge {
+                field: "sampled_token_ids",
+                value: tokens.len(),
+                max: self.capacity * (self.spec_tokens + 1),
+            });
+        }
+        for (r, &t) in tokens.iter().enumerate() {
+            let slot = slots.map_or(r, |s| s[r]);
+            if slot >= self.capacity {
+                return Err(Error::IndexOutOfRange {
+                    index: slot,
+                    field: "row_to_slot",
+                    capacity: self.capacity,
+                });
+            }
+            if t == -1 {
+                continue;
+            }
+            check_token(r, "sampled_token_ids", t, self.vocab_size)?;
+            if self.outputs.get(slot).is_some_and(|h| !h.can_push()) {
+                return Err(Error::Protocol(
+                    "this pipeline reads the engine's output lists (the list feed); build it \
+                     with token_feed=True to pass sampled token ids"
+                        .into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stable slots: request `params` now occupies `slot`, replacing whatever it held.
+    pub fn add_request(&mut self, slot: usize, params: RequestParams<H>) -> Result<()> {
+        let mut u = BatchUpdate::new(self.capacity);
+        u.added.push((slot, params));
+        self.update(u)
+    }
+
+    /// Stable slots: `slot` is free.
+    pub fn remove_request(&mut self, slot: usize) -> Result<()> {
+        let mut u = BatchUpdate::new(self.capacity);
+        u.removed.push(slot);
+        self.update(u)
+    }
+
+    /// Stable slots: logits row `r` belongs to slot `row_to_slot[r]` this step. Builds the
+    /// row-space copies of the sparse tables (only rewritten when they change) and the row map
+    /// the dense tables are gathered with.
+    pub fn map_rows(&mut self, row_to_slot: &[usize]) -> Result<()> {
+        let cap = self.capacity;
+        let Some(rs) = &mut self.tables.rows else {
+            return Err(Error::Protocol(
+                "this pipeline was built without stable slots".into(),
+            ));
+        };
+        if row_to_slot.len() > rs.row_to_slot.len() {
+            return Err(Error::TooLarge {
+                field: "row_to_slot",
+                value: row_to_slot.len(),
+                max: rs.row_to_slot.len(),
+            });
+        }
+        if let Some(&s) = row_to_slot.iter().find(|&&s| s >= cap) {
+            return Err(Error::IndexOutOfRange {
+                index: s,
+                field: "row_to_slot",
+                capacity: cap,
+            });
+        }
+        for (r, &s) in row_to_slot.iter().enumerate() {
+            if r >= rs.rows || rs.row_to_slot.get(r) != s as i64 {
+                rs.row_to_slot.set(r, s as i64);
+            }
+        }
+        rs.rows = row_to_slot.len();
+        rs.map.clear();
+        rs.map.extend_from_slice(row_to_slot);
+        let Tables {
+            logit_bias,
+            min_tokens,
+            bad_words,
+            thinking,
+            allowed,
+            rows,
+            ..
+        } = &mut self.tables;
+        let rs = rows.as_mut().expect("checked above");
+        let map = &rs.map;
+        if let Some(s) = logit_bias {
+            remap(
+                s.triples(),
+                cap,
+                map,
+                &mut rs.logit_bias,
+                Padding::FirstWithValue(-0.0),
+            );
+        }
+        if let Some(s) = min_tokens {
+            remap(
+                s.triples(),
+                cap,
+                map,
+                &mut rs.min_tokens,
+                Padding::RepeatFirst,
+            );
+        }
+        if let Some(s) = bad_words {
+            remap(
+                s.triples(),
+                cap,
+                map,
+                &mut rs.bad_words,
+                Padding::RepeatFirst,
+            );
+        }
+        if let Some(s) = thinking {
+            remap(
+                s.triples(),
+                cap,
+                map,
+                &mut rs.thinking,
+                Padding::RepeatFirst,
+            );
+        }
+        if let Some(s) = allowed {
+            if remap(s.pairs(), cap, map, &mut rs.allowed, Padding::RepeatFirst) {
+                let restricted: Vec<usize> = (0..map.len())
+                    .filter(|&r| s.is_restricted(map[r]))
+                    .collect();
+                rs.allowed_rows_len = restricted.len();
+                let padded = padded_rows(restricted.len(), rs.allowed_rows.len());
+                for (k, &r) in restricted.iter().enumerate() {
+                    rs.allowed_rows.set(k, r as i64);
+                }
+                if let Some(&first) = restricted.first() {
+                    rs.allowed_rows.fill(restricted.len(), padded, first as i64);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Draft-row masks of MinTokens (vLLM `apply_with_spec_decode`); returns the layout's row
+    /// count. The row count is checked against the configured draft tokens first.
+    pub fn spec_min_tokens(&mut self, num_draft: &[usize]) -> Result<usize> {
+        self.check_draft_layout(num_draft)?;
+        let t = &mut self.tables;
+        match (&t.min_tokens, &mut t.spec_min_tokens) {
+            (Some(s), Some(out)) => s.spec_decode_triples(num_draft, out),
+            _ => Err(Error::Protocol(
+                "speculative decoding is not configured for MinTokens".into(),
+            )),
+        }
+    }
+
+    /// Draft-row bans of bad words (vLLM `apply_bad_words_with_drafts`).
+    pub fn spec_bad_words(&mut self, num_draft: &[usize], drafts: &[Vec<i64>]) -> Result<usize> {
+        self.check_draft_layout(num_draft)?;
+        let t = &mut self.tables;
+        match (&t.bad_words, &mut t.spec_bad_words) {
+            (Some(s), Some(out)) => s.spec_decode_triples(num_draft, drafts, out),
+            _ => Err(Error::Protocol(
+                "speculative decoding is not configured for bad words".into(),
+            )),
+        }
+    }
+
+    fn check_draft_layout(&self, num_draft: &[usize]) -> Result<()> {
+        if num_draft.len() > self.capacity {
+            return Err(Error::TooLarge {
+                field: "num_draft_tokens",
+                value: num_draft.len(),
+                max: self.capacity,
+            });
+        }
+        if let Some((r, &n)) = num_draft
+            .iter()
+            .enumerate()
+            .find(|(_, &n)| n > self.spec_tokens.max(1))
+        {
+            return Err(Error::invalid(
+                r,
+                "num_draft_tokens",
+                format!(
+                    "{n} draft rows, more than the configured {} speculative tokens",
+                    self.spec_tokens
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Stages what the tables wrote since the last stage into staging copy `k`; returns the
+    /// arena byte span to upload (see [`Arena::stage`]).
+    pub fn stage(&mut self, k: usize, all: bool) -> Result<Option<(usize, usize)>> {
+        self.arena.stage(&mut self.tables, k, all)
+    }
+
+    /// Forgets what was written (CPU zero-copy path), counting it as an upload would.
+    pub fn discard(&mut self) {
+        self.arena.discard(&mut self.tables);
+    }
+
+    /// Row map of the last [`map_rows`](Self::map_rows), if any.
+    pub fn row_map(&self) -> Option<&[usize]> {
+        self.tables.rows.as_ref().map(|r| r.map.as_slice())
+    }
+
+    /// Numbers the Python side reads after a step (see [`Status`]).
+    pub fn status(&self) -> Status {
+        let t = &self.tables;
+        let padded = |s: Option<&SparseRows<f32>>| s.map_or(0, SparseRows::padded_len);
+        let rows = t.rows.as_ref();
+        Status {
+            batch_size: self.batch_size,
+            min_p_count: t.min_p.as_ref().map_or(0, MinPState::count),
+            logit_bias: padded(t.logit_bias.as_ref().map(|s| s.triples())),
+            min_tokens: padded(t.min_tokens.as_ref().map(|s| s.triples())),
+            bad_words: padded(t.bad_words.as_ref().map(|s| s.triples())),
+            allowed: padded(t.allowed.as_ref().map(|s| s.pairs())),
+            allowed_rows: t.allowed.as_ref().map_or(0, AllowedState::padded_rows),
+            thinking: padded(t.thinking.as_ref().map(|s| s.triples())),
+            penalties: t.penalties.as_ref().map_or(0, |s| s.active()),
+            placeholders: self.saw_placeholders(),
+            rows: rows.map_or(0, |r| r.rows),
+            row_logit_bias: padded(rows.map(|r| &r.logit_bias)),
+            row_min_tokens: padded(rows.map(|r| &r.min_tokens)),
+            row_bad_words: padded(rows.map(|r| &r.bad_words)),
+            row_allowed: padded(rows.map(|r| &r.allowed)),
+            row_allowed_rows: rows
+                .map_or(0, |r| padded_rows(r.allowed_rows_len, r.allowed_rows.len())),
+            row_thinking: padded(rows.map(|r| &r.thinking)),
+            columns_active: t.columns.iter().map(Column::active).collect(),
+        }
+    }
+
+    pub fn tables_mut(&mut self) -> &mut Tables<H> {
+        &mut self.tables
+    }
+}
+
+/// What a step left for the device side to read: lengths of the exported triples (padded) and
+/// the counts it skips work by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    pub batch_size: usize,
+    pub min_p_count: usize,
+    pub logit_bias: usize,
+    pub min_tokens: usize,
+    pub bad_words: usize,
+    pub allowed: usize,
+    pub allowed_rows: usize,
+    pub thinking: usize,
+    pub penalties: usize,
+    pub placeholders: bool,
+    pub rows: usize,
+    pub row_logit_bias: usize,
+    pub row_min_tokens: usize,
+    pub row_bad_words: usize,
+    pub row_allowed: usize,
+    pub row_allowed_rows: usize,
+    pub row_thinking: usize,
+    pub columns_active: Vec<usize>,
+}
+
+/// Restricted-row padding: repeats of the first up to a power of two.
+fn padded_rows(n: usize, cap: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        n.next_power_of_two().min(cap)
+    }
+}
+
+/// Rewrites `out` as the row-space copy of slot-space triples `src`: every row gets the triples
+/// of its slot. Returns whether `out` changed.
+fn remap(
+    src: &SparseRows<f32>,
+    capacity: usize,
+    row_to_slot: &[usize],
+    out: &mut SparseRows<f32>,
+    pad: Padding<f32>,
+) -> bool {
+    // Triples are grouped by slot in ascending order: find each slot's range once.
+    let n = src.len();
+    let mut start = vec![0usize; capacity + 1];
+    for i in 0..n {
+        start[src.rows().get(i) as usize + 1] += 1;
+    }
+    for s in 0..capacity {
+        start[s + 1] += start[s];
+    }
+    let mut entries = Vec::new();
+    for (r, &s) in row_to_slot.iter().enumerate() {
+        for i in start[s]..start[s + 1] {
+            if entries.len() >= out.capacity() {
+                break; // cannot happen: out holds rows × per-request cap
+            }
+            entries.push((r, src.cols().get(i), src.vals().get(i)));
+        }
+    }
+    out.rebuild_if_changed(entries, pad)
+}
