@@ -34,7 +34,16 @@ from .loader import (
     validate_logits_processors_parameters,
     validate_sampling_params,
 )
+from .columns import (
+    ArrayColumn,
+    Column,
+    ColumnLogitsProcessor,
+    FloatColumn,
+    IntColumn,
+    TokensColumn,
+)
 from .params import EngineConfig, SamplingParams, SamplingType
+from .pipeline import Pipeline, PipelineView
 from .sampler import LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata
 from .state import BatchUpdateBuilder, LogitsProcessors
 
@@ -55,6 +64,14 @@ __all__ = [
     "STR_SPEC_DEC_REJECTS_MIN_P_LOGIT_BIAS",
     "AddedRequest",
     "AllowedTokenIdsLogitsProcessor",
+    "ArrayColumn",
+    "Column",
+    "ColumnLogitsProcessor",
+    "FloatColumn",
+    "IntColumn",
+    "Pipeline",
+    "PipelineView",
+    "TokensColumn",
     "BadWordsLogitsProcessor",
     "BatchUpdate",
     "BatchUpdateBuilder",

@@ -181,6 +181,58 @@ class Timings:
     sample_ns: list[int] = dataclasses.field(default_factory=list)
     # host time of each processor's update_state, by class name (``Ref`` prefix removed)
     by_proc: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    # Per sampled step (aligned lists): the processors' apply calls inside the sampler, summed;
+    # the rest of the sampler (temperature, top-k/top-p, the random draw, casts); the processor
+    # layer (this step's update_state + apply); the whole step (update_state + sampler).
+    apply_ns: list[int] = dataclasses.field(default_factory=list)
+    sampling_ns: list[int] = dataclasses.field(default_factory=list)
+    layer_ns: list[int] = dataclasses.field(default_factory=list)
+    step_ns: list[int] = dataclasses.field(default_factory=list)
+    # each processor's apply per sampled step in which it ran, by class name
+    apply_by_proc: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    # apply calls timed during the current sampler call: (name, ns)
+    pending: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    split: bool = True  # False when a processor's apply could not be instrumented
+
+    def sampled(self, sample_ns: int) -> None:
+        """Record a sampler call of ``sample_ns`` (after this step's update_state)."""
+        self.sample_ns.append(sample_ns)
+        per: dict[str, int] = {}
+        for name, ns in self.pending:
+            per[name] = per.get(name, 0) + ns
+        self.pending.clear()
+        for name, ns in per.items():
+            self.apply_by_proc.setdefault(name, []).append(ns)
+        upd = self.update_ns[-1]
+        self.step_ns.append(upd + sample_ns)
+        if self.split:
+            apply = sum(per.values())
+            self.apply_ns.append(apply)
+            self.sampling_ns.append(sample_ns - apply)
+            self.layer_ns.append(upd + apply)
+
+
+def _instrument_apply(procs: list[tuple[str, LogitsProcessor]], t: Timings, sync: bool) -> None:
+    """Time every processor's ``apply`` when the sampler calls it, by shadowing the bound method
+    with a timed one on the instance (the sampler is unchanged). On CUDA each call is bracketed
+    by a synchronisation so its kernels count toward it, not toward the sampling after it."""
+    for name, p in procs:
+        inner = p.apply
+
+        def timed(logits: torch.Tensor, _inner: Any = inner, _name: str = name) -> torch.Tensor:
+            if sync:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            out = _inner(logits)
+            if sync:
+                torch.cuda.synchronize()
+            t.pending.append((_name, time.perf_counter_ns() - t0))
+            return out
+
+        try:
+            p.apply = timed  # type: ignore[method-assign]
+        except (AttributeError, TypeError):  # a class with __slots__ or a read-only apply
+            t.split = False
 
 
 def _update_all(
@@ -342,6 +394,8 @@ def run_demo(args: argparse.Namespace) -> int:
     gens: dict[int, tuple[torch.Generator, torch.Generator]] = {}  # req_id -> (ours, ref)
     md_ours = md_ref = None
     t_ours, t_ref = Timings(), Timings()
+    _instrument_apply(ours_named, t_ours, on_cuda)
+    _instrument_apply(ref_named, t_ref, on_cuda)
     header = (
         f"logitsproc_rs demo: {steps} steps, batch up to {batch}, vocab {vocab}, "
         f"device {device} ({torch.get_num_threads()} CPU threads), seed {args.seed}"
@@ -414,14 +468,14 @@ def run_demo(args: argparse.Namespace) -> int:
         rng_seed = rng.randrange(2**62)  # unseeded random rows: the same global stream each side
         torch.manual_seed(rng_seed)
         out, ns = _timed(on_cuda, sampler, logits, md_ours)
-        t_ours.sample_ns.append(ns)
+        t_ours.sampled(ns)
         tokens = out.sampled_token_ids.tolist()
 
         if check:
             assert ref_sampler is not None and ref_logits is not None
             torch.manual_seed(rng_seed)
             out_ref, ns = _timed(on_cuda, ref_sampler, ref_logits, md_ref)
-            t_ref.sample_ns.append(ns)
+            t_ref.sampled(ns)
             bad = compare(step, rows, out, out_ref, tokens, counts)
             if bad:
                 progress.update(step + 1, "MISMATCH")
@@ -491,29 +545,56 @@ def report(c: Counts, ours: Timings, ref: Timings | None, on_cuda: bool, check_e
         f"({c.random_rows:,} random)"
     )
     print()
-    print("per step, µs                   ours                 reference         speedup")
-    print("                          median      p90      median        p90      (median)")
-    for label, attr in (
-        ("update_state (all procs)", "update_ns"),
-        ("sampler (apply+sample)", "sample_ns"),
-    ):
+    print("per step, µs                            ours                 reference        speedup")
+    print("                                   median      p90      median        p90     (median)")
+    rows = [
+        ("update_state (all processors)", "update_ns"),
+        ("apply (all processors)", "apply_ns"),
+        ("= processor layer", "layer_ns"),
+        ("sampling (temp/top-k/top-p/draw)", "sampling_ns"),
+        ("sampler (apply + sampling)", "sample_ns"),
+        ("step (update_state + sampler)", "step_ns"),
+    ]
+    for label, attr in rows:
         om, op = _stats_us(getattr(ours, attr))
         if ref is not None:
             rm, rp = _stats_us(getattr(ref, attr))
-            ratio = f"{rm / om:8.1f}x" if om > 0 and not math.isnan(rm) else "-"
+            ratio = f"{rm / om:8.1f}x" if om > 0 and not math.isnan(om + rm) else "-"
         else:
             rm = rp = math.nan
             ratio = "-"
         print(
-            f"{label:<24} {_fmt_us(om):>8} {_fmt_us(op):>8}   {_fmt_us(rm):>9} "
+            f"{label:<32} {_fmt_us(om):>8} {_fmt_us(op):>8}   {_fmt_us(rm):>9} "
             f"{_fmt_us(rp):>10}   {ratio:>9}"
         )
+    print(
+        "  update_state: every step; the rest: steps with rows to sample. processor layer =\n"
+        "  update_state + the processors' apply calls inside the sampler; sampling = the rest of\n"
+        "  the sampler (casts, temperature, top-k/top-p, the random draw)"
+    )
+    for side, t in (("ours", ours), ("reference", ref)):
+        if t is None or not t.split or not t.step_ns:
+            continue
+        layer, sampling, total = sum(t.layer_ns), sum(t.sampling_ns), sum(t.step_ns)
+        if total > 0:
+            print(
+                f"  {side}: the processor layer is {100 * layer / total:.0f}% of a sampled "
+                f"step's time (totals over the run), sampling {100 * sampling / total:.0f}%"
+            )
     print()
-    print("update_state by processor, median µs (host time)")
-    for name, ns in ours.by_proc.items():
-        line = f"  {name.removesuffix('LogitsProcessor'):<22} ours {_fmt_us(_stats_us(ns)[0]):>8}"
-        if ref is not None:
-            line += f"   reference {_fmt_us(_stats_us(ref.by_proc.get(name, []))[0]):>8}"
+    print("by processor, median µs (host time; apply: over the steps in which it ran)")
+    print(f"  {'':<22} {'update_state':>14} {'':>11}   {'apply':>10}")
+    print(f"  {'':<22} {'ours':>9} {'reference':>11}   {'ours':>9} {'reference':>11}")
+    names = list(dict.fromkeys([*ours.by_proc, *(ref.by_proc if ref is not None else {})]))
+    for name in names:
+
+        def med(d: dict[str, list[int]], name: str = name) -> str:
+            return _fmt_us(_stats_us(d.get(name, []))[0])
+
+        line = f"  {name.removesuffix('LogitsProcessor'):<22} {med(ours.by_proc):>9}"
+        line += f" {med(ref.by_proc) if ref is not None else '-':>11}"
+        line += f"   {med(ours.apply_by_proc):>9}"
+        line += f" {med(ref.apply_by_proc) if ref is not None else '-':>11}"
         print(line)
     print()
     if ref is not None:

@@ -18,6 +18,7 @@ from .builtin import (
     ThinkingBudgetLogitsProcessor,
 )
 from .interface import LogitsProcessor
+from .pipeline import Pipeline, PipelineView
 from .state import LogitsProcessors
 
 STR_POOLING_REJECTS_LOGITSPROCS = "Pooling models do not support custom logits processors."
@@ -73,6 +74,10 @@ def build_logitsprocs(
     is_pooling_model: bool = False,
     custom_logitsprocs: Iterable[str | type] = (),
     sampler_transforms: bool = True,
+    *,
+    token_feed: bool = False,
+    stable_slots: bool = False,
+    emulate_device: bool = False,
 ) -> LogitsProcessors:
     """Every processor of the pipeline, in vLLM's application order.
 
@@ -82,6 +87,13 @@ def build_logitsprocs(
     MinTokens, LogitBias, MinP, then plugins, then named processors. Pooling models get none;
     with speculative decoding only MinTokens (plus the sampler transforms) is built and custom
     processors are rejected, as in vLLM.
+
+    Every built-in (and every ``ColumnLogitsProcessor``) shares one ``Pipeline``: one Rust
+    core, one update per step, one upload. ``token_feed=True`` makes it take the sampled token
+    ids per step (``LogitsProcessors.update_state(update, sampled_token_ids=...)``) instead of
+    re-reading the engine's output lists; ``stable_slots=True`` adds the stable-slot front-end
+    (``Pipeline.add_request`` / ``apply(logits, row_to_slot)``); ``emulate_device=True`` keeps a
+    separate device-side arena even on the CPU (tests of the upload path).
     """
     custom = tuple(custom_logitsprocs)
     device = torch.device(device)
@@ -105,7 +117,28 @@ def build_logitsprocs(
             *_load_by_names(custom),
             *after,
         ]
-    return LogitsProcessors(ctor(vllm_config, device, is_pin_memory) for ctor in classes)
+    views = [c for c in classes if isinstance(c, type) and issubclass(c, PipelineView)]
+    pipeline = None
+    if views or token_feed or stable_slots:
+        tables = {t for c in views for t in c.TABLES}
+        columns = [col for c in views for col in c.COLUMNS]
+        pipeline = Pipeline(
+            vllm_config,
+            device,
+            is_pin_memory,
+            tables=tables,
+            columns=columns,
+            token_feed=token_feed,
+            stable_slots=stable_slots,
+            emulate_device=emulate_device,
+        )
+    procs = [
+        ctor(vllm_config, device, is_pin_memory, pipeline=pipeline)
+        if isinstance(ctor, type) and issubclass(ctor, PipelineView)
+        else ctor(vllm_config, device, is_pin_memory)
+        for ctor in classes
+    ]
+    return LogitsProcessors(procs, pipeline=pipeline)
 
 
 STR_SPEC_DEC_REJECTS_MIN_P_LOGIT_BIAS = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from .interface import AddedRequest, BatchUpdate, LogitsProcessor, MovedRequest
 
@@ -91,9 +92,17 @@ class BatchUpdateBuilder:
 
 
 class LogitsProcessors:
-    """Processors split by argmax invariance, each group in construction order."""
+    """Processors split by argmax invariance, each group in construction order.
 
-    def __init__(self, logitsprocs: Iterable[LogitsProcessor] | None = None) -> None:
+    ``update_state(update)`` is the fast path: one call into each pipeline for the whole step
+    (the built-ins of ``build_logitsprocs`` share one), plus ``update_state`` of any processor
+    that is not a pipeline view. Calling each processor's ``update_state`` in turn, as vLLM's
+    loop does, gives the same logits.
+    """
+
+    def __init__(
+        self, logitsprocs: Iterable[LogitsProcessor] | None = None, pipeline: Any = None
+    ) -> None:
         self.argmax_invariant: list[LogitsProcessor] = []
         self.non_argmax_invariant: list[LogitsProcessor] = []
         if logitsprocs:
@@ -101,8 +110,38 @@ class LogitsProcessors:
                 (
                     self.argmax_invariant if p.is_argmax_invariant() else self.non_argmax_invariant
                 ).append(p)
+        self.pipeline = pipeline
+        pipes: dict[int, Any] = {}
+        self._others: list[LogitsProcessor] = []
+        for p in self.all:
+            pipe = getattr(p, "_pipe", None)
+            if pipe is not None and hasattr(pipe, "step"):
+                pipes.setdefault(id(pipe), pipe)
+            else:
+                self._others.append(p)
+        if pipeline is not None:
+            pipes.setdefault(id(pipeline), pipeline)
+        self._pipelines = list(pipes.values())
 
     @property
     def all(self) -> Iterator[LogitsProcessor]:
         """Argmax-invariant ones first, then the rest (vLLM's ``update_state`` order)."""
         return itertools.chain(self.argmax_invariant, self.non_argmax_invariant)
+
+    def update_state(
+        self,
+        batch_update: BatchUpdate | None,
+        sampled_token_ids: Any = None,
+    ) -> None:
+        """One step for every processor: one core call per pipeline, then the other
+        processors' own ``update_state``. ``sampled_token_ids`` (token-feed pipelines only):
+        the token each row sampled last step, −1 for none, on the host."""
+        for pipe in self._pipelines:
+            pipe.step(batch_update, sampled_token_ids)
+        for p in self._others:
+            p.update_state(batch_update)
+
+    @property
+    def bytes_uploaded_last_step(self) -> int:
+        """Bytes the pipelines' last uploads carried (zero on a step that changed nothing)."""
+        return sum(p.bytes_uploaded_last_step for p in self._pipelines)

@@ -117,6 +117,11 @@ impl Arena {
         &self.sections
     }
 
+    /// The buffer behind section `i`.
+    pub fn source(&self, i: usize) -> Option<SharedBuffer> {
+        self.sources.get(i).cloned()
+    }
+
     /// Bytes of the whole arena.
     pub fn total_bytes(&self) -> usize {
         self.total

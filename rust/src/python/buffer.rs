@@ -6,59 +6,26 @@
 
 use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
-use crate::buffer::HostBuffer;
+use crate::buffer::SharedBuffer;
 use crate::dlpack::{self, DLManagedTensor, DLManagedTensorVersioned, KDL_CPU};
 
 const NAME_VERSIONED: &CStr = c"dltensor_versioned";
 const NAME_LEGACY: &CStr = c"dltensor";
 
-#[derive(Clone)]
-pub enum AnyBuffer {
-    F32(Arc<HostBuffer<f32>>),
-    I32(Arc<HostBuffer<i32>>),
-    I64(Arc<HostBuffer<i64>>),
-}
-
-/// Runs `$body` with `$b` bound to the typed buffer inside an `AnyBuffer`.
-macro_rules! with_buffer {
-    ($any:expr, $b:ident => $body:expr) => {
-        match $any {
-            AnyBuffer::F32($b) => $body,
-            AnyBuffer::I32($b) => $body,
-            AnyBuffer::I64($b) => $body,
-        }
-    };
-}
-
 #[pyclass(module = "logitsproc_rs._core", frozen)]
 pub struct HostBufferView {
-    buf: AnyBuffer,
+    buf: SharedBuffer,
 }
 
 impl HostBufferView {
-    pub fn f32(buf: &Arc<HostBuffer<f32>>) -> Self {
-        HostBufferView {
-            buf: AnyBuffer::F32(Arc::clone(buf)),
-        }
-    }
-
-    pub fn i32(buf: &Arc<HostBuffer<i32>>) -> Self {
-        HostBufferView {
-            buf: AnyBuffer::I32(Arc::clone(buf)),
-        }
-    }
-
-    pub fn i64(buf: &Arc<HostBuffer<i64>>) -> Self {
-        HostBufferView {
-            buf: AnyBuffer::I64(Arc::clone(buf)),
-        }
+    pub fn new(buf: SharedBuffer) -> Self {
+        HostBufferView { buf }
     }
 }
 
@@ -116,7 +83,7 @@ impl HostBufferView {
         }
         let versioned = matches!(max_version, Some((major, _)) if major >= 1);
         if versioned {
-            let raw = with_buffer!(&self.buf, b => dlpack::export_versioned(b));
+            let raw = dlpack::export_versioned(&self.buf);
             let ptr = NonNull::new(raw as *mut c_void).expect("Box pointer is non-null");
             // SAFETY: `ptr` is a fresh DLManagedTensorVersioned; the destructor matches the name.
             let cap = unsafe {
@@ -133,7 +100,7 @@ impl HostBufferView {
             }
             cap
         } else {
-            let raw = with_buffer!(&self.buf, b => dlpack::export_legacy(b));
+            let raw = dlpack::export_legacy(&self.buf);
             let ptr = NonNull::new(raw as *mut c_void).expect("Box pointer is non-null");
             // SAFETY: as above, for the legacy layout.
             let cap = unsafe {
@@ -157,27 +124,29 @@ impl HostBufferView {
     }
 
     fn __len__(&self) -> usize {
-        with_buffer!(&self.buf, b => b.len())
+        self.buf.len()
     }
 
     /// Address of the first element (for `cudaHostRegister`).
     #[getter]
     fn data_ptr(&self) -> usize {
-        with_buffer!(&self.buf, b => b.as_ptr() as usize)
+        self.buf.as_ptr() as usize
     }
 
     /// Allocated bytes, a whole number of pages (the range to register).
     #[getter]
     fn nbytes(&self) -> usize {
-        with_buffer!(&self.buf, b => b.nbytes())
+        self.buf.nbytes()
     }
 
     #[getter]
     fn dtype(&self) -> &'static str {
-        match &self.buf {
-            AnyBuffer::F32(_) => "float32",
-            AnyBuffer::I32(_) => "int32",
-            AnyBuffer::I64(_) => "int64",
+        match self.buf.dtype() {
+            (2, 32) => "float32",
+            (0, 32) => "int32",
+            (0, 64) => "int64",
+            (1, 8) => "uint8",
+            _ => "unknown",
         }
     }
 }

@@ -4,7 +4,7 @@
 //! index and the field; reading `removed` before registering more removals is vLLM's
 //! `RuntimeError`.
 
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::PyErr;
 
 use crate::error::Error;
@@ -12,7 +12,8 @@ use crate::error::Error;
 impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         match e {
-            Error::RemovedAfterRead => PyRuntimeError::new_err(e.to_string()),
+            Error::RemovedAfterRead | Error::Protocol(_) => PyRuntimeError::new_err(e.to_string()),
+            Error::OutOfMemory { .. } => PyMemoryError::new_err(e.to_string()),
             _ => PyValueError::new_err(e.to_string()),
         }
     }

@@ -1,17 +1,28 @@
-//! `TokenHistory` for a Python list: the live output list vLLM hands over in `added`.
+//! `TokenHistory` for the bindings: a live Python output list (the list feed) or a history the
+//! pipeline owns and appends sampled tokens to (the token feed).
+
+use std::sync::Arc;
 
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyBool, PyList};
 
 use super::errors::bad_value;
 use super::update::AddedEntry;
-use crate::history::TokenHistory;
+use crate::history::{SharedHistory, TokenHistory};
 
-pub struct PyTokenList(pub Py<PyList>);
+#[derive(Clone)]
+pub enum PyHistory {
+    /// The engine's live list, re-read every step (vLLM's way).
+    Live(Arc<Py<PyList>>),
+    /// Tokens fed by the caller; seeded from the list's content when the request was added.
+    Fed(SharedHistory),
+}
 
-impl PyTokenList {
-    /// The live output list of an added request (`output_tok_ids`, which must be a `list`).
-    pub fn of(e: &AddedEntry<'_>) -> PyResult<Self> {
+impl PyHistory {
+    /// The history of an added request. `output_tok_ids` must be a `list` (the live list the
+    /// engine appends to); with the token feed its current content is copied and the list is
+    /// not read again. An async placeholder (−1) ends the copied prefix.
+    pub fn of(e: &AddedEntry<'_>, token_feed: bool) -> PyResult<Self> {
         let list = e.output_tok_ids.cast::<PyList>().map_err(|_| {
             bad_value(
                 e.index,
@@ -19,39 +30,74 @@ impl PyTokenList {
                 "expected the live output list (a list)",
             )
         })?;
-        Ok(PyTokenList(list.clone().unbind()))
+        if !token_feed {
+            return Ok(PyHistory::Live(Arc::new(list.clone().unbind())));
+        }
+        let mut tokens = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            let t = token_of(&item);
+            if t < 0 {
+                break;
+            }
+            tokens.push(t);
+        }
+        Ok(PyHistory::Fed(Arc::new(std::sync::RwLock::new(tokens))))
     }
 }
 
-impl TokenHistory for PyTokenList {
+/// A list entry as a token id: ints as themselves (bools and other types, which no engine
+/// writes, read as a placeholder −1, as do ints outside int64).
+fn token_of(item: &Bound<'_, PyAny>) -> i64 {
+    if item.is_instance_of::<PyBool>() {
+        return -1;
+    }
+    item.extract::<i64>().unwrap_or(-1)
+}
+
+impl TokenHistory for PyHistory {
     fn len(&self) -> usize {
-        // Tables are only driven from Python methods, which hold the GIL, so attaching is a
-        // cheap re-entrant check; PyList's length is then a field read.
-        Python::attach(|py| self.0.bind(py).len())
+        match self {
+            // Tables are only driven from Python methods, which hold the GIL, so attaching is a
+            // cheap re-entrant check; PyList's length is then a field read.
+            PyHistory::Live(list) => Python::attach(|py| list.bind(py).len()),
+            PyHistory::Fed(h) => h.len(),
+        }
     }
 
     fn token_at(&self, i: usize) -> Option<i64> {
-        Python::attach(|py| {
-            let list = self.0.bind(py);
-            if i >= list.len() {
-                return None;
-            }
-            Some(list.get_item(i).ok()?.extract::<i64>().unwrap_or(-1))
-        })
+        match self {
+            PyHistory::Live(list) => Python::attach(|py| {
+                let list = list.bind(py);
+                if i >= list.len() {
+                    return None;
+                }
+                Some(list.get_item(i).map(|x| token_of(&x)).unwrap_or(-1))
+            }),
+            PyHistory::Fed(h) => h.token_at(i),
+        }
     }
 
     fn read_from(&self, start: usize, out: &mut Vec<i64>) {
-        Python::attach(|py| {
-            let list = self.0.bind(py);
-            for i in start..list.len() {
-                // A non-int entry is treated as an async placeholder (-1), never a crash.
-                let v = list
-                    .get_item(i)
-                    .ok()
-                    .and_then(|x| x.extract::<i64>().ok())
-                    .unwrap_or(-1);
-                out.push(v);
-            }
-        })
+        match self {
+            PyHistory::Live(list) => Python::attach(|py| {
+                let list = list.bind(py);
+                for i in start..list.len() {
+                    // A non-int entry is treated as an async placeholder (-1), never a crash.
+                    out.push(list.get_item(i).map(|x| token_of(&x)).unwrap_or(-1));
+                }
+            }),
+            PyHistory::Fed(h) => h.read_from(start, out),
+        }
+    }
+
+    fn push(&self, token: i64) -> bool {
+        match self {
+            PyHistory::Live(_) => false,
+            PyHistory::Fed(h) => h.push(token),
+        }
+    }
+
+    fn can_push(&self) -> bool {
+        matches!(self, PyHistory::Fed(_))
     }
 }

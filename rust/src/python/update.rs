@@ -31,8 +31,6 @@ macro_rules! float_param {
     };
 }
 
-use std::sync::{Arc, Mutex};
-
 use pyo3::exceptions::PyAttributeError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -119,19 +117,12 @@ pub struct AddedEntry<'py> {
 }
 
 /// The processor-independent part of one update: indices, moves and the added entries' objects.
-struct Shape {
-    source: Py<PyAny>,
-    batch_size: usize,
-    removed: Vec<usize>,
-    added: Vec<(usize, [Py<PyAny>; 3])>,
-    moved: Vec<Move>,
+pub struct Shape<'py> {
+    pub batch_size: usize,
+    pub removed: Vec<usize>,
+    pub added: Vec<AddedEntry<'py>>,
+    pub moved: Vec<Move>,
 }
-
-/// The last update's shape. Every processor receives the same `BatchUpdate` object each step,
-/// so the structure is read from Python once and shared; the cache holds a strong reference to
-/// that object, so its identity cannot be reused while cached. (A `BatchUpdate` is frozen and
-/// its lists are never mutated after hand-over, as in vLLM.)
-static LAST_SHAPE: Mutex<Option<Arc<Shape>>> = Mutex::new(None);
 
 /// `bu.<field>` as an iterator; a missing or non-iterable field is a `ValueError`.
 fn iter_field<'py>(
@@ -150,7 +141,9 @@ fn iter_field<'py>(
     })
 }
 
-fn read_shape(bu: &Bound<'_, PyAny>) -> PyResult<Shape> {
+/// Reads an update's structure afresh (every call: an update object identifies no step, and
+/// its lists may have been changed since it was last read).
+pub fn read_shape<'py>(bu: &Bound<'py, PyAny>) -> PyResult<Shape<'py>> {
     let py = bu.py();
     let batch_size = index_of(
         &bu.getattr(intern!(py, "batch_size"))
@@ -172,10 +165,12 @@ fn read_shape(bu: &Bound<'_, PyAny>) -> PyResult<Shape> {
         )?
         .try_into()
         .expect("entry_items returns exactly n items");
-        added.push((
-            index_of(&index, "added")?,
-            [params.unbind(), prompt.unbind(), output.unbind()],
-        ));
+        added.push(AddedEntry {
+            index: index_of(&index, "added")?,
+            params,
+            prompt_tok_ids: prompt,
+            output_tok_ids: output,
+        });
     }
     let mut moved = Vec::new();
     for item in iter_field(bu, intern!(py, "moved"), "moved")? {
@@ -190,7 +185,6 @@ fn read_shape(bu: &Bound<'_, PyAny>) -> PyResult<Shape> {
         moved.push(Move { from, to, dir });
     }
     Ok(Shape {
-        source: bu.clone().unbind(),
         batch_size,
         removed,
         added,
@@ -198,42 +192,18 @@ fn read_shape(bu: &Bound<'_, PyAny>) -> PyResult<Shape> {
     })
 }
 
-fn shape_of(bu: &Bound<'_, PyAny>) -> PyResult<Arc<Shape>> {
-    fn lock() -> std::sync::MutexGuard<'static, Option<Arc<Shape>>> {
-        LAST_SHAPE.lock().unwrap_or_else(|e| e.into_inner())
-    }
-    if let Some(shape) = lock().as_ref() {
-        if shape.source.is(bu) {
-            return Ok(Arc::clone(shape));
-        }
-    }
-    // Python code runs only outside the lock: reading the update (getattr, iteration), and
-    // releasing the previous cached object, whose finaliser could re-enter this function.
-    let shape = Arc::new(read_shape(bu)?);
-    let previous = lock().replace(Arc::clone(&shape));
-    drop(previous);
-    Ok(shape)
-}
-
-/// Parses the whole update; `extract` turns each added entry into the table's payload.
+/// Parses the whole update; `extract` turns each added entry into the payload.
 pub fn parse_update<'py, A>(
     bu: &Bound<'py, PyAny>,
     mut extract: impl FnMut(&AddedEntry<'py>) -> PyResult<A>,
 ) -> PyResult<BatchUpdate<A>> {
-    let py = bu.py();
-    let shape = shape_of(bu)?;
+    let shape = read_shape(bu)?;
     let mut update = BatchUpdate::new(shape.batch_size);
-    update.removed.extend_from_slice(&shape.removed);
-    update.moved.extend_from_slice(&shape.moved);
+    update.removed = shape.removed;
+    update.moved = shape.moved;
     update.added.reserve(shape.added.len());
-    for (index, [params, prompt, output]) in &shape.added {
-        let entry = AddedEntry {
-            index: *index,
-            params: params.bind(py).clone(),
-            prompt_tok_ids: prompt.bind(py).clone(),
-            output_tok_ids: output.bind(py).clone(),
-        };
-        update.added.push((*index, extract(&entry)?));
+    for entry in &shape.added {
+        update.added.push((entry.index, extract(entry)?));
     }
     Ok(update)
 }

@@ -1,0 +1,503 @@
+//! Binding for [`crate::pipeline::Pipeline`]: one object per processor set, one call per step.
+//!
+//! Wiring only: the update's shape and each added request's parameters are read here (once),
+//! everything else is the core's. Host buffers are exported as `HostBufferView`s (DLPack).
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use super::buffer::{logits_rows, HostBufferView};
+use super::errors::bad_value;
+use super::history::PyHistory;
+use super::params::Reader;
+use super::update::{parse_update, AddedEntry};
+use crate::batch::BatchUpdate;
+use crate::columns::{ColumnKind, ColumnSpec};
+use crate::pipeline::{self, PipelineConfig, RequestParams};
+use crate::thinking::ThinkingConfig;
+
+#[pyclass(module = "logitsproc_rs._core")]
+pub struct Pipeline {
+    inner: pipeline::Pipeline<PyHistory>,
+    reader: Reader,
+}
+
+/// A column declaration from Python: `(name, kind, width, default, reader)` with kind one of
+/// "float", "int", "array", "tokens" (width: the array width or the most tokens).
+type ColumnDecl = (String, String, usize, f64, Py<PyAny>);
+
+fn column_kind(name: &str, kind: &str, width: usize, default: f64) -> PyResult<ColumnKind> {
+    let bad = |m: String| PyValueError::new_err(format!("column '{name}': {m}"));
+    Ok(match kind {
+        "float" => ColumnKind::Float {
+            default: default as f32,
+        },
+        "int" => {
+            if default.fract() != 0.0 || !default.is_finite() {
+                return Err(bad(format!(
+                    "an int column needs an int default, got {default}"
+                )));
+            }
+            ColumnKind::Int {
+                default: default as i64,
+            }
+        }
+        "array" if width >= 1 => ColumnKind::Array {
+            width,
+            default: default as f32,
+        },
+        "tokens" if width >= 1 => ColumnKind::Tokens { max_len: width },
+        "array" | "tokens" => return Err(bad("width must be >= 1".into())),
+        other => return Err(bad(format!("unknown kind {other:?}"))),
+    })
+}
+
+/// Token ids from a host sequence (list, tuple, numpy array, CPU tensor via `.tolist()`).
+fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str) -> PyResult<Vec<i64>> {
+    if let Ok(v) = obj.extract::<Vec<i64>>() {
+        return Ok(v);
+    }
+    // numpy arrays and CPU tensors: one conversion to a list, then ints.
+    if let Ok(list) = obj.call_method0("tolist") {
+        if let Ok(v) = list.extract::<Vec<i64>>() {
+            return Ok(v);
+        }
+    }
+    Err(bad_value(
+        0,
+        field,
+        "expected a 1-D sequence of ints on the host",
+    ))
+}
+
+fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str) -> PyResult<Vec<usize>> {
+    let v = host_ints(obj, field)?;
+    v.into_iter()
+        .enumerate()
+        .map(|(r, s)| {
+            usize::try_from(s).map_err(|_| bad_value(r, field, format!("slot {s} is negative")))
+        })
+        .collect()
+}
+
+impl Pipeline {
+    fn read_update(
+        &self,
+        bu: &Bound<'_, PyAny>,
+    ) -> PyResult<BatchUpdate<RequestParams<PyHistory>>> {
+        parse_update(bu, |e| self.reader.read(e))
+    }
+
+    fn check_rows(&self, rows: usize, mapped: bool) -> PyResult<Option<&[usize]>> {
+        if mapped {
+            let map = self.inner.row_map().unwrap_or(&[]);
+            if rows > map.len() {
+                return Err(PyValueError::new_err(
+                    "logits have more rows than the row map",
+                ));
+            }
+            Ok(Some(map))
+        } else {
+            if rows > self.inner.batch_size() {
+                return Err(PyValueError::new_err(
+                    "logits have more rows than the batch",
+                ));
+            }
+            Ok(None)
+        }
+    }
+}
+
+#[pymethods]
+impl Pipeline {
+    /// Builds the tables named by the keyword arguments (absent ones are not built):
+    /// `logit_bias`, `min_tokens`, `allowed` are per-request caps; `bad_words` is
+    /// `(words, tokens per word)`; `thinking` is `(start_ids, end_ids)`.
+    #[new]
+    #[pyo3(signature = (capacity, vocab_size, *, min_p=false, logit_bias=None, min_tokens=None,
+                        penalties=false, bad_words=None, allowed=None, thinking=None,
+                        spec_tokens=0, columns=Vec::new(), stable_slots=false, token_feed=false))]
+    fn new(
+        capacity: usize,
+        vocab_size: usize,
+        min_p: bool,
+        logit_bias: Option<usize>,
+        min_tokens: Option<usize>,
+        penalties: bool,
+        bad_words: Option<(usize, usize)>,
+        allowed: Option<usize>,
+        thinking: Option<(Vec<i64>, Vec<i64>)>,
+        spec_tokens: usize,
+        columns: Vec<ColumnDecl>,
+        stable_slots: bool,
+        token_feed: bool,
+    ) -> PyResult<Self> {
+        let mut specs = Vec::with_capacity(columns.len());
+        let mut readers = Vec::with_capacity(columns.len());
+        for (name, kind, width, default, reader) in columns {
+            let kind = column_kind(&name, &kind, width, default)?;
+            specs.push(ColumnSpec {
+                name: name.clone(),
+                kind: kind.clone(),
+            });
+            readers.push((name, kind, reader));
+        }
+        let cfg = PipelineConfig {
+            capacity,
+            vocab_size,
+            min_p,
+            logit_bias,
+            min_tokens,
+            penalties,
+            bad_words,
+            allowed,
+            thinking: thinking.map(|(start_ids, end_ids)| ThinkingConfig { start_ids, end_ids }),
+            spec_tokens,
+            columns: specs,
+            stable_slots,
+        };
+        let reader = Reader {
+            min_p,
+            logit_bias,
+            min_tokens,
+            penalties,
+            bad_words: bad_words.map(|b| b.0),
+            allowed,
+            thinking: cfg.thinking.is_some(),
+            token_feed,
+            columns: readers,
+        };
+        Ok(Pipeline {
+            inner: pipeline::Pipeline::new(cfg)?,
+            reader,
+        })
+    }
+
+    /// One step: the token feed (if given), then the batch update (or, with None, only the
+    /// per-step work), all checked before anything changes. `sampled_token_ids[r]` is the
+    /// token sampled last step for row `r` (or for slot `slots[r]`), −1 for none.
+    #[pyo3(signature = (batch_update=None, sampled_token_ids=None, slots=None))]
+    fn step(
+        &mut self,
+        batch_update: Option<&Bound<'_, PyAny>>,
+        sampled_token_ids: Option<&Bound<'_, PyAny>>,
+        slots: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let update = batch_update.map(|bu| self.read_update(bu)).transpose()?;
+        let tokens = sampled_token_ids
+            .map(|t| host_ints(t, "sampled_token_ids"))
+            .transpose()?;
+        let slots = slots.map(|s| host_slots(s, "slots")).transpose()?;
+        let feed = tokens.as_deref().map(|t| (t, slots.as_deref()));
+        Ok(self.inner.step(update, feed)?)
+    }
+
+    /// Stable slots: the request now in `slot` (overwrites what it held).
+    #[pyo3(signature = (slot, params, prompt_tok_ids=None, output_tok_ids=None))]
+    fn add_request(
+        &mut self,
+        py: Python<'_>,
+        slot: usize,
+        params: Bound<'_, PyAny>,
+        prompt_tok_ids: Option<Bound<'_, PyAny>>,
+        output_tok_ids: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let entry = AddedEntry {
+            index: slot,
+            params,
+            prompt_tok_ids: prompt_tok_ids.unwrap_or_else(|| py.None().into_bound(py)),
+            output_tok_ids: output_tok_ids
+                .unwrap_or_else(|| pyo3::types::PyList::empty(py).into_any()),
+        };
+        let p = self.reader.read(&entry)?;
+        Ok(self.inner.add_request(slot, p)?)
+    }
+
+    /// Stable slots: `slot` is free.
+    fn remove_request(&mut self, slot: usize) -> PyResult<()> {
+        Ok(self.inner.remove_request(slot)?)
+    }
+
+    /// Stable slots: logits row `r` belongs to slot `row_to_slot[r]` (host ints).
+    fn map_rows(&mut self, row_to_slot: &Bound<'_, PyAny>) -> PyResult<()> {
+        let map = host_slots(row_to_slot, "row_to_slot")?;
+        Ok(self.inner.map_rows(&map)?)
+    }
+
+    /// Looks again at the outputs that ended in an async placeholder at the last step.
+    fn restep(&mut self) {
+        self.inner.restep();
+    }
+
+    /// Copies what changed into staging copy `k`; returns the arena byte span `(lo, hi)` to
+    /// upload, or None. `all=True` stages everything (the first upload).
+    #[pyo3(signature = (k, all=false))]
+    fn stage(&mut self, k: usize, all: bool) -> PyResult<Option<(usize, usize)>> {
+        Ok(self.inner.stage(k, all)?)
+    }
+
+    /// The CPU path (torch reads the buffers themselves): forget what changed, counting it.
+    fn discard(&mut self) {
+        self.inner.discard();
+    }
+
+    /// Staging copy `k` of the arena, as uint8 (to pin and to copy from).
+    fn staging(&mut self, k: usize) -> PyResult<HostBufferView> {
+        Ok(HostBufferView::new(self.inner.arena_mut().staging(k)?))
+    }
+
+    /// `(name, byte offset, bytes, dtype, elements)` of every arena section, in order.
+    fn sections(&self) -> Vec<(String, usize, usize, &'static str, usize)> {
+        self.inner
+            .arena()
+            .sections()
+            .iter()
+            .map(|s| {
+                let dtype = match s.dtype {
+                    (2, 32) => "float32",
+                    (0, 32) => "int32",
+                    (0, 64) => "int64",
+                    _ => "uint8",
+                };
+                (s.name.clone(), s.offset, s.bytes, dtype, s.len)
+            })
+            .collect()
+    }
+
+    /// The table's own host buffer behind section `i` (what torch reads on the CPU).
+    fn buffer(&self, i: usize) -> PyResult<HostBufferView> {
+        self.inner
+            .arena()
+            .source(i)
+            .map(HostBufferView::new)
+            .ok_or_else(|| PyValueError::new_err(format!("no arena section {i}")))
+    }
+
+    #[getter]
+    fn arena_bytes(&self) -> usize {
+        self.inner.arena().total_bytes()
+    }
+
+    /// Bytes the last stage (or discard) carried: zero on a step that changed nothing.
+    #[getter]
+    fn last_upload_bytes(&self) -> usize {
+        self.inner.arena().last_upload_bytes()
+    }
+
+    #[getter]
+    fn uploaded_total(&self) -> u64 {
+        self.inner.arena().uploaded_total()
+    }
+
+    #[getter]
+    fn steps(&self) -> u64 {
+        self.inner.steps()
+    }
+
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.inner.batch_size()
+    }
+
+    #[getter]
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+
+    /// The numbers the processors' applies read, as a list (see `Status` in the core):
+    /// batch_size, min_p_count, logit_bias, min_tokens, bad_words, allowed, allowed_rows,
+    /// thinking, penalties, placeholders, rows, row_logit_bias, row_min_tokens, row_bad_words,
+    /// row_allowed, row_allowed_rows, row_thinking, then each column's active count.
+    fn status(&self) -> Vec<usize> {
+        let s = self.inner.status();
+        let mut out = vec![
+            s.batch_size,
+            s.min_p_count,
+            s.logit_bias,
+            s.min_tokens,
+            s.bad_words,
+            s.allowed,
+            s.allowed_rows,
+            s.thinking,
+            s.penalties,
+            usize::from(s.placeholders),
+            s.rows,
+            s.row_logit_bias,
+            s.row_min_tokens,
+            s.row_bad_words,
+            s.row_allowed,
+            s.row_allowed_rows,
+            s.row_thinking,
+        ];
+        out.extend(s.columns_active);
+        out
+    }
+
+    /// MinP by Rust on float32 CPU logits, in place. The caller passes `tensor.data_ptr()`
+    /// after checking dtype float32, device CPU, unit column stride and shape; `mapped` uses
+    /// the last row map (stable slots).
+    #[pyo3(signature = (ptr, rows, vocab, row_stride, mapped=false))]
+    fn unsafe_apply_min_p_cpu(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        rows: usize,
+        vocab: usize,
+        row_stride: usize,
+        mapped: bool,
+    ) -> PyResult<()> {
+        let map = self.check_rows(rows, mapped)?;
+        let Some(state) = &self.inner.tables().min_p else {
+            return Err(PyValueError::new_err("this pipeline has no MinP table"));
+        };
+        // SAFETY: the Python caller checked the tensor (see the docstring).
+        let logits = unsafe { logits_rows(ptr, rows, vocab, row_stride)? };
+        py.detach(|| state.apply_to_mapped_rows(logits, rows, vocab, row_stride, map));
+        Ok(())
+    }
+
+    /// Penalties by Rust on float32 CPU logits, in place (same contract as MinP's).
+    #[pyo3(signature = (ptr, rows, vocab, row_stride, mapped=false))]
+    fn unsafe_apply_penalties_cpu(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        rows: usize,
+        vocab: usize,
+        row_stride: usize,
+        mapped: bool,
+    ) -> PyResult<()> {
+        let map = self.check_rows(rows, mapped)?;
+        let Some(state) = &self.inner.tables().penalties else {
+            return Err(PyValueError::new_err(
+                "this pipeline has no penalties table",
+            ));
+        };
+        if vocab > self.inner.vocab_size() {
+            return Err(PyValueError::new_err(
+                "logits are wider than the vocabulary",
+            ));
+        }
+        // SAFETY: the Python caller checked the tensor (see the docstring).
+        let logits = unsafe { logits_rows(ptr, rows, vocab, row_stride)? };
+        py.detach(|| state.apply_to_mapped_rows(logits, rows, vocab, row_stride, map));
+        Ok(())
+    }
+
+    /// Draft-row masks of MinTokens; returns (layout rows, padded triples).
+    fn spec_min_tokens(&mut self, num_draft_tokens: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
+        let n = host_slots(num_draft_tokens, "num_draft_tokens")?;
+        let rows = self.inner.spec_min_tokens(&n)?;
+        let padded = self
+            .inner
+            .tables()
+            .spec_min_tokens
+            .as_ref()
+            .map_or(0, |s| s.padded_len());
+        Ok((rows, padded))
+    }
+
+    /// Draft-row bans of bad words; returns (layout rows, padded triples).
+    fn spec_bad_words(
+        &mut self,
+        num_draft_tokens: &Bound<'_, PyAny>,
+        spec_token_ids: Vec<Vec<i64>>,
+    ) -> PyResult<(usize, usize)> {
+        let n = host_slots(num_draft_tokens, "num_draft_tokens")?;
+        let rows = self.inner.spec_bad_words(&n, &spec_token_ids)?;
+        let padded = self
+            .inner
+            .tables()
+            .spec_bad_words
+            .as_ref()
+            .map_or(0, |s| s.padded_len());
+        Ok((rows, padded))
+    }
+
+    // --- penalties' device matrix (GPU path) ---
+
+    /// Row copies pending for the device count matrix (prefix of copy_dst / copy_src).
+    #[getter]
+    fn penalty_copies(&self) -> usize {
+        self.inner
+            .tables()
+            .penalties
+            .as_ref()
+            .map_or(0, |s| s.n_copies())
+    }
+
+    /// Moves the next chunk of (row, token, delta) count additions into the ops buffers;
+    /// returns its padded length (0 when none are left).
+    fn next_penalty_chunk(&mut self) -> usize {
+        self.inner
+            .tables_mut()
+            .penalties
+            .as_mut()
+            .map_or(0, |s| s.next_chunk())
+    }
+
+    /// True once after the per-slot penalty values changed.
+    fn take_penalty_values_changed(&mut self) -> bool {
+        self.inner
+            .tables_mut()
+            .penalties
+            .as_mut()
+            .is_some_and(|s| s.take_values_changed())
+    }
+
+    #[getter]
+    fn prompt_flag(&self) -> i32 {
+        crate::penalties::PROMPT_FLAG
+    }
+
+    // --- inspection (tests, debugging) ---
+
+    /// The stored float32 min_p of a slot (None outside the table).
+    fn min_p(&self, index: i64) -> Option<f32> {
+        let i = usize::try_from(index).ok()?;
+        self.inner.tables().min_p.as_ref()?.get(i)
+    }
+
+    /// Requests each table tracks, as (table name, count) pairs.
+    fn active(&self) -> Vec<(&'static str, usize)> {
+        let t = self.inner.tables();
+        let mut out = Vec::new();
+        if let Some(s) = &t.min_p {
+            out.push(("min_p", s.count()));
+        }
+        if let Some(s) = &t.logit_bias {
+            out.push(("logit_bias", s.active()));
+        }
+        if let Some(s) = &t.min_tokens {
+            out.push(("min_tokens", s.active()));
+        }
+        if let Some(s) = &t.penalties {
+            out.push(("penalties", s.active()));
+        }
+        if let Some(s) = &t.bad_words {
+            out.push(("bad_words", s.active()));
+        }
+        if let Some(s) = &t.allowed {
+            out.push(("allowed", s.active()));
+        }
+        if let Some(s) = &t.thinking {
+            out.push(("thinking", s.active()));
+        }
+        out
+    }
+
+    /// Output tokens the penalties counted for a slot (None if untracked).
+    fn penalties_counted(&self, index: usize) -> Option<Vec<i32>> {
+        let s = self.inner.tables().penalties.as_ref()?;
+        s.counted(index).map(<[i32]>::to_vec)
+    }
+
+    /// The (row, token) pairs the thinking budget forces this step.
+    fn thinking_forced(&self) -> Vec<(usize, i64)> {
+        self.inner
+            .tables()
+            .thinking
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.forced().to_vec())
+    }
+}
