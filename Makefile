@@ -6,7 +6,7 @@ VENV ?= $(HOME)/.cache/logitsproc_rs/venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-stamp
 RUN := PYTHONPATH=$(CURDIR)/python $(PY)
-DEPS := "maturin>=1.9.4,<2" "pytest>=8" "ruff>=0.6" "mypy>=1.10" "numpy>=1.22" "torch>=2.4"
+DEPS := "maturin>=1.9.4,<2" "pytest>=8" "ruff>=0.6" "mypy>=1.10" "numpy>=1.22" "torch>=2.4" "matplotlib>=3.5"
 
 .PHONY: help venv build gpu-build test test-rust test-python demo bench bench-rust bench-python lint fmt clean
 
@@ -41,13 +41,13 @@ test-python: build  ## pytest: differential churn vs the reference, bad input, A
 demo: build  ## the main job: a simulated engine loop, ours vs the reference, per-step costs
 	$(RUN) -m logitsproc_rs demo $(ARGS)
 
-bench: bench-rust bench-python  ## all benchmarks
+bench: bench-rust bench-python  ## all benchmarks; writes bench-report.md and bench-report.png
 
 bench-rust:  ## criterion: state-update throughput under churn
 	cargo bench --workspace -- --quiet
 
-bench-python: build  ## per-step update_state / apply, ours vs the reference
-	$(RUN) benches/bench_python.py $(ARGS)
+bench-python: build  ## update_state / apply per step vs batch size, ours vs the reference and vLLM: bench-report.md (+ .png)
+	$(RUN) benches/report.py $(ARGS)
 
 lint: build  ## rustfmt, clippy, ruff, and the type stub checked against the built module
 	cargo fmt --all --check
