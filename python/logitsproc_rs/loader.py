@@ -78,6 +78,7 @@ def build_logitsprocs(
     token_feed: bool = False,
     stable_slots: bool = False,
     emulate_device: bool = False,
+    max_rows: int | None = None,
 ) -> LogitsProcessors:
     """Every processor of the pipeline, in vLLM's application order.
 
@@ -131,6 +132,7 @@ def build_logitsprocs(
             token_feed=token_feed,
             stable_slots=stable_slots,
             emulate_device=emulate_device,
+            max_rows=max_rows,
         )
     procs = [
         ctor(vllm_config, device, is_pin_memory, pipeline=pipeline)

@@ -78,6 +78,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words_token_ids: list[list[int]] | None = None
     thinking_token_budget: int | None = None
+    # Free-form per-request arguments for custom processors (vLLM's ``extra_args``).
+    extra_args: dict[str, Any] | None = None
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -151,6 +153,8 @@ class SamplingParams:
                     raise ValueError(f"logit_bias value for token {k} must be finite, got {v!r}")
                 clean[tok] = float(v)
             self.logit_bias = clean
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise ValueError(f"extra_args must be a dict or None, got {type(self.extra_args).__name__}")
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
             if not self.allowed_token_ids:

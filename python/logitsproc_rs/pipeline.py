@@ -31,7 +31,7 @@ from .params import config_cap, config_max_num_seqs, config_spec_tokens, config_
 # Indices into ``Pipeline.status`` (the core's ``Status``).
 BATCH_SIZE, MIN_P_COUNT, LOGIT_BIAS, MIN_TOKENS, BAD_WORDS, ALLOWED, ALLOWED_ROWS = range(7)
 THINKING, PENALTIES, PLACEHOLDERS, ROWS = 7, 8, 9, 10
-ROW_OFFSET = 10  # row-space entries: status[ROW_OFFSET + k] mirrors status[k] for tables 2..7
+ROW_OFFSET = 9  # row-space entries: status[ROW_OFFSET + k] mirrors status[k] for tables 2..7
 COLUMNS = 17
 
 DEFAULT_MAX_LOGIT_BIAS_ENTRIES = 1024
@@ -66,7 +66,8 @@ class Pipeline:
     columns of custom processors, in order. ``token_feed=True`` makes the pipeline own each
     request's output history and take the sampled token ids per step instead of re-reading
     the engine's lists. ``stable_slots=True`` adds the row-space buffers of the stable-slot
-    front-end.
+    front-end; ``max_rows`` bounds the rows of one stable-slot step (default
+    ``max_num_seqs × (1 + num_speculative_tokens)``).
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class Pipeline:
         token_feed: bool = False,
         stable_slots: bool = False,
         emulate_device: bool = False,
+        max_rows: int | None = None,
     ) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -140,6 +142,7 @@ class Pipeline:
             columns=[c.declaration() for c in self.columns],
             stable_slots=stable_slots,
             token_feed=token_feed,
+            max_rows=max_rows,
         )
         self.tables = frozenset(tables)
         self.arena = DeviceArena(self.core, self.device, is_pin_memory, emulate_device)
@@ -155,6 +158,7 @@ class Pipeline:
         self._step_update: Any = None
         self._cache: dict[tuple[Any, ...], Any] = {}
         self._resteped = False
+        self._row_map: Any = None
         self.cells: torch.Tensor | None = None
         if "penalties" in tables and not self.host_kernels:
             # Allocated up front (an engine sizes its KV cache after the processors exist).
@@ -228,6 +232,8 @@ class Pipeline:
             return
         self._resteped = True  # once per step: the engine fills placeholders before sampling
         self.core.restep()
+        if self.stable_slots and self._row_map is not None:
+            self.core.map_rows(self._row_map)
         if self.cells is not None:
             self._sync_penalties(first_upload=False)
         else:
@@ -240,7 +246,7 @@ class Pipeline:
         core, cells = self.core, self.cells
         assert cells is not None
         core.take_penalty_values_changed()
-        n_copies = core.penalty_copies
+        n_copies = core.take_penalty_copies()
         m = core.next_penalty_chunk()
         if first_upload:
             self.arena.upload_step()
@@ -269,28 +275,28 @@ class Pipeline:
         prompt_tok_ids: Sequence[int] | None = None,
         output_tok_ids: list[int] | None = None,
     ) -> None:
-        """The request in ``slot`` from now on (replaces whatever the slot held)."""
+        """The request in ``slot`` from the next step on (replaces whatever the slot held).
+        Checked now: bad parameters raise ``ValueError`` and change nothing."""
         self._need_stable("add_request")
         self.core.add_request(slot, params, prompt_tok_ids, output_tok_ids)
-        self.status = self.core.status()
 
     def remove_request(self, slot: int) -> None:
+        """``slot`` is free from the next step on."""
         self._need_stable("remove_request")
         self.core.remove_request(slot)
-        self.status = self.core.status()
 
-    def map_rows(self, row_to_slot: Any, sampled_token_ids: Any = None) -> None:
-        """Stable slots, once per step before applying: the per-step work (and the tokens
-        sampled for the previous step's rows, by slot), then the row map, then one upload."""
-        self._need_stable("map_rows")
-        rows = _host_ints(row_to_slot)
+    def step_slots(self, row_to_slot: Any, sampled_token_ids: Any = None, slots: Any = None) -> None:
+        """Stable slots, once per step before applying: the tokens sampled last step (by
+        slot), the slot changes since the last step, the per-step work, then this step's row
+        map (logits row ``r`` belongs to slot ``row_to_slot[r]``), and one upload."""
+        self._need_stable("step_slots")
+        self._row_map = _host_ints(row_to_slot)
         self.arena.begin_step()
-        if sampled_token_ids is not None:
-            tokens, slots = sampled_token_ids
-            self.core.step(None, _host_ints(tokens), _host_ints(slots))
-        else:
-            self.core.step(None)
-        self.core.map_rows(rows)
+        self.core.step_slots(
+            self._row_map,
+            None if sampled_token_ids is None else _host_ints(sampled_token_ids),
+            None if slots is None else _host_ints(slots),
+        )
         self._after_step()
 
     def _need_stable(self, what: str) -> None:
@@ -362,11 +368,16 @@ class Pipeline:
     # --- stable slots: apply --------------------------------------------------------------
 
     def apply(
-        self, logits: torch.Tensor, row_to_slot: Any, processors: Iterable[Any] | None = None
+        self,
+        logits: torch.Tensor,
+        row_to_slot: Any,
+        processors: Iterable[Any] | None = None,
+        sampled_token_ids: Any = None,
+        slots: Any = None,
     ) -> torch.Tensor:
-        """Stable slots: map the rows, then apply every processor on this pipeline (or the
-        given ones, in order) with rows lined up through the map."""
-        self.map_rows(row_to_slot)
+        """Stable slots, the whole step: ``step_slots`` then every processor on this pipeline
+        (or the given ones, in order) with rows lined up through the map."""
+        self.step_slots(row_to_slot, sampled_token_ids, slots)
         for p in processors if processors is not None else self._views:
             logits = p.apply_rows(logits)
         return logits

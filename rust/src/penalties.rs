@@ -148,6 +148,12 @@ impl<H: TokenHistory> PenaltiesState<H> {
         self.n_copies
     }
 
+    /// Row copies to apply, once: later calls return 0 until the next update adds some (a
+    /// copy applied twice would undo the count additions made after it).
+    pub fn take_copies(&mut self) -> usize {
+        std::mem::take(&mut self.n_copies)
+    }
+
     /// True (once) after the per-slot penalty values changed: re-upload them.
     pub fn take_values_changed(&mut self) -> bool {
         std::mem::take(&mut self.values_changed)

@@ -57,6 +57,8 @@ pub struct PipelineConfig {
     pub columns: Vec<ColumnSpec>,
     /// Keep row-space copies for the stable-slot front-end ([`Pipeline::map_rows`]).
     pub stable_slots: bool,
+    /// Most logits rows a stable-slot step may map (default `capacity × (1 + spec_tokens)`).
+    pub max_rows: Option<usize>,
 }
 
 /// Everything any table reads from one added request, read once.
@@ -249,6 +251,8 @@ pub struct Pipeline<H> {
     spec_tokens: usize,
     batch_size: usize,
     steps: u64,
+    /// Stable slots: checked changes waiting for the next step, in call order.
+    pending: Vec<(usize, Option<Checked<H>>)>,
 }
 
 impl<H: TokenHistory + Clone> Pipeline<H> {
@@ -257,7 +261,13 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
     pub fn new(cfg: PipelineConfig) -> Result<Self> {
         let cap = cfg.capacity;
         let spec = cfg.spec_tokens;
-        let row_factor = if cfg.stable_slots { spec + 1 } else { 1 };
+        let rows_cap = cfg.max_rows.unwrap_or(cap.saturating_mul(spec + 1));
+        // Row-space buffers hold `rows_cap` rows: sized as a whole number of slot multiples.
+        let row_factor = if cfg.stable_slots {
+            rows_cap.div_ceil(cap.max(1)).max(1)
+        } else {
+            1
+        };
         check_sizes(cap, cfg.vocab_size, &[row_factor])?;
         let sized = |per: usize, field: &'static str| -> Result<usize> {
             cap.checked_mul(per.max(1))
@@ -327,7 +337,7 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
             rows: None,
         };
         if cfg.stable_slots {
-            let rows = cap * row_factor;
+            let rows = rows_cap.max(1);
             let sz = |per: Option<usize>| per.map_or(1, |n| rows * n);
             tables.rows = Some(RowSpace {
                 row_to_slot: HostBuffer::try_new(rows, 0, "row_to_slot")?,
@@ -343,6 +353,7 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
             });
         }
         let arena = Arena::new(&mut tables, "")?;
+        let stable = cfg.stable_slots;
         Ok(Pipeline {
             tables,
             arena,
@@ -350,8 +361,9 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
             capacity: cap,
             vocab_size: v,
             spec_tokens: spec,
-            batch_size: 0,
+            batch_size: if stable { cap } else { 0 },
             steps: 0,
+            pending: Vec::new(),
         })
     }
 
@@ -634,19 +646,23 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
         };
         if let Some((tokens, slots)) = feed {
             self.check_feed(tokens, slots)?;
-            for (r, &t) in tokens.iter().enumerate() {
-                if t >= 0 {
-                    if let Some(h) = self.outputs.get(slots.map_or(r, |s| s[r])) {
-                        h.push(t);
-                    }
-                }
-            }
+            self.push_feed(tokens, slots);
         }
         match checked {
             Some(c) => self.commit(c),
             None => self.update_none(),
         }
         Ok(())
+    }
+
+    fn push_feed(&mut self, tokens: &[i64], slots: Option<&[usize]>) {
+        for (r, &t) in tokens.iter().enumerate() {
+            if t >= 0 {
+                if let Some(h) = self.outputs.get(slots.map_or(r, |s| s[r])) {
+                    h.push(t);
+                }
+            }
+        }
     }
 
     /// Checks a token feed without appending anything.
@@ -691,26 +707,69 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
         Ok(())
     }
 
-    /// Stable slots: request `params` now occupies `slot`, replacing whatever it held.
+    /// Stable slots: request `params` occupies `slot` from the next step on, replacing
+    /// whatever the slot held. Checked now (an error changes nothing); applied by the next
+    /// [`step_slots`](Self::step_slots), in call order with the other changes of the step.
     pub fn add_request(&mut self, slot: usize, params: RequestParams<H>) -> Result<()> {
-        let mut u = BatchUpdate::new(self.capacity);
-        u.added.push((slot, params));
-        self.update(u)
+        if slot >= self.capacity {
+            return Err(Error::IndexOutOfRange {
+                index: slot,
+                field: "slot",
+                capacity: self.capacity,
+            });
+        }
+        let checked = self.check(slot, params)?;
+        self.pending.retain(|(s, _)| *s != slot);
+        self.pending.push((slot, Some(checked)));
+        Ok(())
     }
 
-    /// Stable slots: `slot` is free.
+    /// Stable slots: `slot` is free from the next step on.
     pub fn remove_request(&mut self, slot: usize) -> Result<()> {
-        let mut u = BatchUpdate::new(self.capacity);
-        u.removed.push(slot);
-        self.update(u)
+        if slot >= self.capacity {
+            return Err(Error::IndexOutOfRange {
+                index: slot,
+                field: "slot",
+                capacity: self.capacity,
+            });
+        }
+        self.pending.retain(|(s, _)| *s != slot);
+        self.pending.push((slot, None));
+        Ok(())
     }
 
-    /// Stable slots: logits row `r` belongs to slot `row_to_slot[r]` this step. Builds the
-    /// row-space copies of the sparse tables (only rewritten when they change) and the row map
-    /// the dense tables are gathered with.
-    pub fn map_rows(&mut self, row_to_slot: &[usize]) -> Result<()> {
-        let cap = self.capacity;
-        let Some(rs) = &mut self.tables.rows else {
+    /// Stable slots, one step: the token feed (tokens by slot), the slot changes made since
+    /// the last step, the per-step work, then the row map of this step's logits. The feed and
+    /// the map are checked before anything changes.
+    pub fn step_slots(
+        &mut self,
+        row_to_slot: &[usize],
+        feed: Option<(&[i64], &[usize])>,
+    ) -> Result<()> {
+        self.check_row_map(row_to_slot)?;
+        if let Some((tokens, slots)) = feed {
+            self.check_feed(tokens, Some(slots))?;
+        }
+        if let Some((tokens, slots)) = feed {
+            self.push_feed(tokens, Some(slots));
+        }
+        if self.pending.is_empty() {
+            self.update_none();
+        } else {
+            let mut u = BatchUpdate::new(self.capacity);
+            for (slot, change) in std::mem::take(&mut self.pending) {
+                match change {
+                    Some(c) => u.added.push((slot, c)),
+                    None => u.removed.push(slot),
+                }
+            }
+            self.commit(u);
+        }
+        self.map_rows(row_to_slot)
+    }
+
+    fn check_row_map(&self, row_to_slot: &[usize]) -> Result<()> {
+        let Some(rs) = &self.tables.rows else {
             return Err(Error::Protocol(
                 "this pipeline was built without stable slots".into(),
             ));
@@ -722,13 +781,23 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
                 max: rs.row_to_slot.len(),
             });
         }
-        if let Some(&s) = row_to_slot.iter().find(|&&s| s >= cap) {
+        if let Some(&s) = row_to_slot.iter().find(|&&s| s >= self.capacity) {
             return Err(Error::IndexOutOfRange {
                 index: s,
                 field: "row_to_slot",
-                capacity: cap,
+                capacity: self.capacity,
             });
         }
+        Ok(())
+    }
+
+    /// Stable slots: logits row `r` belongs to slot `row_to_slot[r]` this step. Builds the
+    /// row-space copies of the sparse tables (only rewritten when they change) and the row map
+    /// the dense tables are gathered with.
+    pub fn map_rows(&mut self, row_to_slot: &[usize]) -> Result<()> {
+        self.check_row_map(row_to_slot)?;
+        let cap = self.capacity;
+        let rs = self.tables.rows.as_mut().expect("checked above");
         for (r, &s) in row_to_slot.iter().enumerate() {
             if r >= rs.rows || rs.row_to_slot.get(r) != s as i64 {
                 rs.row_to_slot.set(r, s as i64);

@@ -184,13 +184,9 @@ fn read_logit_bias(e: &AddedEntry<'_>, cap: usize) -> PyResult<Vec<(i64, f64)>> 
     let mut out = Vec::with_capacity(items.len());
     for item in items.iter() {
         let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
-        // Digit-string keys are token ids, as SamplingParams accepts them (JSON keys).
-        let token = match k.cast::<PyString>() {
-            Ok(s) => s.to_str()?.trim().parse::<i64>().map_err(|_| {
-                bad_value(e.index, "logit_bias", format!("key {s} is not a token id"))
-            })?,
-            Err(_) => int_of(e.index, "logit_bias", &k)?,
-        };
+        // Int keys only (vLLM's contract); our SamplingParams turns JSON digit-string keys
+        // into ints before they reach the core.
+        let token = int_of(e.index, "logit_bias", &k)?;
         if v.is_instance_of::<PyBool>() {
             return Err(bad_value(
                 e.index,

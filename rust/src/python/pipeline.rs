@@ -116,7 +116,8 @@ impl Pipeline {
     #[new]
     #[pyo3(signature = (capacity, vocab_size, *, min_p=false, logit_bias=None, min_tokens=None,
                         penalties=false, bad_words=None, allowed=None, thinking=None,
-                        spec_tokens=0, columns=Vec::new(), stable_slots=false, token_feed=false))]
+                        spec_tokens=0, columns=Vec::new(), stable_slots=false, token_feed=false,
+                        max_rows=None))]
     fn new(
         capacity: usize,
         vocab_size: usize,
@@ -131,6 +132,7 @@ impl Pipeline {
         columns: Vec<ColumnDecl>,
         stable_slots: bool,
         token_feed: bool,
+        max_rows: Option<usize>,
     ) -> PyResult<Self> {
         let mut specs = Vec::with_capacity(columns.len());
         let mut readers = Vec::with_capacity(columns.len());
@@ -155,6 +157,7 @@ impl Pipeline {
             spec_tokens,
             columns: specs,
             stable_slots,
+            max_rows,
         };
         let reader = Reader {
             min_p,
@@ -218,7 +221,35 @@ impl Pipeline {
         Ok(self.inner.remove_request(slot)?)
     }
 
-    /// Stable slots: logits row `r` belongs to slot `row_to_slot[r]` (host ints).
+    /// Stable slots, one step: the token feed (`sampled_token_ids[k]` for slot `slots[k]`),
+    /// the slot changes since the last step, the per-step work, and the row map of this step
+    /// (logits row `r` belongs to slot `row_to_slot[r]`), all checked first.
+    #[pyo3(signature = (row_to_slot, sampled_token_ids=None, slots=None))]
+    fn step_slots(
+        &mut self,
+        row_to_slot: &Bound<'_, PyAny>,
+        sampled_token_ids: Option<&Bound<'_, PyAny>>,
+        slots: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let map = host_slots(row_to_slot, "row_to_slot")?;
+        let tokens = sampled_token_ids
+            .map(|t| host_ints(t, "sampled_token_ids"))
+            .transpose()?;
+        let slots = slots.map(|s| host_slots(s, "slots")).transpose()?;
+        let feed = match (&tokens, &slots) {
+            (Some(t), Some(s)) => Some((t.as_slice(), s.as_slice())),
+            (None, None) => None,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "sampled_token_ids and slots go together (the slot each token is for)",
+                ))
+            }
+        };
+        Ok(self.inner.step_slots(&map, feed)?)
+    }
+
+    /// Stable slots: rebuild the row-space copies for `row_to_slot` without a step (after a
+    /// re-step for async placeholders).
     fn map_rows(&mut self, row_to_slot: &Bound<'_, PyAny>) -> PyResult<()> {
         let map = host_slots(row_to_slot, "row_to_slot")?;
         Ok(self.inner.map_rows(&map)?)
@@ -416,14 +447,14 @@ impl Pipeline {
 
     // --- penalties' device matrix (GPU path) ---
 
-    /// Row copies pending for the device count matrix (prefix of copy_dst / copy_src).
-    #[getter]
-    fn penalty_copies(&self) -> usize {
+    /// Row copies pending for the device count matrix (prefix of copy_dst / copy_src), handed
+    /// out once: a second call returns 0 until the next update.
+    fn take_penalty_copies(&mut self) -> usize {
         self.inner
-            .tables()
+            .tables_mut()
             .penalties
-            .as_ref()
-            .map_or(0, |s| s.n_copies())
+            .as_mut()
+            .map_or(0, |s| s.take_copies())
     }
 
     /// Moves the next chunk of (row, token, delta) count additions into the ops buffers;
