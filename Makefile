@@ -53,14 +53,14 @@ lint: build  ## rustfmt, clippy, ruff, and the type stub checked against the bui
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --workspace --features python -- -D warnings
-	$(VENV)/bin/ruff check python tests benches
-	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/ruff check python tests benches examples
+	$(VENV)/bin/ruff format --check python tests benches examples
 	$(RUN) -m mypy.stubtest logitsproc_rs._core
 
 fmt:  ## format Rust and Python
 	cargo fmt --all
-	$(VENV)/bin/ruff format python tests benches
-	$(VENV)/bin/ruff check --fix python tests benches
+	$(VENV)/bin/ruff format python tests benches examples
+	$(VENV)/bin/ruff check --fix python tests benches examples
 
 clean:
 	cargo clean

@@ -64,6 +64,18 @@ def builtins(cfg: EngineConfig = CFG) -> dict[str, Any]:
     return {type(p).__name__: p for p in procs.all}
 
 
+TABLE = {
+    "MinPLogitsProcessor": "min_p",
+    "LogitBiasLogitsProcessor": "logit_bias",
+    "MinTokensLogitsProcessor": "min_tokens",
+}
+
+
+def active(proc: Any) -> int:
+    """Requests the processor's table tracks in the Rust core (MinP: slots with min_p != 0)."""
+    return dict(proc.pipeline.core.active())[TABLE[type(proc).__name__]]
+
+
 # ---------------------------------------------------------------------------------------------
 # Public names
 
@@ -647,9 +659,9 @@ def test_our_sampling_params_and_tuple_lists_accepted() -> None:
     bu = BatchUpdate(batch_size=1, removed=(), added=((0, sp, (1, 2), []),), moved=())
     for p in procs.values():
         p.update_state(bu)
-    assert procs["MinPLogitsProcessor"]._state.count == 1
-    assert procs["LogitBiasLogitsProcessor"]._state.active == 1
-    assert procs["MinTokensLogitsProcessor"]._state.active == 1
+    assert active(procs["MinPLogitsProcessor"]) == 1
+    assert active(procs["LogitBiasLogitsProcessor"]) == 1
+    assert active(procs["MinTokensLogitsProcessor"]) == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -706,10 +718,7 @@ def test_unidirectional_move_discards_destination_state(kind: str) -> None:
     # Growing back exposes slot 2 empty (the source of the move was emptied).
     proc.update_state(upd(3, added=[(2, REQ["c"], None, [])]))
     check_rows(kind, proc, ["a", "c", "c"])
-    if kind == "MinPLogitsProcessor":
-        assert proc._state.count == 1
-    else:
-        assert proc._state.active == 1
+    assert active(proc) == 1
     # And a state-holding source overwrites the destination.
     proc.update_state(upd(3, added=[(2, REQ["d"], None, [])]))
     proc.update_state(upd(2, moved=[(2, 0, UNI)]))
@@ -774,13 +783,13 @@ def test_min_tokens_masks_until_live_output_reaches_min() -> None:
         out1.append(7)
         proc.update_state(None)
     # len(out0) == 3 == min_tokens: the entry is gone, also without a batch change.
-    assert proc._state.active == 0
+    assert active(proc) == 0
     x = torch.zeros(2, V)
     assert proc.apply(x) is x and torch.equal(x, torch.zeros(2, V))
     # Shrinking the list afterwards does not revive it (vLLM drops the entry).
     del out0[:]
     proc.update_state(None)
-    assert proc._state.active == 0
+    assert active(proc) == 0
 
 
 def test_min_tokens_rechecked_on_batch_change_steps_too() -> None:
@@ -799,19 +808,19 @@ def test_min_tokens_entry_never_created_when_output_long_enough(n_out: int) -> N
     proc = MinTokensLogitsProcessor(CFG, CPU, False)
     out = list(range(n_out))
     proc.update_state(upd(1, added=[(0, _vparams(min_tokens=3, stop=[1]), None, out)]))
-    assert proc._state.active == 0
+    assert active(proc) == 0
     x = torch.zeros(1, V)
     assert proc.apply(x) is x
     # Even if the list later shrinks (KV-load failure), no entry appears.
     del out[1:]
     proc.update_state(None)
-    assert proc._state.active == 0
+    assert active(proc) == 0
 
 
 def test_min_tokens_empty_stop_set_masks_nothing() -> None:
     proc = MinTokensLogitsProcessor(CFG, CPU, False)
     proc.update_state(upd(1, added=[(0, _vparams(min_tokens=3), None, [])]))
-    assert proc._state.active == 1
+    assert active(proc) == 1
     x = torch.randn(1, V)
     assert torch.equal(proc.apply(x.clone()), x)
 
@@ -836,7 +845,7 @@ def test_logit_bias_adds() -> None:
 def test_logit_bias_empty_dict_is_no_bias() -> None:
     proc = LogitBiasLogitsProcessor(CFG, CPU, False)
     proc.update_state(upd(1, added=[(0, _vparams(logit_bias={}), None, [])]))
-    assert proc._state.active == 0
+    assert active(proc) == 0
     x = torch.randn(1, V)
     assert proc.apply(x) is x
 
@@ -873,7 +882,7 @@ def test_min_p_tie_at_threshold_is_kept() -> None:
     # min_p = 1.0: every token tied with the max is kept, every other one masked.
     row0 = torch.tensor([2.0, 2.0, 1.0, 2.0] + [0.0] * (V - 4))
     # min_p = 0.5: a logit exactly max + ln(0.5) (float32, as stored) is kept; one ulp below is not.
-    thr = float(torch.from_dlpack(proc._state.log_min_p())[1])
+    thr = float(proc.pipeline.section("min_p.log_min_p")[1])
     assert thr == pytest.approx(math.log(0.5))
     below = float(torch.nextafter(torch.tensor(thr), torch.tensor(-math.inf)))
     assert below < thr
@@ -910,13 +919,13 @@ def test_min_p_count_and_storage() -> None:
             ],
         )
     )
-    assert proc._state.count == 2
+    assert active(proc) == 2
     assert proc.get_min_p_by_index(0) == float(torch.tensor(0.1, dtype=torch.float32))
     assert proc.get_min_p_by_index(1) == 0.0
     proc.update_state(upd(2, removed=[2]))
-    assert proc._state.count == 1 and proc.get_min_p_by_index(2) == 0.0
+    assert active(proc) == 1 and proc.get_min_p_by_index(2) == 0.0
     proc.update_state(upd(2, added=[(0, _vparams(), None, [])]))
-    assert proc._state.count == 0
+    assert active(proc) == 0
     x = torch.randn(2, V)
     assert proc.apply(x) is x
 

@@ -29,10 +29,10 @@ import pytest
 import torch
 
 from logitsproc_rs import (
+    BUILTIN_LOGITS_PROCESSORS,
     BatchUpdate,
     BatchUpdateBuilder,
     EngineConfig,
-    MinPLogitsProcessor,
     MoveDirectionality,
     SamplingParams,
     build_logitsprocs,
@@ -65,9 +65,13 @@ def P(
     )
 
 
-def build(cfg: EngineConfig = CFG) -> dict[str, Any]:
+def build(cfg: EngineConfig = CFG, alone: bool = False) -> dict[str, Any]:
     """vLLM's own set (MinTokens, LogitBias, MinP): the sampler transforms read more fields
-    than these duck-typed params carry."""
+    than these duck-typed params carry. By default they share one pipeline (what
+    ``build_logitsprocs`` does); ``alone=True`` builds each the vLLM way, with a pipeline of its
+    own."""
+    if alone:
+        return {cls.__name__: cls(cfg, "cpu", False) for cls in BUILTIN_LOGITS_PROCESSORS}
     procs = build_logitsprocs(cfg, "cpu", False, sampler_transforms=False)
     return {type(p).__name__: p for p in procs.all}
 
@@ -75,8 +79,8 @@ def build(cfg: EngineConfig = CFG) -> dict[str, Any]:
 class World:
     """One set of built-in processors with three live requests in slots 0..2."""
 
-    def __init__(self, cfg: EngineConfig = CFG) -> None:
-        self.procs = build(cfg)
+    def __init__(self, cfg: EngineConfig = CFG, alone: bool = False) -> None:
+        self.procs = build(cfg, alone)
         self.outputs = [[], [7], []]
         seed = BatchUpdate(
             batch_size=3,
@@ -102,26 +106,28 @@ def logits(rows: int = 3, vocab: int = V, seed: int = 0) -> torch.Tensor:
 
 
 def host_buffers(proc: Any) -> list[torch.Tensor]:
-    """Copies of the Rust host buffers behind a processor."""
-    s = proc._state
-    views = (
-        [s.log_min_p()] if isinstance(proc, MinPLogitsProcessor) else [s.rows(), s.cols(), s.vals()]
-    )
-    return [torch.from_dlpack(v).clone() for v in views]
+    """Copies of the Rust host buffers behind a processor: every section of its pipeline (the
+    processor's own tables and any other table the pipeline shares with it), read from the
+    tables' own buffers (``core.buffer(i)``, zero-copy)."""
+    core = proc.pipeline.core
+    sections = core.sections()
+    names = [name for name, *_ in sections]
+    own = {f"{t}." for t in proc.TABLES}
+    assert any(n.startswith(tuple(own)) for n in names), (names, proc.TABLES)
+    return [torch.from_dlpack(core.buffer(i)).clone() for i in range(len(sections))]
 
 
 def counters(proc: Any) -> dict[str, Any]:
-    s = proc._state
-    if isinstance(proc, MinPLogitsProcessor):
-        exposed = {
-            "count": s.count,
-            "batch_size": s.batch_size,
-            "values": [s.get(i) for i in range(CAP)],
-        }
-    else:
-        exposed = {"len": s.len, "padded_len": s.padded_len, "active": s.active}
-    # The Python side's own copy of the batch shape (used by apply's shape check).
-    return {**exposed, "py_rows": getattr(proc, "_rows", None)}
+    pipe = proc.pipeline
+    core = pipe.core
+    # Requests each table tracks (MinP: slots with min_p != 0; the others: active entries).
+    exposed: dict[str, Any] = {"active": dict(core.active()), "batch_size": core.batch_size}
+    if "min_p" in pipe.tables:
+        exposed["values"] = [core.min_p(i) for i in range(CAP)]
+    # Padded triple counts of the sparse tables (and the rest of the core's status).
+    exposed["core_status"] = core.status()
+    # The Python side's own copy of the status (batch size for apply's shape check, counts).
+    return {**exposed, "py_status": list(pipe.status)}
 
 
 def snapshot(proc: Any, rows: int = 3) -> dict[str, Any]:
@@ -462,7 +468,9 @@ def test_update_lists_not_iterable(field: str) -> None:
 
 def test_rejected_update_on_every_processor_of_a_vllm_like_update() -> None:
     """A vLLM-shaped update (different dataclass and enum) with one bad value: each processor
-    that reads that value rejects it; the others accept the whole update."""
+    that reads that value rejects it; the others accept the whole update. Processors are
+    independent only when each has a pipeline of its own (built alone, the vLLM way); on one
+    shared pipeline the step is one update, so every processor rejects it and nothing changes."""
 
     class VDir(Enum):
         UNIDIRECTIONAL = 1
@@ -475,21 +483,29 @@ def test_rejected_update_on_every_processor_of_a_vllm_like_update() -> None:
         added: list
         moved: list
 
-    world = World()
     update = VUpdate(
         batch_size=4,
         removed=[],
         added=[(3, P(0.4, {60: 1.0}, 2, {1}), None, [])],
         moved=[(0, 1, VDir.SWAP)],
     )
+    shared = World()
+    befores = {name: snapshot(p) for name, p in shared.procs.items()}
+    for name in ALL:
+        with pytest.raises(ValueError, match=err_re(3, "logit_bias")):
+            shared.procs[name].update_state(update)
+        for other, p in shared.procs.items():
+            assert_same(befores[other], snapshot(p))
+
+    world = World(alone=True)
     before = snapshot(world.procs[LOGIT_BIAS])
     with pytest.raises(ValueError, match=err_re(3, "logit_bias")):
         world.procs[LOGIT_BIAS].update_state(update)
     assert_same(before, snapshot(world.procs[LOGIT_BIAS]))
     world.procs[MIN_P].update_state(update)
     world.procs[MIN_TOKENS].update_state(update)
-    assert world.procs[MIN_P]._state.count == 3
-    assert world.procs[MIN_TOKENS]._state.active == 4
+    assert dict(world.procs[MIN_P].pipeline.core.active())["min_p"] == 3
+    assert dict(world.procs[MIN_TOKENS].pipeline.core.active())["min_tokens"] == 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -616,10 +632,10 @@ spec.loader.exec_module(_core)
 @pytest.mark.parametrize(
     "expr",
     [
-        "_core.MinPState(2**62)",
-        "_core.LogitBiasState(2**40, 50, 2**30)",
-        "_core.MinTokensState(2**33, 50, 2**31)",
-        "_core.LogitBiasState(2**62, 50, 4)",
+        "_core.Pipeline(2**62, 50, min_p=True)",
+        "_core.Pipeline(2**40, 50, logit_bias=2**30)",
+        "_core.Pipeline(2**33, 50, min_tokens=2**31)",
+        "_core.Pipeline(2**62, 50, logit_bias=4)",
         "build_logitsprocs(EngineConfig(max_num_seqs=2**40, vocab_size=50), 'cpu', False)",
     ],
 )

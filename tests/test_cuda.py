@@ -1,9 +1,15 @@
-"""CUDA: the processors on a GPU give the CPU's results, with pinned host buffers, no host-device
-sync in ``apply``, and safe asynchronous uploads.
+"""CUDA: the processors on a GPU give the CPU's results, with pinned staging copies, non-blocking
+uploads, no host-device sync in ``apply``, and safe asynchronous uploads.
 
 Skipped where no CUDA device exists (``pytest -m cuda`` selects only these). The three vLLM
 built-ins (``sampler_transforms=False``) must match the CPU bit for bit; the full pipeline
 (penalties divide and multiply) is compared with a float32 tolerance and identical -inf masks.
+
+On a device the pipeline's arena is one ``uint8`` tensor on the GPU; each step Rust copies what
+changed into a host *staging* copy and ``DeviceArena`` uploads it with one non-blocking copy
+(staging copy 0 for the step, copies 1 to 3 for uploads from ``apply``). With
+``is_pin_memory`` every staging copy is registered with CUDA on first use and unregistered when
+the pipeline dies.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from logitsproc_rs import (
     SamplingParams,
     build_logitsprocs,
 )
-from logitsproc_rs._transfer import DeviceMirror
+from logitsproc_rs._arena import DeviceArena
+from logitsproc_rs.pipeline import PLACEHOLDERS, Pipeline
 from logitsproc_rs.simulate import ChurnSimulator
 
 pytestmark = [
@@ -34,22 +41,6 @@ pytestmark = [
 
 V = 1000
 CFG = EngineConfig(max_num_seqs=32, vocab_size=V, max_logit_bias_entries=8, max_stop_token_ids=8)
-# Every accessor of a Rust state that returns a HostBufferView.
-VIEW_ACCESSORS = (
-    "log_min_p",
-    "rows",
-    "cols",
-    "vals",
-    "restricted_rows",
-    "repetition",
-    "frequency",
-    "presence",
-    "copy_dst",
-    "copy_src",
-    "ops_rows",
-    "ops_cols",
-    "ops_vals",
-)
 
 
 @pytest.fixture(autouse=True)
@@ -101,23 +92,42 @@ def assert_match(got: torch.Tensor, want: torch.Tensor, exact: bool, what: str =
     assert torch.allclose(got[finite], want[finite], rtol=1e-6, atol=1e-5), what
 
 
-def host_views(procs: LogitsProcessors) -> list[Any]:
-    views = []
+def pipeline_of(procs: LogitsProcessors) -> Pipeline:
+    """The one pipeline every built-in of ``procs`` is a view on, with its device arena."""
+    pipe = procs.pipeline
+    assert isinstance(pipe, Pipeline)
     for p in procs.all:
-        for name in VIEW_ACCESSORS:
-            if hasattr(p._state, name):
-                views.append(getattr(p._state, name)())
-    return views
+        assert p.pipeline is pipe, type(p).__name__
+    assert isinstance(pipe.arena, DeviceArena)
+    return pipe
 
 
-def mirrors(proc: Any) -> list[DeviceMirror]:
-    out = []
-    for v in vars(proc).values():
-        if isinstance(v, DeviceMirror):
-            out.append(v)
-        elif isinstance(getattr(v, "mirror", None), DeviceMirror):
-            out.append(v.mirror)
-    return out
+def used_staging(procs: LogitsProcessors) -> list[Any]:
+    """``HostBufferView``s of the staging copies the arena has uploaded from so far (only
+    those: ``core.staging(k)`` makes a copy that is not there yet)."""
+    pipe = pipeline_of(procs)
+    return [pipe.core.staging(k) for k in pipe.arena.staging_in_use]
+
+
+def placeholder_step(procs: LogitsProcessors, n: int = 16) -> list[list[int]]:
+    """Two steps of ``n`` requests with penalties and bad words; after the second every output
+    ends in an async ``-1`` placeholder. Returns the outputs: the caller fills the
+    placeholders in before ``apply``, which then looks again and uploads what changed from a
+    staging copy other than 0."""
+    outputs: list[list[int]] = [[5] for _ in range(n)]
+    sp = SamplingParams(
+        temperature=1.0,
+        repetition_penalty=1.3,
+        frequency_penalty=0.5,
+        bad_words_token_ids=[[6, 7]],
+    )
+    update = BatchUpdate(n, [], [(i, sp, [1, 2, 3], outputs[i]) for i in range(n)], [])
+    procs.update_state(update)
+    for o in outputs:
+        o.append(-1)
+    procs.update_state(None)
+    assert procs.pipeline.status[PLACEHOLDERS]
+    return outputs
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["builtins", "full"])
@@ -156,26 +166,60 @@ def test_cuda_matches_cpu_under_churn(is_pin_memory: bool, full: bool) -> None:
     assert nonempty > 40
 
 
-def test_host_buffers_pinned_after_registration() -> None:
+def test_device_arena_on_the_gpu() -> None:
     gpu = build("cuda", True, full=True)
-    views = host_views(gpu)
-    assert len(views) >= 7
+    pipe = pipeline_of(gpu)
+    arena = pipe.arena
+    assert not arena.zero_copy and not pipe.host_kernels
+    assert arena.arena.device.type == "cuda" and arena.arena.dtype == torch.uint8
+    assert arena.views and all(v.device.type == "cuda" for v in arena.views)
+    # Every section view lies inside the device arena.
+    lo, hi = arena.arena.data_ptr(), arena.arena.data_ptr() + arena.arena.numel()
+    for v in arena.views:
+        assert lo <= v.data_ptr() and v.data_ptr() + v.numel() * v.element_size() <= hi
+    assert pipe.cells is not None and pipe.cells.device.type == "cuda"
+
+
+def test_staging_copies_pinned_after_registration() -> None:
+    gpu = build("cuda", True, full=True)
+    views = used_staging(gpu)
+    assert len(views) == 1  # staging copy 0: the first, full upload
     for v in views:
-        assert torch.from_dlpack(v).is_pinned(), v.dtype
-    for p in gpu.all:
-        ms = mirrors(p)
-        assert ms, type(p).__name__
-        assert all(m.pinned for m in ms), type(p).__name__
+        assert v.data_ptr % 4096 == 0 and v.nbytes % 4096 == 0
+        assert torch.from_dlpack(v).is_pinned()
+    # An upload from apply (async placeholder filled in) uses, and registers, another copy.
+    outputs = placeholder_step(gpu)
+    for o in outputs:
+        o[-1] = 6
+    apply_all(gpu, torch.randn(16, V, device="cuda"))
+    torch.cuda.synchronize()
+    views = used_staging(gpu)
+    assert len(views) >= 2
+    assert len({v.data_ptr for v in views}) == len(views)
+    for v in views:
+        assert torch.from_dlpack(v).is_pinned()
 
     # Without is_pin_memory nothing is registered.
     plain = build("cuda", False, full=True)
-    for v in host_views(plain):
+    outputs = placeholder_step(plain)
+    for o in outputs:
+        o[-1] = 6
+    apply_all(plain, torch.randn(16, V, device="cuda"))
+    torch.cuda.synchronize()
+    views = used_staging(plain)
+    assert len(views) >= 2
+    for v in views:
         assert not torch.from_dlpack(v).is_pinned()
 
 
-def test_buffers_unregistered_when_processors_die() -> None:
+def test_staging_unregistered_when_processors_die() -> None:
     gpu = build("cuda", True, full=True)
-    tensors = [torch.from_dlpack(v) for v in host_views(gpu)]
+    outputs = placeholder_step(gpu)
+    for o in outputs:
+        o[-1] = 6
+    apply_all(gpu, torch.randn(16, V, device="cuda"))
+    tensors = [torch.from_dlpack(v) for v in used_staging(gpu)]
+    assert len(tensors) >= 2
     assert all(t.is_pinned() for t in tensors)
     del gpu
     gc.collect()
@@ -241,6 +285,78 @@ def test_apply_makes_no_host_device_sync() -> None:
             for p in gpu.all:
                 p.update_state(update)
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["builtins", "full"])
+def test_step_upload_is_non_blocking(full: bool) -> None:
+    """With pinned staging copies, ``update_state`` queues its upload (and the penalty
+    matrix's updates) behind the GPU's work and returns without waiting for the device; so
+    does ``apply``; the logits then equal the CPU's."""
+    n = 16
+    cpu = build("cpu", False, full)
+    gpu = build("cuda", True, full)
+    outs_cpu: list[list[int]] = [[] for _ in range(n)]
+    outs_gpu: list[list[int]] = [[] for _ in range(n)]
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(n, V, generator=g) * 3
+    # A first step (kernels loaded, staging copy 0 in use), checked against the CPU.
+    _populate(cpu, n, outs_cpu)
+    _populate(gpu, n, outs_gpu)
+    assert_match(apply_all(gpu, x.to("cuda")), apply_all(cpu, x.clone()), not full, "warm-up")
+    torch.cuda.synchronize()
+
+    def update(outs: list[list[int]]) -> BatchUpdate:
+        for o in outs:
+            o.append(4)
+        sp = SamplingParams(
+            temperature=1.0,
+            min_p=0.2,
+            logit_bias={9: 3.0},
+            min_tokens=5,
+            stop_token_ids=[4],
+            repetition_penalty=1.4,
+            frequency_penalty=0.3,
+        )
+        swap = (0, 1, MoveDirectionality.SWAP)
+        return BatchUpdate(n, [], [(3, sp, [1, 9], [4, 4])], [swap])
+
+    cpu.update_state(update(outs_cpu))
+    want = apply_all(cpu, x.clone())
+    dx = x.to("cuda")
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    torch.cuda._sleep(500_000_000)  # a few hundred ms of GPU work queued ahead
+    gpu.update_state(update(outs_gpu))
+    assert gpu.bytes_uploaded_last_step > 0
+    got = apply_all(gpu, dx)
+    busy = not stream.query()  # the host got here while the GPU was still sleeping
+    torch.cuda.synchronize()
+    assert busy, "update_state or apply waited for the device"
+    assert_match(got, want, exact=not full, what="after the queued step")
+
+
+def test_upload_from_apply_matches_cpu_without_sync() -> None:
+    """Async placeholders filled in between ``update_state`` and ``apply``: ``apply`` looks
+    again and uploads from another staging copy, with no host-device sync, and the logits
+    equal the CPU's."""
+    cpu = build("cpu", False, True)
+    gpu = build("cuda", True, True)
+    outs_cpu = placeholder_step(cpu)
+    outs_gpu = placeholder_step(gpu)
+    for o in (*outs_cpu, *outs_gpu):
+        o[-1] = 6  # the placeholder becomes token 6: counted, and bad word [6, 7] bans 7
+    x = torch.randn(16, V, generator=torch.Generator().manual_seed(6)) * 3
+    want = apply_all(cpu, x.clone())
+    assert torch.isneginf(want[:, 7]).all()
+    dx = x.to("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = apply_all(gpu, dx)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert len(used_staging(gpu)) >= 2
+    assert_match(got, want, exact=False, what="placeholder filled before apply")
 
 
 @pytest.mark.parametrize("full", [False, True], ids=["builtins", "full"])

@@ -1,9 +1,14 @@
 """DLPack export of the Rust host buffers (``_core.HostBufferView``).
 
 Torch and numpy views alias the Rust memory (zero-copy), the memory is page-aligned and a whole
-number of pages (so CUDA can register it once), every view keeps the memory alive on its own,
-Rust writes show through existing views, and the capsule protocol is followed (versioned /
-legacy names, unconsumed capsules freed, non-CPU devices refused).
+number of pages (so CUDA can register it once), every view keeps the memory alive on its own
+(also after the ``_core.Pipeline`` that owns the tables is gone), Rust writes show through
+existing views, and the capsule protocol is followed (versioned / legacy names, unconsumed
+capsules freed, non-CPU devices refused).
+
+The buffers are a pipeline's arena sections (``core.buffer(i)``, the tables' own memory, which
+torch reads zero-copy on the CPU) and its staging copies (``core.staging(k)``, what a device
+upload copies from).
 """
 
 from __future__ import annotations
@@ -24,13 +29,16 @@ import numpy as np
 import pytest
 import torch
 
-from logitsproc_rs import BatchUpdate, MoveDirectionality, _core
+from logitsproc_rs import BatchUpdate, EngineConfig, MinPLogitsProcessor, MoveDirectionality, _core
+from logitsproc_rs.pipeline import LOGIT_BIAS, MIN_P_COUNT, MIN_TOKENS
 
 CAP = 8
 VOCAB = 50
 MAX_BIAS = 4
 MAX_STOP = 3
 PAGE = 4096
+# Count additions per penalties upload chunk: max(4 × capacity, 16384) (rust/src/pipeline.rs).
+PENALTY_CHUNK = max(4 * CAP, 16384)
 
 _get_name = ctypes.pythonapi.PyCapsule_GetName
 _get_name.restype = ctypes.c_char_p
@@ -47,68 +55,141 @@ def P(min_p: float = 0.0, logit_bias: Any = None, min_tokens: int = 0, stop: Any
     )
 
 
-def min_p_state() -> Any:
-    return _core.MinPState(CAP)
+def min_p_pipeline() -> Any:
+    return _core.Pipeline(CAP, VOCAB, min_p=True)
 
 
-def logit_bias_state() -> Any:
-    return _core.LogitBiasState(CAP, VOCAB, MAX_BIAS)
+def logit_bias_pipeline() -> Any:
+    return _core.Pipeline(CAP, VOCAB, logit_bias=MAX_BIAS)
 
 
-def min_tokens_state() -> Any:
-    return _core.MinTokensState(CAP, VOCAB, MAX_STOP)
+def min_tokens_pipeline() -> Any:
+    return _core.Pipeline(CAP, VOCAB, min_tokens=MAX_STOP)
 
 
-def allowed_state() -> Any:
-    return _core.AllowedTokenIdsState(CAP, VOCAB, 3)
+def allowed_pipeline() -> Any:
+    return _core.Pipeline(CAP, VOCAB, allowed=3)
 
 
-def bad_words_state() -> Any:
-    return _core.BadWordsState(CAP, VOCAB, 3, 4)
+def bad_words_pipeline() -> Any:
+    return _core.Pipeline(CAP, VOCAB, bad_words=(3, 4))
 
 
-def penalties_state() -> Any:
-    return _core.PenaltiesState(CAP, VOCAB, 100)
+def penalties_pipeline() -> Any:
+    return _core.Pipeline(CAP, VOCAB, penalties=True)
 
 
-# (name, state factory, accessor, element count (None: not fixed by the API), dtype name)
+def thinking_pipeline() -> Any:
+    return _core.Pipeline(CAP, VOCAB, thinking=([5], [7]))
+
+
+def section_index(core: Any, name: str) -> int:
+    for i, (section, *_rest) in enumerate(core.sections()):
+        if section == name:
+            return i
+    raise KeyError(f"no arena section {name!r} in {[s[0] for s in core.sections()]}")
+
+
+def buffer(core: Any, name: str) -> Any:
+    """The ``HostBufferView`` of a table's own buffer, by section name."""
+    return core.buffer(section_index(core, name))
+
+
+def section(name: str) -> Callable[[Any], Any]:
+    return lambda core: buffer(core, name)
+
+
+# (name, pipeline factory, accessor, element count (None: not fixed by the API), dtype name)
 VIEWS: list[tuple[str, Callable[[], Any], Callable[[Any], Any], int | None, str]] = [
-    ("min_p.log_min_p", min_p_state, lambda s: s.log_min_p(), CAP, "float32"),
-    ("logit_bias.rows", logit_bias_state, lambda s: s.rows(), CAP * MAX_BIAS, "int32"),
-    ("logit_bias.cols", logit_bias_state, lambda s: s.cols(), CAP * MAX_BIAS, "int32"),
-    ("logit_bias.vals", logit_bias_state, lambda s: s.vals(), CAP * MAX_BIAS, "float32"),
-    ("min_tokens.rows", min_tokens_state, lambda s: s.rows(), CAP * MAX_STOP, "int32"),
-    ("min_tokens.cols", min_tokens_state, lambda s: s.cols(), CAP * MAX_STOP, "int32"),
-    ("min_tokens.vals", min_tokens_state, lambda s: s.vals(), CAP * MAX_STOP, "float32"),
-    ("allowed.rows", allowed_state, lambda s: s.rows(), None, "int32"),
-    ("allowed.cols", allowed_state, lambda s: s.cols(), None, "int32"),
-    ("allowed.restricted_rows", allowed_state, lambda s: s.restricted_rows(), None, "int64"),
-    ("bad_words.rows", bad_words_state, lambda s: s.rows(), None, "int32"),
-    ("bad_words.cols", bad_words_state, lambda s: s.cols(), None, "int32"),
-    ("bad_words.vals", bad_words_state, lambda s: s.vals(), None, "float32"),
-    ("penalties.repetition", penalties_state, lambda s: s.repetition(), None, "float32"),
-    ("penalties.frequency", penalties_state, lambda s: s.frequency(), None, "float32"),
-    ("penalties.presence", penalties_state, lambda s: s.presence(), None, "float32"),
-    ("penalties.copy_dst", penalties_state, lambda s: s.copy_dst(), None, "int64"),
-    ("penalties.copy_src", penalties_state, lambda s: s.copy_src(), None, "int64"),
-    ("penalties.ops_rows", penalties_state, lambda s: s.ops_rows(), 100, "int32"),
-    ("penalties.ops_cols", penalties_state, lambda s: s.ops_cols(), 100, "int32"),
-    ("penalties.ops_vals", penalties_state, lambda s: s.ops_vals(), 100, "int32"),
+    ("min_p.log_min_p", min_p_pipeline, section("min_p.log_min_p"), CAP, "float32"),
+    ("logit_bias.rows", logit_bias_pipeline, section("logit_bias.rows"), CAP * MAX_BIAS, "int32"),
+    ("logit_bias.cols", logit_bias_pipeline, section("logit_bias.cols"), CAP * MAX_BIAS, "int32"),
+    (
+        "logit_bias.vals",
+        logit_bias_pipeline,
+        section("logit_bias.vals"),
+        CAP * MAX_BIAS,
+        "float32",
+    ),
+    ("min_tokens.rows", min_tokens_pipeline, section("min_tokens.rows"), CAP * MAX_STOP, "int32"),
+    ("min_tokens.cols", min_tokens_pipeline, section("min_tokens.cols"), CAP * MAX_STOP, "int32"),
+    (
+        "min_tokens.vals",
+        min_tokens_pipeline,
+        section("min_tokens.vals"),
+        CAP * MAX_STOP,
+        "float32",
+    ),
+    ("allowed.rows", allowed_pipeline, section("allowed.rows"), None, "int32"),
+    ("allowed.cols", allowed_pipeline, section("allowed.cols"), None, "int32"),
+    ("allowed.vals", allowed_pipeline, section("allowed.vals"), None, "float32"),
+    (
+        "allowed.restricted_rows",
+        allowed_pipeline,
+        section("allowed.restricted_rows"),
+        None,
+        "int64",
+    ),
+    ("bad_words.rows", bad_words_pipeline, section("bad_words.rows"), None, "int32"),
+    ("bad_words.cols", bad_words_pipeline, section("bad_words.cols"), None, "int32"),
+    ("bad_words.vals", bad_words_pipeline, section("bad_words.vals"), None, "float32"),
+    ("thinking.rows", thinking_pipeline, section("thinking.rows"), None, "int32"),
+    ("thinking.cols", thinking_pipeline, section("thinking.cols"), None, "int32"),
+    ("thinking.vals", thinking_pipeline, section("thinking.vals"), None, "float32"),
+    ("penalties.repetition", penalties_pipeline, section("penalties.repetition"), None, "float32"),
+    ("penalties.frequency", penalties_pipeline, section("penalties.frequency"), None, "float32"),
+    ("penalties.presence", penalties_pipeline, section("penalties.presence"), None, "float32"),
+    ("penalties.copy_dst", penalties_pipeline, section("penalties.copy_dst"), None, "int64"),
+    ("penalties.copy_src", penalties_pipeline, section("penalties.copy_src"), None, "int64"),
+    (
+        "penalties.ops_rows",
+        penalties_pipeline,
+        section("penalties.ops_rows"),
+        PENALTY_CHUNK,
+        "int32",
+    ),
+    (
+        "penalties.ops_cols",
+        penalties_pipeline,
+        section("penalties.ops_cols"),
+        PENALTY_CHUNK,
+        "int32",
+    ),
+    (
+        "penalties.ops_vals",
+        penalties_pipeline,
+        section("penalties.ops_vals"),
+        PENALTY_CHUNK,
+        "int32",
+    ),
+    # The staging copies of the arena (uint8, the whole arena each).
+    ("staging.0", penalties_pipeline, lambda core: core.staging(0), None, "uint8"),
+    ("staging.1", logit_bias_pipeline, lambda core: core.staging(1), None, "uint8"),
 ]
 IDS = [v[0] for v in VIEWS]
-TORCH_DTYPES = {"float32": torch.float32, "int32": torch.int32, "int64": torch.int64}
-ITEMSIZE = {"float32": 4, "int32": 4, "int64": 8}
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+}
+ITEMSIZE = {"float32": 4, "int32": 4, "int64": 8, "uint8": 1}
 
 
 @pytest.fixture(params=VIEWS, ids=IDS)
 def view_case(request: pytest.FixtureRequest) -> tuple[Any, Any, int, str]:
-    _, make, access, n, dtype = request.param
-    state = make()
-    view = access(state)
+    name, make, access, n, dtype = request.param
+    core = make()
+    view = access(core)
     if n is None:
         n = len(view)
         assert n >= 1
-    return state, view, n, dtype
+    if name.startswith("staging."):
+        assert n == core.arena_bytes  # a staging copy holds the whole arena
+    else:
+        _, _, nbytes, sdtype, elements = core.sections()[section_index(core, name)]
+        assert (elements, sdtype, nbytes) == (n, dtype, n * ITEMSIZE[dtype])
+    return core, view, n, dtype
 
 
 def test_page_size_constant() -> None:
@@ -155,27 +236,53 @@ def test_numpy_zero_copy(view_case: tuple[Any, Any, int, str]) -> None:
 
 
 def test_accessors_return_the_same_buffer_each_time() -> None:
-    s = logit_bias_state()
-    assert s.rows().data_ptr == s.rows().data_ptr
-    assert len({s.rows().data_ptr, s.cols().data_ptr, s.vals().data_ptr}) == 3
-    m = min_p_state()
-    assert m.log_min_p().data_ptr == m.log_min_p().data_ptr
+    s = logit_bias_pipeline()
+    rows, cols, vals = (section_index(s, f"logit_bias.{k}") for k in ("rows", "cols", "vals"))
+    assert s.buffer(rows).data_ptr == s.buffer(rows).data_ptr
+    assert len({s.buffer(rows).data_ptr, s.buffer(cols).data_ptr, s.buffer(vals).data_ptr}) == 3
+    assert s.staging(0).data_ptr == s.staging(0).data_ptr
+    assert s.staging(0).data_ptr != s.staging(1).data_ptr
+    m = min_p_pipeline()
+    i = section_index(m, "min_p.log_min_p")
+    assert m.buffer(i).data_ptr == m.buffer(i).data_ptr
+    # Every section of a pipeline is its own buffer.
+    p = _core.Pipeline(CAP, VOCAB, min_p=True, logit_bias=MAX_BIAS, min_tokens=MAX_STOP)
+    ptrs = [p.buffer(k).data_ptr for k in range(len(p.sections()))]
+    assert len(set(ptrs)) == len(ptrs)
+
+
+def test_processor_views_alias_the_core_buffers() -> None:
+    """On the CPU a processor's pipeline reads the tables' own buffers (no copy)."""
+    proc = MinPLogitsProcessor(EngineConfig(max_num_seqs=CAP, vocab_size=VOCAB), "cpu", False)
+    pipe = proc.pipeline
+    assert pipe.arena.zero_copy
+    core = pipe.core
+    t = pipe.section("min_p.log_min_p")
+    assert t.data_ptr() == buffer(core, "min_p.log_min_p").data_ptr
+    proc.update_state(BatchUpdate(2, [], [(1, P(min_p=0.25), None, [])], []))
+    assert t[1].item() == torch.tensor(0.25).log().item()
+    assert torch.isneginf(t[0])
 
 
 def test_initial_contents() -> None:
-    assert torch.isneginf(torch.from_dlpack(min_p_state().log_min_p())).all()
-    for s in (logit_bias_state(), min_tokens_state()):
-        assert s.len == 0
-        assert not torch.from_dlpack(s.rows()).any()
+    assert torch.isneginf(torch.from_dlpack(buffer(min_p_pipeline(), "min_p.log_min_p"))).all()
+    for s, table, status in (
+        (logit_bias_pipeline(), "logit_bias", LOGIT_BIAS),
+        (min_tokens_pipeline(), "min_tokens", MIN_TOKENS),
+    ):
+        assert dict(s.active())[table] == 0
+        assert s.status()[status] == 0  # no triples
+        assert not torch.from_dlpack(buffer(s, f"{table}.rows")).any()
 
 
-# One buffer per state kind and dtype (each gc.collect() costs ~0.1 s with torch loaded).
+# One buffer per table kind and dtype (each gc.collect() costs ~0.1 s with torch loaded).
 _KEEPALIVE_NAMES = (
     "min_p.log_min_p",
     "logit_bias.vals",
     "min_tokens.rows",
     "allowed.restricted_rows",
     "penalties.ops_vals",
+    "staging.0",
 )
 KEEPALIVE = [v for v in VIEWS if v[0] in _KEEPALIVE_NAMES]
 
@@ -183,15 +290,18 @@ KEEPALIVE = [v for v in VIEWS if v[0] in _KEEPALIVE_NAMES]
 @pytest.mark.parametrize("consumer", ["torch", "numpy"])
 @pytest.mark.parametrize("case", KEEPALIVE, ids=[v[0] for v in KEEPALIVE])
 def test_view_keeps_memory_alive(case: tuple, consumer: str) -> None:
-    _, make, access, _, _ = case
-    state = make()
-    view = access(state)
-    if isinstance(state, _core.MinPState):
-        state.update(BatchUpdate(2, [], [(1, P(min_p=0.25), None, [])], []))
+    name, make, access, _, _ = case
+    core = make()
+    view = access(core)
+    if name == "min_p.log_min_p":
+        core.step(BatchUpdate(2, [], [(1, P(min_p=0.25), None, [])], []))
+        assert core.status()[MIN_P_COUNT] == 1
     t = torch.from_dlpack(view) if consumer == "torch" else np.from_dlpack(view)
     before = t.copy() if consumer == "numpy" else t.clone()
+    if name == "min_p.log_min_p":
+        assert before[1] == np.float32(np.log(np.float32(0.25)))
     ptr = view.data_ptr
-    del state, view
+    del core, view
     gc.collect()
     # Allocate and touch memory so a freed page would likely be reused.
     junk = [bytearray(PAGE * 4) for _ in range(64)]
@@ -202,25 +312,52 @@ def test_view_keeps_memory_alive(case: tuple, consumer: str) -> None:
     assert (t.data_ptr() if consumer == "torch" else t.ctypes.data) == ptr
 
 
+def test_processor_section_view_outlives_its_pipeline() -> None:
+    """A view taken from a processor's pipeline stays valid after processor, ``Pipeline`` and
+    ``_core.Pipeline`` are all gone."""
+    proc = MinPLogitsProcessor(EngineConfig(max_num_seqs=CAP, vocab_size=VOCAB), "cpu", False)
+    proc.update_state(BatchUpdate(3, [], [(2, P(min_p=0.5), None, [])], []))
+    t = proc.pipeline.section("min_p.log_min_p")
+    ptr = t.data_ptr()
+    before = t.clone()
+    assert before[2].item() == torch.tensor(0.5).log().item()
+    del proc
+    gc.collect()
+    junk = [bytearray(PAGE * 4) for _ in range(64)]
+    del junk
+    assert torch.equal(t, before) and t.data_ptr() == ptr
+    t[0] = 3
+    assert t[0] == 3
+
+
 def test_rust_writes_visible_through_existing_min_p_view() -> None:
-    s = min_p_state()
-    t = torch.from_dlpack(s.log_min_p())
-    a = np.from_dlpack(s.log_min_p())
-    s.update(BatchUpdate(3, [], [(0, P(0.5), None, []), (2, P(1.0), None, [])], []))
+    s = min_p_pipeline()
+    t = torch.from_dlpack(buffer(s, "min_p.log_min_p"))
+    a = np.from_dlpack(buffer(s, "min_p.log_min_p"))
+    s.step(BatchUpdate(3, [], [(0, P(0.5), None, []), (2, P(1.0), None, [])], []))
     assert t[0].item() == torch.tensor(0.5).log().item()
     assert t[2].item() == 0.0
     assert math.isinf(t[1].item()) and t[1].item() < 0
     assert a[0] == np.float32(np.log(np.float32(0.5)))
     # Moves and removes too.
-    s.update(BatchUpdate(2, [2], [], [(0, 1, MoveDirectionality.SWAP)]))
+    s.step(BatchUpdate(2, [2], [], [(0, 1, MoveDirectionality.SWAP)]))
     assert torch.isneginf(t[0]) and t[1].item() == torch.tensor(0.5).log().item()
     assert torch.isneginf(t[2])
 
 
+def _triples(rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, n: int, valid: int):
+    """The first ``valid`` of the ``n`` (padded) triples, sorted, and the padding after them."""
+    assert valid <= n <= len(rows)
+    got = list(zip(rows[:n].tolist(), cols[:n].tolist(), vals[:n].tolist(), strict=True))
+    return sorted(got[:valid]), got[valid:]
+
+
 def test_rust_writes_visible_through_existing_logit_bias_views() -> None:
-    s = logit_bias_state()
-    rows, cols, vals = (torch.from_dlpack(v) for v in (s.rows(), s.cols(), s.vals()))
-    s.update(
+    s = logit_bias_pipeline()
+    rows, cols, vals = (
+        torch.from_dlpack(buffer(s, f"logit_bias.{k}")) for k in ("rows", "cols", "vals")
+    )
+    s.step(
         BatchUpdate(
             3,
             [],
@@ -231,33 +368,43 @@ def test_rust_writes_visible_through_existing_logit_bias_views() -> None:
             [],
         )
     )
-    n = s.len
-    assert n == 3
-    got = sorted(zip(rows[:n].tolist(), cols[:n].tolist(), vals[:n].tolist(), strict=True))
+    assert dict(s.active())["logit_bias"] == 2
+    n = s.status()[LOGIT_BIAS]  # padded length
+    got, pad = _triples(rows, cols, vals, n, 3)
     assert got == [(0, 1, 0.25), (2, 5, 1.5), (2, 7, -2.0)]
-    s.update(BatchUpdate(2, [], [], [(2, 1, MoveDirectionality.UNIDIRECTIONAL)]))
-    n = s.len
-    got = sorted(zip(rows[:n].tolist(), cols[:n].tolist(), vals[:n].tolist(), strict=True))
+    # Padding: the first triple again with −0.0 (a no-op for the additive apply).
+    assert all(p[:2] == (rows[0].item(), cols[0].item()) for p in pad)
+    assert all(p[2] == 0.0 and math.copysign(1.0, p[2]) == -1.0 for p in pad)
+    s.step(BatchUpdate(2, [], [], [(2, 1, MoveDirectionality.UNIDIRECTIONAL)]))
+    n = s.status()[LOGIT_BIAS]
+    got, pad = _triples(rows, cols, vals, n, 3)
     assert got == [(0, 1, 0.25), (1, 5, 1.5), (1, 7, -2.0)]
+    assert all(p[:2] == (rows[0].item(), cols[0].item()) for p in pad)
+    assert all(p[2] == 0.0 and math.copysign(1.0, p[2]) == -1.0 for p in pad)
 
 
 def test_rust_writes_visible_through_existing_min_tokens_views() -> None:
-    s = min_tokens_state()
-    rows, cols, vals = (torch.from_dlpack(v) for v in (s.rows(), s.cols(), s.vals()))
+    s = min_tokens_pipeline()
+    rows, cols, vals = (
+        torch.from_dlpack(buffer(s, f"min_tokens.{k}")) for k in ("rows", "cols", "vals")
+    )
     out: list[int] = []
-    s.update(BatchUpdate(2, [], [(1, P(min_tokens=2, stop=[3, 9]), None, out)], []))
-    n = s.len
-    assert n == 2
-    assert rows[:n].tolist() == [1, 1]
-    assert sorted(cols[:n].tolist()) == [3, 9]
+    s.step(BatchUpdate(2, [], [(1, P(min_tokens=2, stop=[3, 9]), None, out)], []))
+    assert dict(s.active())["min_tokens"] == 1
+    n = s.status()[MIN_TOKENS]  # padded length
+    assert n >= 2
+    got, pad = _triples(rows, cols, vals, n, 2)
+    assert [r for r, _, _ in got] == [1, 1]
+    assert sorted(c for _, c, _ in got) == [3, 9]
+    assert all(p == (rows[0].item(), cols[0].item(), vals[0].item()) for p in pad)
     assert torch.isneginf(vals[:n]).all()
     out.extend([1, 2])
-    assert s.update(None) is True
-    assert s.len == 0 and s.active == 0
+    s.step(None)  # the output reached min_tokens: the triples go
+    assert s.status()[MIN_TOKENS] == 0 and dict(s.active())["min_tokens"] == 0
 
 
 def test_legacy_capsule_by_default_versioned_on_request() -> None:
-    view = min_p_state().log_min_p()
+    view = buffer(min_p_pipeline(), "min_p.log_min_p")
     assert capsule_name(view.__dlpack__()) == "dltensor"
     assert capsule_name(view.__dlpack__(max_version=(0, 8))) == "dltensor"
     assert capsule_name(view.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
@@ -269,9 +416,9 @@ def test_legacy_capsule_by_default_versioned_on_request() -> None:
 
 @pytest.mark.parametrize("max_version", [None, (1, 0)])
 def test_capsule_consumed_after_owner_deleted(max_version: tuple[int, int] | None) -> None:
-    s = min_p_state()
-    s.update(BatchUpdate(1, [], [(0, P(0.5), None, [])], []))
-    cap = s.log_min_p().__dlpack__(max_version=max_version)
+    s = min_p_pipeline()
+    s.step(BatchUpdate(1, [], [(0, P(0.5), None, [])], []))
+    cap = buffer(s, "min_p.log_min_p").__dlpack__(max_version=max_version)
     del s
     gc.collect()
     t = torch.from_dlpack(cap)
@@ -283,8 +430,8 @@ def test_capsule_consumed_after_owner_deleted(max_version: tuple[int, int] | Non
 
 
 def test_unconsumed_capsules_are_freed() -> None:
-    s = logit_bias_state()
-    view = s.vals()
+    s = logit_bias_pipeline()
+    view = buffer(s, "logit_bias.vals")
     t = torch.from_dlpack(view)
     for i in range(200):
         cap = view.__dlpack__(max_version=(1, 0) if i % 2 else None)
@@ -298,15 +445,15 @@ def test_unconsumed_capsules_are_freed() -> None:
 
 @pytest.mark.parametrize("device", [(2, 0), (3, 0), (13, 0), (2, 1)])
 def test_non_cpu_dl_device_is_buffer_error(device: tuple[int, int]) -> None:
-    view = min_p_state().log_min_p()
-    with pytest.raises(BufferError):
-        view.__dlpack__(dl_device=device)
-    with pytest.raises(BufferError):
-        view.__dlpack__(max_version=(1, 0), dl_device=device)
+    for view in (buffer(min_p_pipeline(), "min_p.log_min_p"), min_p_pipeline().staging(0)):
+        with pytest.raises(BufferError):
+            view.__dlpack__(dl_device=device)
+        with pytest.raises(BufferError):
+            view.__dlpack__(max_version=(1, 0), dl_device=device)
 
 
 def test_copy_true_is_buffer_error() -> None:
-    view = min_p_state().log_min_p()
+    view = buffer(min_p_pipeline(), "min_p.log_min_p")
     with pytest.raises(BufferError):
         view.__dlpack__(copy=True)
 
@@ -314,26 +461,28 @@ def test_copy_true_is_buffer_error() -> None:
 def test_view_not_constructible_and_frozen() -> None:
     with pytest.raises(TypeError):
         _core.HostBufferView()  # type: ignore[call-arg]
-    view = min_p_state().log_min_p()
+    view = buffer(min_p_pipeline(), "min_p.log_min_p")
     with pytest.raises(AttributeError):
         view.data_ptr = 0  # type: ignore[misc]
 
 
 def test_no_crash_on_interpreter_shutdown(tmp_path: Path) -> None:
-    """Live tensors, unconsumed capsules and dropped states at exit: a clean exit code."""
+    """Live tensors, unconsumed capsules and dropped pipelines at exit: a clean exit code."""
     script = textwrap.dedent(
         """
         import gc, torch, numpy as np
         from logitsproc_rs import _core
         keep = []
         for i in range(20):
-            s = _core.LogitBiasState(8, 50, 4)
-            keep.append(torch.from_dlpack(s.rows()))
-            keep.append(np.from_dlpack(s.vals()))
-            keep.append(s.cols().__dlpack__(max_version=(1, 0)))  # never consumed
-            keep.append(s.cols().__dlpack__())
-            m = _core.MinPState(8)
-            keep.append(torch.from_dlpack(m.log_min_p().__dlpack__()))
+            s = _core.Pipeline(8, 50, logit_bias=4)
+            ix = {name: k for k, (name, *_rest) in enumerate(s.sections())}
+            keep.append(torch.from_dlpack(s.buffer(ix["logit_bias.rows"])))
+            keep.append(np.from_dlpack(s.buffer(ix["logit_bias.vals"])))
+            # never consumed
+            keep.append(s.buffer(ix["logit_bias.cols"]).__dlpack__(max_version=(1, 0)))
+            keep.append(s.staging(0).__dlpack__())
+            m = _core.Pipeline(8, 50, min_p=True)
+            keep.append(torch.from_dlpack(m.buffer(0).__dlpack__()))
             del s, m
         gc.collect()
         print("ok", len(keep))

@@ -1,6 +1,7 @@
 """On the CPU, MinP and the penalties run in Rust directly on the logits' memory; on a GPU the
 torch forms run. Both must give the same logits: drive churn through processors of each kind
-(the torch form forced on the CPU) and compare, exactly."""
+(the torch form run on the CPU through a pipeline built with ``emulate_device=True``: its own
+arena tensor, uploads, the device penalty matrix) and compare, exactly."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import logitsproc_rs as L
+from logitsproc_rs.pipeline import Pipeline
 from logitsproc_rs.simulate import ChurnSimulator
 
 VOCAB = 300
@@ -28,9 +30,21 @@ def _params(rng: random.Random) -> L.SamplingParams:
 
 def _pair(cls, cfg):
     fast = cls(cfg, torch.device("cpu"), False)
-    slow = cls(cfg, torch.device("cpu"), False)
-    slow._host_kernel = False  # the torch (device) form, on the CPU
-    assert fast._host_kernel
+    # The torch (device) form, on the CPU: a pipeline of its own that emulates a device.
+    emulated = Pipeline(cfg, torch.device("cpu"), False, tables=cls.TABLES, emulate_device=True)
+    slow = cls(cfg, torch.device("cpu"), False, pipeline=emulated)
+    assert fast.pipeline is not slow.pipeline
+    assert fast.pipeline.host_kernels and fast.pipeline.arena.zero_copy
+    assert not slow.pipeline.host_kernels and not slow.pipeline.arena.zero_copy
+    # The emulated side reads its own arena tensor, the fast side the Rust buffers.
+    name = "min_p.log_min_p" if cls is L.MinPLogitsProcessor else "penalties.repetition"
+    for p in (fast, slow):
+        index = [s[0] for s in p.pipeline.core.sections()].index(name)
+        host = p.pipeline.core.buffer(index).data_ptr
+        assert (p.pipeline.section(name).data_ptr() == host) is (p is fast)
+    arena = slow.pipeline.arena.arena
+    start = slow.pipeline.section(name).data_ptr() - arena.data_ptr()
+    assert 0 <= start < arena.numel()
     return fast, slow
 
 

@@ -28,6 +28,16 @@ def make_cfg(start, end, max_num_seqs=8):
     )
 
 
+def forced_by_state(p) -> list[tuple[int, int]]:
+    """The (row, token) pairs the processor's Rust state forces this step."""
+    return p.pipeline.core.thinking_forced()
+
+
+def active(p) -> int:
+    """Requests the thinking table tracks."""
+    return dict(p.pipeline.core.active())["thinking"]
+
+
 def forced_rows(logits: torch.Tensor) -> dict[int, int]:
     hits = (logits == 1e9).nonzero().tolist()
     return {r: t for r, t in hits}
@@ -84,7 +94,7 @@ def test_churn_matches_reference(start, end, seed, batch):
         a = ours.apply(torch.zeros(rows, VOCAB))
         b = ref.apply(torch.zeros(rows, VOCAB))
         assert torch.equal(a, b), (forced_rows(a), forced_rows(b))
-        assert dict(ours._state.forced()) == ref.forced
+        assert dict(forced_by_state(ours)) == ref.forced
         forced_total += len(ref.forced)
     assert forced_total > 20  # the churn really exercised forcing
 
@@ -102,8 +112,8 @@ def test_budget_forces_end_sequence_then_stops():
     p.update_state(_update(1, added=[(0, L.SamplingParams(thinking_token_budget=2), [1], out)]))
     seen = []
     for tok in [5, 1, 2, 3, 4, 9]:
-        seen.append(p._state.forced())
-        forced = dict(p._state.forced())
+        seen.append(forced_by_state(p))
+        forced = dict(forced_by_state(p))
         out.append(forced.get(0, tok))  # the model obeys a forced token
         p.update_state(None)
     assert seen == [[], [], [], [(0, 7)], [(0, 8)], []]
@@ -118,13 +128,13 @@ def test_prompt_inside_thinking_counts_and_reentry_is_closed():
     p.update_state(
         _update(1, added=[(0, L.SamplingParams(thinking_token_budget=2), [5, 1, 2], out)])
     )
-    assert p._state.forced() == [(0, 7)]
+    assert forced_by_state(p) == [(0, 7)]
     out.append(7)
     p.update_state(None)
-    assert p._state.forced() == []
+    assert forced_by_state(p) == []
     out.extend([3, 5])  # a new start marker after a forced end: closed at once
     p.update_state(None)
-    assert p._state.forced() == [(0, 7)]
+    assert forced_by_state(p) == [(0, 7)]
 
 
 def test_swap_with_one_empty_side_moves_state():
@@ -141,9 +151,9 @@ def test_swap_with_one_empty_side_moves_state():
             ],
         )
     )
-    assert p._state.forced() == [(0, 7)]
+    assert forced_by_state(p) == [(0, 7)]
     p.update_state(_update(2, moved=[(0, 1, MoveDirectionality.SWAP)]))
-    assert p._state.forced() == [(1, 7)]
+    assert forced_by_state(p) == [(1, 7)]
     logits = p.apply(torch.zeros(2, VOCAB))
     assert forced_rows(logits) == {1: 7}
 
@@ -187,13 +197,13 @@ def test_bad_budget_in_update_names_request_and_field_and_changes_nothing():
     p = L.ThinkingBudgetLogitsProcessor(cfg, torch.device("cpu"), False)
     ok = SimpleNamespace(thinking_token_budget=0)
     p.update_state(_update(1, added=[(0, ok, None, [5])]))
-    before = p._state.forced()
+    before = forced_by_state(p)
     for bad in (-5, True, 2.5):
         with pytest.raises(ValueError, match=r"index 1.*thinking_token_budget"):
             p.update_state(
                 _update(2, added=[(1, SimpleNamespace(thinking_token_budget=bad), None, [])])
             )
-        assert p._state.forced() == before and p._state.active == 1
+        assert forced_by_state(p) == before and active(p) == 1
 
 
 def test_marker_ids_outside_vocab_rejected():

@@ -35,6 +35,7 @@ from logitsproc_rs import (
     validate_sampling_params,
 )
 from logitsproc_rs.params import validate_thinking_token_budget
+from logitsproc_rs.pipeline import Pipeline
 from logitsproc_rs.reference import (
     RefAllowedTokenIdsLogitsProcessor,
     RefBadWordsLogitsProcessor,
@@ -54,6 +55,34 @@ CFG = EngineConfig(max_num_seqs=4, vocab_size=V)
 
 def make(cls: type, cfg: EngineConfig = CFG) -> Any:
     return cls(cfg, torch.device("cpu"), False)
+
+
+def make_emulated(cls: type, cfg: EngineConfig = CFG) -> Any:
+    """A processor on a pipeline of its own that runs the device path on the CPU (a separate
+    arena tensor, uploads, torch applies; for penalties the device count matrix)."""
+    pipe = Pipeline(cfg, torch.device("cpu"), False, tables=cls.TABLES, emulate_device=True)
+    return cls(cfg, torch.device("cpu"), False, pipeline=pipe)
+
+
+def counted(proc: Any, slot: int) -> list[int] | None:
+    """Output tokens the penalties counted for ``slot`` (None if untracked)."""
+    return proc.pipeline.core.penalties_counted(slot)
+
+
+class _ChunkCounter:
+    """Wraps a ``_core.Pipeline`` to count the non-empty penalty upload chunks handed out."""
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        self.chunks = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._core, name)
+
+    def next_penalty_chunk(self) -> int:
+        m = self._core.next_penalty_chunk()
+        self.chunks += m > 0
+        return m
 
 
 def upd(batch_size: int, added=(), removed=(), moved=()) -> BatchUpdate:
@@ -142,7 +171,7 @@ def test_counts_move_with_their_request_on_swap_and_condense():
     got = applied(ours, logits)
     assert_same(got, before[[2, 1, 0]])
     assert_same(got, applied(ref, logits))
-    assert ours._state.counted(0) == [3, 3, 3] and ours._state.counted(2) == [1, 1]
+    assert counted(ours, 0) == [3, 3, 3] and counted(ours, 2) == [1, 1]
 
     # Slot 1 finished; condense moves 2 -> 1 (UNIDIRECTIONAL). Grow it afterwards too.
     step((ours, ref), upd(2, moved=[(2, 1, UNI)]))
@@ -153,7 +182,7 @@ def test_counts_move_with_their_request_on_swap_and_condense():
     expected[0, 3], expected[1, 1] = -3, -3
     assert_same(got, expected)
     assert_same(got, applied(ref, torch.zeros(2, V)))
-    assert ours._state.counted(1) == [1, 1, 1] and ours._state.counted(2) is None
+    assert counted(ours, 1) == [1, 1, 1] and counted(ours, 2) is None
 
     # A new request without penalties at the old source slot starts from nothing.
     step((ours, ref), upd(3, added=[(2, pen(1.0, 1.0, 0.0), None, [])]))
@@ -222,26 +251,42 @@ def test_counted_equals_output_after_1000_tokens():
     assert len(out) > 900
     real = [t for t in out if t != -1]
     assert out[:-1] == real[: len(out) - 1] or out == real
-    assert ours._state.counted(slot) == real
+    assert counted(ours, slot) == real
     logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(0))
     assert_same(applied(ours, logits), applied(ref, logits))
 
 
 def test_more_count_updates_than_one_upload_chunk():
     """A resumed request with a long prompt and a long pre-filled output: more (row, token,
-    delta) additions than one upload chunk holds (16,384 here)."""
+    delta) additions than one upload chunk holds (16,384 here). The device path (emulated on
+    the CPU) uploads them in several chunks into its count matrix; the host path counts in
+    Rust. Both must match the reference."""
     cfg = EngineConfig(max_num_seqs=2, vocab_size=30_000)
-    ours, ref = make(PenaltiesLogitsProcessor, cfg), make(RefPenaltiesLogitsProcessor, cfg)
+    dev = make_emulated(PenaltiesLogitsProcessor, cfg)
+    host = make(PenaltiesLogitsProcessor, cfg)
+    ref = make(RefPenaltiesLogitsProcessor, cfg)
+    assert not dev.pipeline.host_kernels and dev.pipeline.cells is not None
+    assert host.pipeline.host_kernels
+    chunk = len(dev.pipeline.section("penalties.ops_rows"))
+    assert chunk == 16_384
+    dev.pipeline.core = chunks = _ChunkCounter(dev.pipeline.core)
     rng = np.random.default_rng(1)
     prompt = rng.permutation(30_000)[:20_000].tolist()
     out = rng.integers(0, 30_000, 18_000).tolist()
-    step((ours, ref), upd(2, added=[(1, pen(1.5, 0.25, -0.5), prompt, out)]))
+    step((dev, host, ref), upd(2, added=[(1, pen(1.5, 0.25, -0.5), prompt, out)]))
+    assert chunks.chunks >= 2  # prompt flags and output counts: more than one chunk
     logits = torch.randn(2, 30_000, generator=torch.Generator().manual_seed(1)) * 3
-    assert_same(applied(ours, logits), applied(ref, logits))
+    want = applied(ref, logits)
+    assert_same(applied(dev, logits), want)
+    assert_same(applied(host, logits), want)
+    before = chunks.chunks
     out.extend(rng.integers(0, 30_000, 17_000).tolist())
-    step((ours, ref), None)
-    assert_same(applied(ours, logits), applied(ref, logits))
-    assert ours._state.counted(1) == out
+    step((dev, host, ref), None)
+    assert chunks.chunks - before >= 2  # this step alone needs more than one chunk too
+    want = applied(ref, logits)
+    assert_same(applied(dev, logits), want)
+    assert_same(applied(host, logits), want)
+    assert counted(dev, 1) == out and counted(host, 1) == out
 
 
 def test_placeholder_is_counted_once_filled():

@@ -18,6 +18,14 @@ from .builtin import (
     PenaltiesLogitsProcessor,
     ThinkingBudgetLogitsProcessor,
 )
+from .columns import (
+    ArrayColumn,
+    Column,
+    ColumnLogitsProcessor,
+    FloatColumn,
+    IntColumn,
+    TokensColumn,
+)
 from .interface import (
     AddedRequest,
     BatchUpdate,
@@ -33,14 +41,6 @@ from .loader import (
     build_logitsprocs,
     validate_logits_processors_parameters,
     validate_sampling_params,
-)
-from .columns import (
-    ArrayColumn,
-    Column,
-    ColumnLogitsProcessor,
-    FloatColumn,
-    IntColumn,
-    TokensColumn,
 )
 from .params import EngineConfig, SamplingParams, SamplingType
 from .pipeline import Pipeline, PipelineView
@@ -65,17 +65,14 @@ __all__ = [
     "AddedRequest",
     "AllowedTokenIdsLogitsProcessor",
     "ArrayColumn",
-    "Column",
-    "ColumnLogitsProcessor",
-    "FloatColumn",
-    "IntColumn",
-    "Pipeline",
-    "PipelineView",
-    "TokensColumn",
     "BadWordsLogitsProcessor",
     "BatchUpdate",
     "BatchUpdateBuilder",
+    "Column",
+    "ColumnLogitsProcessor",
     "EngineConfig",
+    "FloatColumn",
+    "IntColumn",
     "LogitBiasLogitsProcessor",
     "LogitsProcessor",
     "LogitsProcessors",
@@ -85,6 +82,8 @@ __all__ = [
     "MoveDirectionality",
     "MovedRequest",
     "PenaltiesLogitsProcessor",
+    "Pipeline",
+    "PipelineView",
     "RemovedRequest",
     "Sampler",
     "SamplerOutput",
@@ -92,6 +91,7 @@ __all__ = [
     "SamplingParams",
     "SamplingType",
     "ThinkingBudgetLogitsProcessor",
+    "TokensColumn",
     "__version__",
     "apply_token_bitmask_",
     "build_logitsprocs",

@@ -74,6 +74,10 @@ class DeviceArena:
         if self._pin:
             fin = weakref.finalize(self, _unregister, self._pinned, self._events, self._staging)
             fin.atexit = False  # never after the CUDA context is gone
+            # Register every staging copy now: cudaHostRegister is slow and may synchronise,
+            # so it must never happen inside `apply`.
+            for k in range(len(self._staging)):
+                self._staging_tensor(k)
         # Start in step with the host: everything, once.
         span = core.stage(0, True)
         if span is not None:
@@ -86,12 +90,12 @@ class DeviceArena:
             view = self.core.staging(k)
             if self._pin:
                 cudart = torch.cuda.cudart()
-                rc = cudart.cudaHostRegister(view.data_ptr, view.nbytes, _CUDA_HOST_REGISTER_PORTABLE)
-                try:
-                    torch.cuda.check_error(rc)
-                except Exception:
-                    # Leave nothing half-registered: the ones before stay tracked for unregister.
-                    raise
+                rc = cudart.cudaHostRegister(
+                    view.data_ptr, view.nbytes, _CUDA_HOST_REGISTER_PORTABLE
+                )
+                # On failure the copies registered before stay tracked in `_pinned`, so the
+                # finaliser unregisters them: nothing is left half-registered.
+                torch.cuda.check_error(rc)
                 self._pinned.append(view.data_ptr)
             t = self._staging[k] = torch.from_dlpack(view)
         return t
@@ -141,6 +145,11 @@ class DeviceArena:
         if span is not None:
             self._apply_next += 1
             self._copy(k, span)
+
+    @property
+    def staging_in_use(self) -> list[int]:
+        """Which staging copies exist (allocated, and pinned with ``is_pin_memory``)."""
+        return [k for k, t in enumerate(self._staging) if t is not None]
 
     def wait_last(self) -> None:
         """Wait for every copy issued (used between chunks of a very large step)."""

@@ -49,22 +49,22 @@ class Column:
         return (self.name, self.kind, self.width, float(self.default), self.read)
 
 
-def FloatColumn(name: str, default: float, read: Reader) -> Column:  # noqa: N802
+def FloatColumn(name: str, default: float, read: Reader) -> Column:
     """One float32 per request; ``transform`` sees ``[rows, 1]``."""
     return Column(name, "float", 1, default, read)
 
 
-def IntColumn(name: str, default: int, read: Reader) -> Column:  # noqa: N802
+def IntColumn(name: str, default: int, read: Reader) -> Column:
     """One int64 per request; ``transform`` sees ``[rows, 1]``."""
     return Column(name, "int", 1, default, read)
 
 
-def ArrayColumn(name: str, width: int, default: float, read: Reader) -> Column:  # noqa: N802
+def ArrayColumn(name: str, width: int, default: float, read: Reader) -> Column:
     """``width`` float32s per request (a sequence of that length); ``[rows, width]``."""
     return Column(name, "array", width, default, read)
 
 
-def TokensColumn(name: str, max_len: int, read: Reader) -> Column:  # noqa: N802
+def TokensColumn(name: str, max_len: int, read: Reader) -> Column:
     """Up to ``max_len`` token ids per request; ``transform`` sees ``cols[name]`` as
     ``[rows, max_len]`` int32 padded with −1 and ``cols[name + "_len"]`` as ``[rows, 1]``."""
     return Column(name, "tokens", max_len, 0, read)

@@ -154,7 +154,9 @@ class SamplingParams:
                 clean[tok] = float(v)
             self.logit_bias = clean
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
-            raise ValueError(f"extra_args must be a dict or None, got {type(self.extra_args).__name__}")
+            raise ValueError(
+                f"extra_args must be a dict or None, got {type(self.extra_args).__name__}"
+            )
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
             if not self.allowed_token_ids:

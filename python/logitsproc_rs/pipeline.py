@@ -189,7 +189,9 @@ class Pipeline:
                 )
             sampled_token_ids = _host_ints(sampled_token_ids)
         self.arena.begin_step()
-        self.core.step(batch_update, sampled_token_ids, None if slots is None else _host_ints(slots))
+        self.core.step(
+            batch_update, sampled_token_ids, None if slots is None else _host_ints(slots)
+        )
         self._after_step()
         self._done = {id(v) for v in self._views}
         self._step_sig = _update_signature(batch_update)
@@ -216,7 +218,10 @@ class Pipeline:
             self._step_sig = _update_signature(batch_update)
             self._step_update = batch_update
             return
-        if batch_update is not self._step_update or _update_signature(batch_update) != self._step_sig:
+        if (
+            batch_update is not self._step_update
+            or _update_signature(batch_update) != self._step_sig
+        ):
             raise RuntimeError(
                 f"{type(view).__name__}.update_state: the processors of one pipeline were given "
                 "different batch updates in one step (or the update was changed between them). "
@@ -253,9 +258,10 @@ class Pipeline:
         else:
             self.arena.upload_in_apply()
         if n_copies:
-            dst, src = self.section("penalties.copy_dst")[:n_copies], self.section(
-                "penalties.copy_src"
-            )[:n_copies]
+            dst, src = (
+                self.section("penalties.copy_dst")[:n_copies],
+                self.section("penalties.copy_src")[:n_copies],
+            )
             cells[dst] = cells[src]  # the right side is gathered (copied) first
         while m:
             rows, cols, vals = (
@@ -285,7 +291,9 @@ class Pipeline:
         self._need_stable("remove_request")
         self.core.remove_request(slot)
 
-    def step_slots(self, row_to_slot: Any, sampled_token_ids: Any = None, slots: Any = None) -> None:
+    def step_slots(
+        self, row_to_slot: Any, sampled_token_ids: Any = None, slots: Any = None
+    ) -> None:
         """Stable slots, once per step before applying: the tokens sampled last step (by
         slot), the slot changes since the last step, the per-step work, then this step's row
         map (logits row ``r`` belongs to slot ``row_to_slot[r]``), and one upload."""

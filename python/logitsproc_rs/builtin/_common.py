@@ -17,7 +17,8 @@ def host_kernel_ok(logits: torch.Tensor) -> bool:
         and logits.stride(1) == 1
         and logits.stride(0) >= logits.shape[1]
         and not logits.requires_grad
-        and logits.storage_offset() * 4 + (logits.shape[0] - 1) * logits.stride(0) * 4
+        and logits.storage_offset() * 4
+        + (logits.shape[0] - 1) * logits.stride(0) * 4
         + logits.shape[1] * 4
         <= logits.untyped_storage().nbytes()
     )

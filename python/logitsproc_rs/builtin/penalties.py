@@ -68,10 +68,7 @@ class PenaltiesLogitsProcessor(PipelineView):
             return logits.copy_(work)
         cells = pipe.cells
         assert cells is not None
-        if rowspace:
-            cells = cells.index_select(0, pipe.row_map(rows))
-        else:
-            cells = cells[:rows]
+        cells = cells.index_select(0, pipe.row_map(rows)) if rowspace else cells[:rows]
         rep, freq, pres = (
             pipe.dense(f"penalties.{k}", rows, rowspace)
             for k in ("repetition", "frequency", "presence")
