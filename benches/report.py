@@ -168,10 +168,13 @@ def uploaded(procs: LogitsProcessors | None) -> int | None:
     return int(v) if isinstance(v, int | float) else None
 
 
-def last_tokens(rows: Sequence[Request], fed: set[int]) -> torch.Tensor:
-    """Per row of the current batch (on the host): the token the request got this step, -1 for
-    rows that got none (requests that joined this step)."""
-    toks = [r.output_token_ids[-1] if r.req_id in fed and r.output_token_ids else -1 for r in rows]
+def last_tokens(before: Sequence[Request], lens: Sequence[int]) -> torch.Tensor:
+    """What the sampler returned last step, by the rows of that step (before this step's
+    update), on the host: the token each of those requests got, -1 for none."""
+    toks = [
+        r.output_token_ids[n] if len(r.output_token_ids) > n else -1
+        for r, n in zip(before, lens, strict=True)
+    ]
     return torch.tensor(toks, dtype=torch.int64)
 
 
@@ -351,8 +354,9 @@ def bench_pipeline_update(
             runs["call"].note = na(NO_CALL)
         runs["feed"].note = feed_note
         step_bytes: list[int] = []
-        fed: set[int] = set()
         for step in range(warm + steps):
+            before = sim.batch.rows()
+            lens = [len(r.output_token_ids) for r in before]
             update = sim.step()
             rows = sim.batch.rows()
             m = step >= warm
@@ -362,7 +366,7 @@ def bench_pipeline_update(
             if call is not None:
                 tasks.append(("call", call, (update,), {}))
             if feed is not None:
-                toks = last_tokens(rows, fed)
+                toks = last_tokens(before, lens)
                 tasks.append(("feed", feed, (update,), {"sampled_token_ids": toks}))
             tasks.append(("ref", loop_update, (ref, update), {}))
             for key, fn, a, kw in rotated(tasks, step):
@@ -377,7 +381,6 @@ def bench_pipeline_update(
                     feed = None
                 if key == "call" and m and (nb := uploaded(p_call)) is not None:
                     step_bytes.append(nb)
-            fed = {r.req_id for r in rows}
         res.pipe[b] = runs
         res.pipe_bytes[b] = f"{statistics.median(step_bytes):,.0f}" if step_bytes else NA
         res.pipe_agree[b] = pipeline_agreement(
@@ -721,7 +724,7 @@ def write_report(
         "**loop**: `for p in procs.all: p.update_state(update)` (vLLM's way); **one call**: "
         "`procs.update_state(update)`; **token feed**: `build_logitsprocs(..., "
         "token_feed=True)` and `procs.update_state(update, sampled_token_ids=...)` with each "
-        "row's last sampled token (-1 for rows that joined this step); **reference**: "
+        "row's token sampled last step, by the rows of that step (-1 for none); **reference**: "
         "`logitsproc_rs.reference`, loop. The agreement column applies every processor of each "
         "pipeline to the same logits after the last step.\n"
     )

@@ -71,6 +71,11 @@ class DeviceArena:
             self.arena = torch.zeros(total, dtype=torch.uint8, device=device)
         for _name, off, nbytes, dtype, length in self.sections:
             self.views.append(self.arena[off : off + nbytes].view(_DTYPES[dtype])[:length])
+        # Packed uploads land in a scratch area and are scattered into the arena as int32 words
+        # (every section is 256-byte aligned and holds 4- or 8-byte elements).
+        with torch.cuda.device(device) if device.type == "cuda" else _nullctx():
+            self._scratch = torch.empty(total, dtype=torch.uint8, device=device)
+        self._words = self.arena.view(torch.int32)
         if self._pin:
             fin = weakref.finalize(self, _unregister, self._pinned, self._events, self._staging)
             fin.atexit = False  # never after the CUDA context is gone
@@ -100,18 +105,27 @@ class DeviceArena:
             t = self._staging[k] = torch.from_dlpack(view)
         return t
 
-    def _copy(self, k: int, span: tuple[int, int]) -> None:
-        lo, hi = span
-        src = self._staging_tensor(k)[lo:hi]
-        if self.device.type != "cuda":
-            self.arena[lo:hi].copy_(src)
-            return
-        with torch.cuda.device(self.device):
-            stream = torch.cuda.current_stream(self.device)
-            self.arena[lo:hi].copy_(src, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(stream)
-        self._events[k] = ev
+    def _copy(self, k: int, upload: tuple[str, int, int]) -> None:
+        """One host-to-device copy out of staging copy ``k`` (and, for a packed upload, one
+        scatter on the device)."""
+        kind, a, b = upload
+        staging = self._staging_tensor(k)
+        cuda = self.device.type == "cuda"
+        with torch.cuda.device(self.device) if cuda else _nullctx():
+            if kind == "span":
+                self.arena[a:b].copy_(staging[a:b], non_blocking=cuda)
+            else:
+                words, index_offset = a, b
+                n = index_offset + 8 * words
+                scratch = self._scratch
+                scratch[:n].copy_(staging[:n], non_blocking=cuda)
+                payload = scratch[: 4 * words].view(torch.int32)
+                index = scratch[index_offset:n].view(torch.int64)
+                self._words.index_copy_(0, index, payload)
+            if cuda:
+                ev = torch.cuda.Event()
+                ev.record(torch.cuda.current_stream(self.device))
+                self._events[k] = ev
 
     def begin_step(self) -> None:
         """Before a step writes staging copies: wait until the last step's copies finished

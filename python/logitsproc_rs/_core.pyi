@@ -75,6 +75,7 @@ class Pipeline:
         stable_slots: bool = False,
         token_feed: bool = False,
         max_rows: int | None = None,
+        host_kernels: bool = False,
     ) -> Pipeline:
         """Builds the named tables (absent ones are not built). ``logit_bias``,
         ``min_tokens``, ``allowed``: per-request caps; ``bad_words``: (words, tokens per
@@ -111,8 +112,9 @@ class Pipeline:
     def restep(self) -> None:
         """Looks again at outputs that ended in an async placeholder (-1)."""
 
-    def stage(self, k: int, all: bool = False) -> tuple[int, int] | None:
-        """Copies what changed into staging copy ``k``; the arena byte span to upload."""
+    def stage(self, k: int, all: bool = False) -> tuple[str, int, int] | None:
+        """Copies what changed into staging copy ``k``; ``("span", lo, hi)`` or
+        ``("packed", words, index_offset)``."""
 
     def discard(self) -> None: ...
     def staging(self, k: int) -> HostBufferView: ...
@@ -134,6 +136,9 @@ class Pipeline:
     def capacity(self) -> int: ...
     def status(self) -> list[int]:
         """The counts and padded lengths the applies read (indices in ``pipeline.py``)."""
+
+    def status_into(self, out: list[int]) -> None:
+        """``status`` written into an existing list (no new container per step)."""
 
     def unsafe_apply_min_p_cpu(
         self, ptr: int, rows: int, vocab: int, row_stride: int, mapped: bool = False

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import _core
@@ -143,6 +144,7 @@ class Pipeline:
             stable_slots=stable_slots,
             token_feed=token_feed,
             max_rows=max_rows,
+            host_kernels=self.device.type == "cpu" and not emulate_device,
         )
         self.tables = frozenset(tables)
         self.arena = DeviceArena(self.core, self.device, is_pin_memory, emulate_device)
@@ -153,7 +155,11 @@ class Pipeline:
             self._by_name.setdefault(name, []).append(i)
         self.status: list[int] = self.core.status()
         self._views: list[Any] = []
-        self._done: set[int] = set()
+        # Step protocol: a view has taken part in the current step when its `_pipe_epoch` (or
+        # `_all_done`, after a one-call step) equals `_epoch`.
+        self._epoch = 0
+        self._all_done = 0
+        self._pending_restep = False
         self._step_sig: tuple[int, ...] | None = None
         self._step_update: Any = None
         self._cache: dict[tuple[Any, ...], Any] = {}
@@ -172,7 +178,7 @@ class Pipeline:
     def register(self, view: Any) -> None:
         """A processor that reads this pipeline; it joins the step protocol."""
         self._views.append(view)
-        self._done.add(id(view))
+        view._pipe_epoch = self._epoch  # counts as having taken part: its first call steps
 
     def step(
         self,
@@ -188,14 +194,19 @@ class Pipeline:
                     "lists; build it with token_feed=True"
                 )
             sampled_token_ids = _host_ints(sampled_token_ids)
+        elif batch_update is None and self.token_feed and not self._pending_restep:
+            # Token feed, no update, no tokens: nothing can have changed.
+            self._epoch += 1
+            self._all_done = self._epoch
+            self.core.discard()
+            return
         self.arena.begin_step()
         self.core.step(
             batch_update, sampled_token_ids, None if slots is None else _host_ints(slots)
         )
         self._after_step()
-        self._done = {id(v) for v in self._views}
-        self._step_sig = _update_signature(batch_update)
-        self._step_update = batch_update
+        self._epoch += 1
+        self._all_done = self._epoch  # every view has taken part in this step
 
     def _after_step(self) -> None:
         self._resteped = False
@@ -203,18 +214,20 @@ class Pipeline:
             self._sync_penalties(first_upload=True)
         else:
             self.arena.upload_step()
-        self.status = self.core.status()
+        self.core.status_into(self.status)
+        self._pending_restep = bool(self.status[PLACEHOLDERS])
 
     def update_from_view(self, view: Any, batch_update: BatchUpdate | None) -> None:
         """vLLM's loop: each processor's ``update_state`` in turn. The first call of a step
         (from a processor that already took part in the current one) runs the step; the
         others join it and must pass the same, unchanged update."""
-        key = id(view)
-        if key in self._done:
+        epoch = self._epoch
+        if view._pipe_epoch == epoch or self._all_done == epoch:
             self.arena.begin_step()
             self.core.step(batch_update)
             self._after_step()
-            self._done = {key}
+            self._epoch = epoch = epoch + 1
+            view._pipe_epoch = epoch
             self._step_sig = _update_signature(batch_update)
             self._step_update = batch_update
             return
@@ -228,7 +241,7 @@ class Pipeline:
                 "Call update_state on every processor with the same update each step, or call "
                 "LogitsProcessors.update_state(update) once."
             )
-        self._done.add(key)
+        view._pipe_epoch = epoch
 
     def before_apply(self) -> None:
         """Async placeholders: outputs that ended in −1 at the step may be filled in now; look
@@ -243,7 +256,8 @@ class Pipeline:
             self._sync_penalties(first_upload=False)
         else:
             self.arena.upload_in_apply()
-        self.status = self.core.status()
+        self.core.status_into(self.status)
+        self._pending_restep = bool(self.status[PLACEHOLDERS])
 
     def _sync_penalties(self, first_upload: bool = True) -> None:
         """Device path: upload with the penalties' first chunk of count ops, then apply the
@@ -392,10 +406,17 @@ class Pipeline:
 
 
 def _host_ints(obj: Any) -> Any:
-    """A host-side int sequence for the core: tensors are moved to the CPU (the caller should
-    already hold the sampler's output on the host; a device tensor costs a sync)."""
+    """A host-side int sequence for the core: tensors and arrays as native int64 bytes (one
+    copy), other sequences as they are. A device tensor is copied to the host first, which
+    waits for it: pass the sampler's output already on the host."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", torch.int64).numpy()
+        if obj.dtype.is_floating_point or obj.dtype.is_complex or obj.dtype == torch.bool:
+            raise ValueError(f"expected integer token ids or slots, got a {obj.dtype} tensor")
+        return obj.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in "iu":
+            raise ValueError(f"expected integer token ids or slots, got a {obj.dtype} array")
+        return np.ascontiguousarray(obj, dtype=np.int64).tobytes()
     return obj
 
 

@@ -57,12 +57,24 @@ pub struct Section {
     pub len: usize,
 }
 
+/// How one step's changes go to the device (see [`Arena::stage`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upload {
+    /// Copy arena bytes `[lo, hi)` of the staging copy to the same bytes on the device.
+    Span { lo: usize, hi: usize },
+    /// `words` int32 payload words at the start of the staging copy, their int64 arena word
+    /// indices at byte `index_offset`: copy `index_offset + 8 × words` bytes, then scatter.
+    Packed { words: usize, index_offset: usize },
+}
+
 /// The arena layout plus its staging copies.
 pub struct Arena {
     sections: Vec<Section>,
     sources: Vec<SharedBuffer>,
     total: usize,
     staging: Vec<Arc<RawAlloc>>,
+    /// Scratch: the written ranges of the step being staged.
+    ranges: Vec<(usize, usize)>,
     last_upload: usize,
     uploaded_total: u64,
 }
@@ -108,6 +120,7 @@ impl Arena {
             sources,
             total,
             staging: Vec::new(),
+            ranges: Vec::new(),
             last_upload: 0,
             uploaded_total: 0,
         })
@@ -141,20 +154,35 @@ impl Arena {
         ))
     }
 
-    /// Stages the step's changes into staging copy `k` and returns the byte span `[lo, hi)` of
-    /// the arena to upload (`None` when nothing changed). The span covers every range a buffer
-    /// recorded as written; all of it is copied from the buffers, so bytes inside it that did not
-    /// change are current too, whatever copy `k` held before. With `all`, the whole arena.
+    /// Stages the step's changes into staging copy `k` and says how to upload them (`None`
+    /// when nothing changed). Two forms, whichever carries fewer bytes:
+    /// - [`Upload::Span`]: the arena bytes `[lo, hi)` covering every written range, all copied
+    ///   from the buffers (so bytes inside it that did not change are current too, whatever
+    ///   copy `k` held before), to be copied to the same place on the device;
+    /// - [`Upload::Packed`]: only the written 4-byte words, packed at the start of the staging
+    ///   copy, followed by their word indices in the arena (int64, at byte `index_offset`);
+    ///   the device scatters them with one indexed copy.
+    ///
+    /// With `all`, the whole arena as one span (the first upload).
     pub fn stage(
         &mut self,
         owner: &mut dyn HasBuffers,
         k: usize,
         all: bool,
-    ) -> Result<Option<(usize, usize)>> {
-        let dirty = self.take_span(owner);
-        let span = if all { Some((0, self.total)) } else { dirty };
-        if let Some((lo, hi)) = span {
-            let dst = self.staging(k)?.as_ptr();
+    ) -> Result<Option<Upload>> {
+        self.take_ranges(owner);
+        let span = if all {
+            Some((0, self.total))
+        } else {
+            self.span()
+        };
+        let Some((lo, hi)) = span else {
+            self.record(0);
+            return Ok(None);
+        };
+        let dst = self.staging(k)?.as_ptr();
+        let (words, index_offset, packed_bytes) = self.packed_size();
+        if all || packed_bytes >= hi - lo {
             for (s, src) in self.sections.iter().zip(&self.sources) {
                 let a = lo.max(s.offset);
                 let b = hi.min(s.offset + s.bytes);
@@ -173,33 +201,81 @@ impl Arena {
                     );
                 }
             }
+            self.record(hi - lo);
+            return Ok(Some(Upload::Span { lo, hi }));
         }
-        self.record(span);
-        Ok(span)
+        // Packed: payload words, then their arena word indices. `packed_bytes < hi - lo <=
+        // total`, so both fit in the staging copy.
+        let mut w = 0usize;
+        for &(a, b) in &self.ranges {
+            let (s, src) = self
+                .sections
+                .iter()
+                .zip(&self.sources)
+                .find(|(s, _)| s.offset <= a && b <= s.offset + s.bytes)
+                .expect("a written range lies inside its section");
+            let n = (b - a) / 4;
+            // SAFETY: `[a, b)` lies inside section `s` (found above), so the source range is
+            // inside its buffer; the payload `[4w, 4(w + n))` and the indices from
+            // `index_offset + 8w` lie below `packed_bytes < total`, inside the staging copy;
+            // the allocations are distinct.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    src.as_ptr().add(a - s.offset),
+                    dst.add(4 * w),
+                    b - a,
+                );
+                let idx = dst.add(index_offset) as *mut i64;
+                for j in 0..n {
+                    idx.add(w + j).write_unaligned((a / 4 + j) as i64);
+                }
+            }
+            w += n;
+        }
+        self.record(packed_bytes);
+        Ok(Some(Upload::Packed {
+            words,
+            index_offset,
+        }))
     }
 
-    /// The union, in arena bytes, of what the buffers recorded as written (and forgets it).
-    fn take_span(&mut self, owner: &mut dyn HasBuffers) -> Option<(usize, usize)> {
-        let mut span: Option<(usize, usize)> = None;
+    /// Collects, in arena bytes, what the buffers recorded as written (and forgets it).
+    fn take_ranges(&mut self, owner: &mut dyn HasBuffers) {
+        self.ranges.clear();
         let sections = &self.sections;
+        let ranges = &mut self.ranges;
         let mut i = 0;
         owner.visit_buffers(&mut |_, buf| {
             if let Some((lo, hi)) = buf.take_dirty_bytes() {
                 let s = &sections[i];
-                let (a, b) = (s.offset + lo, s.offset + hi);
-                span = Some(span.map_or((a, b), |(x, y)| (x.min(a), y.max(b))));
+                ranges.push((s.offset + lo, s.offset + hi));
             }
             i += 1;
         });
-        span
     }
 
-    fn record(&mut self, span: Option<(usize, usize)>) {
-        self.last_upload = span.map_or(0, |(a, b)| b - a);
-        self.uploaded_total += self.last_upload as u64;
+    /// The arena bytes covering every collected range.
+    fn span(&self) -> Option<(usize, usize)> {
+        self.ranges
+            .iter()
+            .fold(None, |acc: Option<(usize, usize)>, &(a, b)| {
+                Some(acc.map_or((a, b), |(x, y)| (x.min(a), y.max(b))))
+            })
     }
 
-    /// Bytes in the last staged span (what the last upload carried).
+    /// (payload words, byte offset of the indices, total bytes) of the packed form.
+    fn packed_size(&self) -> (usize, usize, usize) {
+        let words: usize = self.ranges.iter().map(|&(a, b)| (b - a) / 4).sum();
+        let index_offset = (words * 4).next_multiple_of(8);
+        (words, index_offset, index_offset + words * 8)
+    }
+
+    fn record(&mut self, bytes: usize) {
+        self.last_upload = bytes;
+        self.uploaded_total += bytes as u64;
+    }
+
+    /// Bytes the last stage carried (what the last upload copied).
     pub fn last_upload_bytes(&self) -> usize {
         self.last_upload
     }
@@ -212,8 +288,12 @@ impl Arena {
     /// Forgets what was written (the CPU path, where torch reads the buffers themselves),
     /// still counting it, so the counter tells what a device upload would carry.
     pub fn discard(&mut self, owner: &mut dyn HasBuffers) {
-        let span = self.take_span(owner);
-        self.record(span);
+        self.take_ranges(owner);
+        let bytes = match self.span() {
+            None => 0,
+            Some((lo, hi)) => self.packed_size().2.min(hi - lo),
+        };
+        self.record(bytes);
     }
 }
 
@@ -237,16 +317,42 @@ mod tests {
         assert_eq!(arena.sections()[1].offset, 512);
         assert_eq!(arena.stage(&mut t, 0, false).unwrap(), None);
         assert_eq!(arena.last_upload_bytes(), 0);
-        t.1.set(2, 7);
+        // A run of neighbouring writes: one span (cheaper than packing each word).
+        t.0.fill(90, 100, 2.0);
         t.0.set(99, 3.0);
-        let span = arena.stage(&mut t, 0, false).unwrap().unwrap();
-        assert_eq!(span, (396, 512 + 24));
+        let up = arena.stage(&mut t, 0, false).unwrap().unwrap();
+        assert_eq!(up, Upload::Span { lo: 360, hi: 400 });
+        assert_eq!(arena.last_upload_bytes(), 40);
         let staged = arena.staging(0).unwrap();
         // SAFETY: test-only reads inside the staging copy.
         unsafe {
+            assert_eq!(*(staged.as_ptr().add(392) as *const f32), 2.0);
             assert_eq!(*(staged.as_ptr().add(396) as *const f32), 3.0);
-            assert_eq!(*(staged.as_ptr().add(512 + 16) as *const i64), 7);
         }
-        assert_eq!(arena.stage(&mut t, 1, true).unwrap(), Some((0, 768)));
+        // Far-apart writes: the written words packed, with their word indices.
+        t.0.set(0, 9.0);
+        t.1.set(9, 7);
+        let up = arena.stage(&mut t, 1, false).unwrap().unwrap();
+        assert_eq!(
+            up,
+            Upload::Packed {
+                words: 3,
+                index_offset: 16
+            }
+        );
+        assert_eq!(arena.last_upload_bytes(), 16 + 24);
+        let staged = arena.staging(1).unwrap();
+        // SAFETY: test-only reads inside the staging copy.
+        unsafe {
+            let p = staged.as_ptr();
+            assert_eq!(*(p as *const f32), 9.0);
+            assert_eq!((p.add(4) as *const i64).read_unaligned(), 7);
+            let idx = p.add(16) as *const i64;
+            assert_eq!((*idx, *idx.add(1), *idx.add(2)), (0, 146, 147));
+        }
+        assert_eq!(
+            arena.stage(&mut t, 1, true).unwrap(),
+            Some(Upload::Span { lo: 0, hi: 768 })
+        );
     }
 }

@@ -17,6 +17,7 @@
 //! few fused passes over `[batch_size, V]`; rows with neutral values come out bit-identical.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
@@ -48,7 +49,7 @@ pub struct Entry<H> {
     /// Distinct prompt tokens, emitted as PROMPT_FLAG additions when the entry is fresh.
     prompt: Vec<i32>,
     /// Output count per token id: what the CPU apply reads (the device keeps its own copy).
-    counts: HashMap<i32, u32>,
+    counts: Counts,
 }
 
 /// Where a slot's device row comes from after an update.
@@ -70,6 +71,8 @@ pub struct PenaltiesState<H> {
     ops: SparseRows<i32>,
     pending: Vec<(usize, i32, i32)>,
     pending_pos: usize,
+    /// Whether the device count matrix is kept (the `pending` ops); the CPU path reads `counts`.
+    device_ops: bool,
     vocab_size: usize,
     batch_size: usize,
     values_changed: bool,
@@ -95,6 +98,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
             ops: SparseRows::new(ops_capacity.max(1)),
             pending: Vec::new(),
             pending_pos: 0,
+            device_ops: true,
             vocab_size,
             batch_size: 0,
             values_changed: false,
@@ -107,6 +111,12 @@ impl<H: TokenHistory> PenaltiesState<H> {
 
     pub fn capacity(&self) -> usize {
         self.table.capacity()
+    }
+
+    /// Whether to produce the device matrix's row copies and count additions (default true).
+    /// The CPU path applies from the counts kept here and needs neither.
+    pub fn set_device_ops(&mut self, on: bool) {
+        self.device_ops = on;
     }
 
     /// The all-zero device row new requests copy from.
@@ -213,7 +223,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
             output: p.output,
             counted: Vec::new(),
             prompt,
-            counts: HashMap::new(),
+            counts: Counts::default(),
         }))
     }
 
@@ -266,8 +276,10 @@ impl<H: TokenHistory> PenaltiesState<H> {
             let origin = std::mem::replace(&mut self.origin[i], Origin::Row(i));
             let values = self.table.get(i).map(|e| e.values);
             self.write_values(i, values.unwrap_or((1.0, 0.0, 0.0)));
-            if values.is_none() {
-                continue; // untracked: its device row is never read with non-neutral values
+            if values.is_none() || !self.device_ops {
+                // Untracked: its device row is never read with non-neutral values. Or no
+                // device matrix at all.
+                continue;
             }
             let src = match origin {
                 Origin::Row(j) if j == i => continue,
@@ -307,6 +319,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
         let vocab = self.vocab_size as i64;
         let scratch = &mut self.scratch;
         let pending = &mut self.pending;
+        let ops = self.device_ops;
         let mut placeholders = false;
         for (row, e) in self.table.iter_mut() {
             let len = e.output.len();
@@ -322,7 +335,9 @@ impl<H: TokenHistory> PenaltiesState<H> {
             for t in e.counted.drain(keep..) {
                 if t >= 0 && (t as i64) < vocab {
                     uncount(&mut e.counts, t);
-                    pending.push((row, t, -1));
+                    if ops {
+                        pending.push((row, t, -1));
+                    }
                 }
             }
             if len > keep {
@@ -340,7 +355,9 @@ impl<H: TokenHistory> PenaltiesState<H> {
                     e.counted.push(t);
                     if (t as i64) < vocab {
                         *e.counts.entry(t).or_insert(0) += 1;
-                        pending.push((row, t, 1));
+                        if ops {
+                            pending.push((row, t, 1));
+                        }
                     }
                 }
             }
@@ -484,12 +501,36 @@ impl SlotOps for Origins<'_> {
     }
 }
 
+/// Output count per token id, hashed with one multiply (token ids are small, well-spread
+/// integers; SipHash would cost more than the rest of a step's counting).
+type Counts = HashMap<i32, u32, BuildHasherDefault<IdHasher>>;
+
+#[derive(Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_i32(&mut self, i: i32) {
+        let h = u64::from(i as u32).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 29);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// A token id as stored in `counted` (ids beyond int32 saturate; they are never counted).
 fn clamp_id(t: i64) -> i32 {
     t.clamp(-1, i32::MAX as i64) as i32
 }
 
-fn uncount(counts: &mut HashMap<i32, u32>, t: i32) {
+fn uncount(counts: &mut Counts, t: i32) {
     if let Some(c) = counts.get_mut(&t) {
         *c -= 1;
         if *c == 0 {

@@ -19,7 +19,7 @@
 //! sparse tables are built on the host and go up with the step's one upload.
 
 use crate::allowed::AllowedState;
-use crate::arena::{Arena, HasBuffers, Staged};
+use crate::arena::{Arena, HasBuffers, Staged, Upload};
 use crate::bad_words::{BadWordsParams, BadWordsState};
 use crate::batch::{BatchUpdate, Move};
 use crate::buffer::HostBuffer;
@@ -59,6 +59,9 @@ pub struct PipelineConfig {
     pub stable_slots: bool,
     /// Most logits rows a stable-slot step may map (default `capacity × (1 + spec_tokens)`).
     pub max_rows: Option<usize>,
+    /// The processors apply on the host from the tables themselves (the CPU path): the
+    /// penalties keep no device count matrix, so its row copies and additions are skipped.
+    pub host_kernels: bool,
 }
 
 /// Everything any table reads from one added request, read once.
@@ -351,6 +354,9 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
                 thinking: SparseRows::new(rows),
                 map: Vec::new(),
             });
+        }
+        if let Some(p) = &mut tables.penalties {
+            p.set_device_ops(!cfg.host_kernels);
         }
         let arena = Arena::new(&mut tables, "")?;
         let stable = cfg.stable_slots;
@@ -922,8 +928,8 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
     }
 
     /// Stages what the tables wrote since the last stage into staging copy `k`; returns the
-    /// arena byte span to upload (see [`Arena::stage`]).
-    pub fn stage(&mut self, k: usize, all: bool) -> Result<Option<(usize, usize)>> {
+    /// upload to make (see [`Arena::stage`]).
+    pub fn stage(&mut self, k: usize, all: bool) -> Result<Option<Upload>> {
         self.arena.stage(&mut self.tables, k, all)
     }
 

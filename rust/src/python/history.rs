@@ -54,19 +54,35 @@ fn token_of(item: &Bound<'_, PyAny>) -> i64 {
     item.extract::<i64>().unwrap_or(-1)
 }
 
+/// Runs `f` with the interpreter token. Histories are read only from inside `Pipeline`'s
+/// methods, which run attached; `Python::attach` would also drain PyO3's deferred-reference
+/// pool on every call (the main cost of a history read), so when CPython confirms that this
+/// thread holds the GIL the token is made directly.
+#[inline]
+fn attached<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> R {
+    #[cfg(not(feature = "abi3"))]
+    {
+        // SAFETY: PyGILState_Check only reads the current thread's state.
+        if unsafe { pyo3::ffi::PyGILState_Check() } == 1 {
+            // SAFETY: this thread holds the GIL (checked just above) for the whole call of `f`,
+            // and `f` is generic over the token's lifetime, so nothing derived from it escapes.
+            return f(unsafe { Python::assume_attached() });
+        }
+    }
+    Python::attach(f)
+}
+
 impl TokenHistory for PyHistory {
     fn len(&self) -> usize {
         match self {
-            // Tables are only driven from Python methods, which hold the GIL, so attaching is a
-            // cheap re-entrant check; PyList's length is then a field read.
-            PyHistory::Live(list) => Python::attach(|py| list.bind(py).len()),
+            PyHistory::Live(list) => attached(|py| list.bind(py).len()),
             PyHistory::Fed(h) => h.len(),
         }
     }
 
     fn token_at(&self, i: usize) -> Option<i64> {
         match self {
-            PyHistory::Live(list) => Python::attach(|py| {
+            PyHistory::Live(list) => attached(|py| {
                 let list = list.bind(py);
                 if i >= list.len() {
                     return None;
@@ -79,7 +95,7 @@ impl TokenHistory for PyHistory {
 
     fn read_from(&self, start: usize, out: &mut Vec<i64>) {
         match self {
-            PyHistory::Live(list) => Python::attach(|py| {
+            PyHistory::Live(list) => attached(|py| {
                 let list = list.bind(py);
                 for i in start..list.len() {
                     // A non-int entry is treated as an async placeholder (-1), never a crash.

@@ -5,12 +5,14 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
 
 use super::buffer::{logits_rows, HostBufferView};
 use super::errors::bad_value;
 use super::history::PyHistory;
 use super::params::Reader;
 use super::update::{parse_update, AddedEntry};
+use crate::arena::Upload;
 use crate::batch::BatchUpdate;
 use crate::columns::{ColumnKind, ColumnSpec};
 use crate::pipeline::{self, PipelineConfig, RequestParams};
@@ -52,8 +54,23 @@ fn column_kind(name: &str, kind: &str, width: usize, default: f64) -> PyResult<C
     })
 }
 
-/// Token ids from a host sequence (list, tuple, numpy array, CPU tensor via `.tolist()`).
+/// Token ids from the host: `bytes` of native int64 (what the Python side makes of a tensor
+/// or array, one copy), or a sequence of ints (list, tuple; numpy via `.tolist()`).
 fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str) -> PyResult<Vec<i64>> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        let raw = b.as_bytes();
+        if raw.len() % 8 != 0 {
+            return Err(bad_value(
+                0,
+                field,
+                "int64 bytes of a length not a multiple of 8",
+            ));
+        }
+        return Ok(raw
+            .chunks_exact(8)
+            .map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes")))
+            .collect());
+    }
     if let Ok(v) = obj.extract::<Vec<i64>>() {
         return Ok(v);
     }
@@ -81,6 +98,31 @@ fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str) -> PyResult<Vec<usize
 }
 
 impl Pipeline {
+    fn status_vec(&self) -> Vec<usize> {
+        let s = self.inner.status();
+        let mut out = vec![
+            s.batch_size,
+            s.min_p_count,
+            s.logit_bias,
+            s.min_tokens,
+            s.bad_words,
+            s.allowed,
+            s.allowed_rows,
+            s.thinking,
+            s.penalties,
+            usize::from(s.placeholders),
+            s.rows,
+            s.row_logit_bias,
+            s.row_min_tokens,
+            s.row_bad_words,
+            s.row_allowed,
+            s.row_allowed_rows,
+            s.row_thinking,
+        ];
+        out.extend(s.columns_active);
+        out
+    }
+
     fn read_update(
         &self,
         bu: &Bound<'_, PyAny>,
@@ -117,7 +159,7 @@ impl Pipeline {
     #[pyo3(signature = (capacity, vocab_size, *, min_p=false, logit_bias=None, min_tokens=None,
                         penalties=false, bad_words=None, allowed=None, thinking=None,
                         spec_tokens=0, columns=Vec::new(), stable_slots=false, token_feed=false,
-                        max_rows=None))]
+                        max_rows=None, host_kernels=false))]
     fn new(
         capacity: usize,
         vocab_size: usize,
@@ -133,6 +175,7 @@ impl Pipeline {
         stable_slots: bool,
         token_feed: bool,
         max_rows: Option<usize>,
+        host_kernels: bool,
     ) -> PyResult<Self> {
         let mut specs = Vec::with_capacity(columns.len());
         let mut readers = Vec::with_capacity(columns.len());
@@ -158,6 +201,7 @@ impl Pipeline {
             columns: specs,
             stable_slots,
             max_rows,
+            host_kernels,
         };
         let reader = Reader {
             min_p,
@@ -260,11 +304,20 @@ impl Pipeline {
         self.inner.restep();
     }
 
-    /// Copies what changed into staging copy `k`; returns the arena byte span `(lo, hi)` to
-    /// upload, or None. `all=True` stages everything (the first upload).
+    /// Copies what changed into staging copy `k`; returns the upload to make, or None:
+    /// `("span", lo, hi)` (copy staging bytes `[lo, hi)` to the same arena bytes) or
+    /// `("packed", words, index_offset)` (copy `index_offset + 8 * words` bytes to a scratch
+    /// area, then scatter the int32 words to their int64 word indices). `all=True` stages
+    /// everything as one span (the first upload).
     #[pyo3(signature = (k, all=false))]
-    fn stage(&mut self, k: usize, all: bool) -> PyResult<Option<(usize, usize)>> {
-        Ok(self.inner.stage(k, all)?)
+    fn stage(&mut self, k: usize, all: bool) -> PyResult<Option<(&'static str, usize, usize)>> {
+        Ok(self.inner.stage(k, all)?.map(|u| match u {
+            Upload::Span { lo, hi } => ("span", lo, hi),
+            Upload::Packed {
+                words,
+                index_offset,
+            } => ("packed", words, index_offset),
+        }))
     }
 
     /// The CPU path (torch reads the buffers themselves): forget what changed, counting it.
@@ -340,28 +393,19 @@ impl Pipeline {
     /// thinking, penalties, placeholders, rows, row_logit_bias, row_min_tokens, row_bad_words,
     /// row_allowed, row_allowed_rows, row_thinking, then each column's active count.
     fn status(&self) -> Vec<usize> {
-        let s = self.inner.status();
-        let mut out = vec![
-            s.batch_size,
-            s.min_p_count,
-            s.logit_bias,
-            s.min_tokens,
-            s.bad_words,
-            s.allowed,
-            s.allowed_rows,
-            s.thinking,
-            s.penalties,
-            usize::from(s.placeholders),
-            s.rows,
-            s.row_logit_bias,
-            s.row_min_tokens,
-            s.row_bad_words,
-            s.row_allowed,
-            s.row_allowed_rows,
-            s.row_thinking,
-        ];
-        out.extend(s.columns_active);
-        out
+        self.status_vec()
+    }
+
+    /// As `status`, written into an existing list (no new container per step).
+    fn status_into(&self, out: &Bound<'_, PyList>) -> PyResult<()> {
+        for (i, v) in self.status_vec().into_iter().enumerate() {
+            if i < out.len() {
+                out.set_item(i, v)?;
+            } else {
+                out.append(v)?;
+            }
+        }
+        Ok(())
     }
 
     /// MinP by Rust on float32 CPU logits, in place. The caller passes `tensor.data_ptr()`
