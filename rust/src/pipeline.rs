@@ -1038,3 +1038,148 @@ fn remap(
     }
     out.rebuild_if_changed(entries, pad)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Move;
+    use crate::history::SharedHistory;
+
+    fn pipeline(stable: bool, token_feed_cap: usize) -> Pipeline<SharedHistory> {
+        Pipeline::new(PipelineConfig {
+            capacity: 4,
+            vocab_size: 16,
+            min_p: true,
+            logit_bias: Some(4),
+            min_tokens: Some(4),
+            penalties: true,
+            bad_words: Some((4, 4)),
+            allowed: Some(8),
+            thinking: Some(ThinkingConfig {
+                start_ids: vec![1],
+                end_ids: vec![2],
+            }),
+            stable_slots: stable,
+            max_rows: Some(token_feed_cap),
+            ..PipelineConfig::default()
+        })
+        .unwrap()
+    }
+
+    fn req(out: &SharedHistory) -> RequestParams<SharedHistory> {
+        let mut p = RequestParams::neutral(out.clone());
+        p.min_p = 0.5;
+        p.logit_bias = vec![(3, 1.0)];
+        p.min_tokens = 5;
+        p.stop_token_ids = vec![4];
+        p.repetition_penalty = 1.5;
+        p.bad_words = vec![vec![5, 6]];
+        p.allowed_token_ids = Some(vec![3, 4, 6]);
+        p.thinking_budget = Some(3);
+        p.prompt = Some(vec![1, 7]);
+        p
+    }
+
+    fn snapshot(p: &Pipeline<SharedHistory>) -> (Status, Vec<Vec<u8>>) {
+        let bufs = p
+            .arena()
+            .sections()
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let src = p.arena().source(i).unwrap();
+                // SAFETY: test-only read of `bytes` bytes inside the section's buffer.
+                unsafe { std::slice::from_raw_parts(src.as_ptr(), s.bytes).to_vec() }
+            })
+            .collect();
+        (p.status(), bufs)
+    }
+
+    #[test]
+    fn one_bad_field_rejects_the_whole_step_for_every_table() {
+        let out = SharedHistory::default();
+        let mut p = pipeline(false, 4);
+        let mut u = BatchUpdate::new(2);
+        u.added = vec![(0, req(&out))];
+        p.update(u).unwrap();
+        let before = snapshot(&p);
+        for bad in 0..6 {
+            let mut r = req(&out);
+            match bad {
+                0 => r.min_p = 2.0,
+                1 => r.logit_bias = vec![(16, 1.0)],
+                2 => r.stop_token_ids = vec![99],
+                3 => r.repetition_penalty = f64::NAN,
+                4 => r.bad_words = vec![vec![]],
+                _ => r.thinking_budget = Some(-7),
+            }
+            let mut u = BatchUpdate::new(3);
+            u.added = vec![(1, req(&out)), (2, r)];
+            u.moved = vec![Move::swap(0, 1)];
+            let e = p.update(u).unwrap_err().to_string();
+            assert!(e.contains("index 2"), "{e}");
+            assert_eq!(snapshot(&p), before, "case {bad}");
+        }
+    }
+
+    #[test]
+    fn a_bad_token_feed_stops_the_update_too() {
+        let out = SharedHistory::default();
+        let mut p = Pipeline::new(PipelineConfig {
+            capacity: 4,
+            vocab_size: 16,
+            penalties: true,
+            ..PipelineConfig::default()
+        })
+        .unwrap();
+        let mut u = BatchUpdate::new(1);
+        u.added = vec![(0, req(&out))];
+        p.step(Some(u), None).unwrap();
+        let mut u = BatchUpdate::new(2);
+        u.added = vec![(1, req(&out))];
+        assert!(p.step(Some(u), Some((&[3, 16], None))).is_err());
+        assert_eq!(p.batch_size(), 1);
+        assert!(out.read().unwrap().is_empty());
+        p.step(None, Some((&[3], None))).unwrap();
+        assert_eq!(*out.read().unwrap(), vec![3]);
+        assert_eq!(
+            p.tables().penalties.as_ref().unwrap().counted(0),
+            Some(&[3][..])
+        );
+    }
+
+    #[test]
+    fn stable_slots_apply_changes_at_the_step_in_call_order() {
+        let out = SharedHistory::default();
+        let mut p = pipeline(true, 8);
+        p.add_request(2, req(&out)).unwrap();
+        p.remove_request(2).unwrap();
+        p.add_request(3, req(&out)).unwrap();
+        let mut bad = req(&out);
+        bad.min_p = -1.0;
+        assert!(p.add_request(1, bad).is_err());
+        assert_eq!(p.tables().logit_bias.as_ref().unwrap().active(), 0);
+        p.step_slots(&[3, 3, 0], None).unwrap();
+        let bias = p.tables().logit_bias.as_ref().unwrap();
+        assert_eq!((bias.get(2), bias.get(3).is_some()), (None, true));
+        let s = p.status();
+        assert_eq!(s.rows, 3);
+        // Slot 3's bias lands on rows 0 and 1, none on row 2 (slot 0 is empty).
+        let rs = p.tables.rows.as_ref().unwrap();
+        assert_eq!(rs.logit_bias.triples(), vec![(0, 3, 1.0), (1, 3, 1.0)]);
+        assert!(p.step_slots(&[9], None).is_err());
+    }
+
+    #[test]
+    fn an_unchanged_step_uploads_nothing() {
+        let out = SharedHistory::default();
+        let mut p = pipeline(false, 4);
+        let mut u = BatchUpdate::new(1);
+        u.added = vec![(0, req(&out))];
+        p.update(u).unwrap();
+        assert!(p.stage(0, false).unwrap().is_some());
+        p.update_none();
+        assert_eq!(p.stage(1, false).unwrap(), None);
+        assert_eq!(p.arena().last_upload_bytes(), 0);
+    }
+}

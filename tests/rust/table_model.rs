@@ -22,6 +22,7 @@ use logitsproc_rs::history::{SharedHistory, TokenHistory};
 use logitsproc_rs::logit_bias::LogitBiasState;
 use logitsproc_rs::min_p::MinPState;
 use logitsproc_rs::min_tokens::{MinTokensParams, MinTokensState};
+use logitsproc_rs::pipeline::{Pipeline, PipelineConfig, RequestParams};
 use logitsproc_rs::sparse::SparseRows;
 use logitsproc_rs::table::SlotTable;
 use logitsproc_rs::Error;
@@ -432,6 +433,29 @@ struct Harness {
     mt: MinTokensState<SharedHistory>,
     mt_m: Vec<Option<MtEntry>>,
     mt_bs: usize,
+    /// The same three tables in one pipeline: it must accept exactly when all three do, and
+    /// change nothing when any of them rejects; it must then equal three separate tables that
+    /// were given only the updates all three accept (`atomic`).
+    pipe: Pipeline<SharedHistory>,
+    atomic: (MinPState, LogitBiasState, MinTokensState<SharedHistory>),
+}
+
+fn pipe_snap(p: &Pipeline<SharedHistory>) -> (MinPSnap, BiasSnap, (usize, SparseSnap)) {
+    let t = p.tables();
+    (
+        min_p_snap(t.min_p.as_ref().expect("built")),
+        bias_snap(t.logit_bias.as_ref().expect("built")),
+        mt_snap(t.min_tokens.as_ref().expect("built")),
+    )
+}
+
+fn request_params(r: &Req) -> RequestParams<SharedHistory> {
+    let mut p = RequestParams::neutral(r.output.clone());
+    p.min_p = r.min_p;
+    p.logit_bias = r.bias.clone();
+    p.min_tokens = r.min_tokens;
+    p.stop_token_ids = r.stop.clone();
+    p
 }
 
 impl Harness {
@@ -452,7 +476,64 @@ impl Harness {
             mt: MinTokensState::new(cap, VOCAB, MAX_STOP),
             mt_m: (0..cap).map(|_| None).collect(),
             mt_bs: 0,
+            pipe: Pipeline::new(PipelineConfig {
+                capacity: cap,
+                vocab_size: VOCAB,
+                min_p: true,
+                logit_bias: Some(MAX_BIAS),
+                min_tokens: Some(MAX_STOP),
+                ..PipelineConfig::default()
+            })
+            .expect("valid sizes"),
+            atomic: (
+                MinPState::new(cap),
+                LogitBiasState::new(cap, VOCAB, MAX_BIAS),
+                MinTokensState::new(cap, VOCAB, MAX_STOP),
+            ),
         }
+    }
+
+    fn pipeline_step(&mut self, u: Option<&BatchUpdate<Req>>, ok: bool) {
+        let n = self.step_no;
+        let before = pipe_snap(&self.pipe);
+        let res = match u {
+            None => {
+                self.pipe.update_none();
+                self.atomic.2.update_none();
+                Ok(())
+            }
+            Some(u) => self.pipe.update(project(u, request_params)),
+        };
+        if !ok {
+            assert!(res.is_err(), "step {n}: the pipeline accepted {u:?}");
+            assert_eq!(
+                pipe_snap(&self.pipe),
+                before,
+                "step {n}: rejected update changed the pipeline"
+            );
+            return;
+        }
+        res.unwrap_or_else(|e| panic!("step {n}: the pipeline rejected: {e}"));
+        if let Some(u) = u {
+            let (mp, lb, mt) = &mut self.atomic;
+            mp.update(project(u, |r| r.min_p))
+                .expect("accepted by the pipeline");
+            lb.update(project(u, |r| r.bias.clone()))
+                .expect("accepted by the pipeline");
+            mt.update(project(u, |r| MinTokensParams {
+                min_tokens: r.min_tokens,
+                stop_token_ids: r.stop.clone(),
+                output: r.output.clone(),
+            }))
+            .expect("accepted by the pipeline");
+        }
+        let (mp, lb, mt) = &self.atomic;
+        let tables = (min_p_snap(mp), bias_snap(lb), mt_snap(mt));
+        assert_eq!(
+            pipe_snap(&self.pipe),
+            tables,
+            "step {n}: pipeline differs from its tables"
+        );
     }
 
     /// One engine step: every state gets the same update (or `None`). States whose view of the
@@ -461,13 +542,20 @@ impl Harness {
     fn step(&mut self, u: Option<&BatchUpdate<Req>>) {
         self.step_no += 1;
         match u {
-            None => self.min_tokens_none(),
+            None => {
+                self.min_tokens_none();
+                self.pipeline_step(None, true);
+            }
             Some(u) => {
                 let ok = structurally_ok(u, self.cap);
+                let mp = ok && u.added.iter().all(|(_, r)| min_p_ok(r));
+                let lb = ok && u.added.iter().all(|(_, r)| bias_ok(r));
+                let mt = ok && u.added.iter().all(|(_, r)| min_tokens_ok(r));
                 self.table_step(u, ok);
-                self.min_p_step(u, ok && u.added.iter().all(|(_, r)| min_p_ok(r)));
-                self.bias_step(u, ok && u.added.iter().all(|(_, r)| bias_ok(r)));
-                self.min_tokens_step(u, ok && u.added.iter().all(|(_, r)| min_tokens_ok(r)));
+                self.min_p_step(u, mp);
+                self.bias_step(u, lb);
+                self.min_tokens_step(u, mt);
+                self.pipeline_step(Some(u), mp && lb && mt);
             }
         }
         self.check_models();
