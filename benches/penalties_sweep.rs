@@ -53,7 +53,7 @@ impl World {
                 (r, p)
             })
             .collect();
-        penalties.update(u).unwrap();
+        penalties.update(u, &()).unwrap();
         while penalties.next_chunk() > 0 {}
         let mut bad_words = BadWordsState::new(B, VOCAB, 8, 4);
         let mut u = BatchUpdate::new(B);
@@ -69,7 +69,7 @@ impl World {
                 )
             })
             .collect();
-        bad_words.update(u).unwrap();
+        bad_words.update(u, &()).unwrap();
         let config = ThinkingConfig {
             start_ids: vec![11],
             end_ids: vec![12, 13],
@@ -87,7 +87,7 @@ impl World {
             })
             .collect();
         thinking.update(u).unwrap();
-        thinking.step(B);
+        thinking.step(B, &());
         World {
             outputs,
             penalties,
@@ -124,7 +124,7 @@ fn benches(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("penalties_update", len), |b| {
             b.iter_custom(|iters| {
                 timed_steps(iters, &mut world, |w| {
-                    w.penalties.update_none();
+                    w.penalties.update_none(&());
                     while black_box(w.penalties.next_chunk()) > 0 {}
                 })
             })
@@ -132,14 +132,14 @@ fn benches(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("bad_words_update", len), |b| {
             b.iter_custom(|iters| {
                 timed_steps(iters, &mut world, |w| {
-                    black_box(w.bad_words.update_none());
+                    black_box(w.bad_words.update_none(&()));
                 })
             })
         });
         g.bench_function(BenchmarkId::new("thinking_step", len), |b| {
             b.iter_custom(|iters| {
                 timed_steps(iters, &mut world, |w| {
-                    black_box(w.thinking.step(B));
+                    black_box(w.thinking.step(B, &()));
                 })
             })
         });

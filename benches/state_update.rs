@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use logitsproc_rs::batch::{BatchUpdate, BatchUpdateBuilder, Move};
-use logitsproc_rs::history::SharedHistory;
+use logitsproc_rs::history::{SharedHistory, TokenHistory};
 use logitsproc_rs::logit_bias::LogitBiasState;
 use logitsproc_rs::min_p::MinPState;
 use logitsproc_rs::min_tokens::{MinTokensParams, MinTokensState};
@@ -301,6 +301,7 @@ impl Workload {
             min_tokens: r.min_tokens,
             stop_token_ids: r.stop.clone(),
             output: outputs[id].clone(),
+            output_len: outputs[id].len(&()),
         };
         let steps = self
             .steps
@@ -350,7 +351,7 @@ impl TrioRun {
         let mut mt = MinTokensState::new(w.b, VOCAB, MAX_STOP);
         min_p.update(mp0).unwrap();
         bias.update(lb0).unwrap();
-        mt.update(mt0).unwrap();
+        mt.update(mt0, &()).unwrap();
         w.grow(&outputs, 0);
         TrioRun {
             outputs,
@@ -438,8 +439,8 @@ fn bench_min_tokens(c: &mut Criterion, workloads: &[Workload]) {
             bench.iter_custom(|iters| {
                 timed_passes(w, iters, |run, k| {
                     black_box(match run.mt_steps[k].take() {
-                        Some(u) => run.mt.update(u).unwrap(),
-                        None => run.mt.update_none(),
+                        Some(u) => run.mt.update(u, &()).unwrap(),
+                        None => run.mt.update_none(&()),
                     });
                 })
             });
@@ -459,8 +460,8 @@ fn bench_trio(c: &mut Criterion, workloads: &[Workload]) {
                         black_box(run.min_p.update(u).unwrap());
                     }
                     black_box(match run.mt_steps[k].take() {
-                        Some(u) => run.mt.update(u).unwrap(),
-                        None => run.mt.update_none(),
+                        Some(u) => run.mt.update(u, &()).unwrap(),
+                        None => run.mt.update_none(&()),
                     });
                     if let Some(u) = run.bias_steps[k].take() {
                         black_box(run.bias.update(u).unwrap());
@@ -497,7 +498,7 @@ fn bench_fill_burst(c: &mut Criterion, workloads: &[Workload]) {
                 },
                 |((mut s1, mut s2, mut s3), (mp, mt, lb), outputs)| {
                     black_box(s1.update(mp).unwrap());
-                    black_box(s2.update(mt).unwrap());
+                    black_box(s2.update(mt, &()).unwrap());
                     black_box(s3.update(lb).unwrap());
                     ((s1, s2, s3), outputs)
                 },

@@ -66,6 +66,15 @@ impl<H: TokenHistory> BadWordsState<H> {
         self.table.active()
     }
 
+    /// The outputs this table reads at its next step: those with a multi-token word (a
+    /// single-token word is banned whatever the output).
+    pub fn readers(&self) -> impl Iterator<Item = &H> {
+        self.table
+            .iter()
+            .filter(|(_, e)| e.max_prefix > 0)
+            .map(|(_, e)| &e.output)
+    }
+
     pub fn triples(&self) -> &SparseRows<f32> {
         &self.triples
     }
@@ -111,15 +120,19 @@ impl<H: TokenHistory> BadWordsState<H> {
 
     /// Applies a batch change (validated first) and re-matches. Returns whether the banned
     /// pairs changed (were rebuilt).
-    pub fn update(&mut self, update: BatchUpdate<BadWordsParams<H>>) -> Result<bool> {
+    pub fn update(
+        &mut self,
+        update: BatchUpdate<BadWordsParams<H>>,
+        store: &H::Store,
+    ) -> Result<bool> {
         update.validate(self.capacity())?;
         let update = update.try_map_added(|i, p| self.check(i, p))?;
-        Ok(self.commit(update))
+        Ok(self.commit(update, store))
     }
 
     /// Applies an update whose entries were already checked, and re-matches. Returns whether
     /// the banned pairs changed.
-    pub fn commit(&mut self, update: BatchUpdate<Option<Entry<H>>>) -> bool {
+    pub fn commit(&mut self, update: BatchUpdate<Option<Entry<H>>>, store: &H::Store) -> bool {
         let new_bs = update.batch_size;
         let mut changed = self.table.apply_validated(update);
         changed |= resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
@@ -127,12 +140,12 @@ impl<H: TokenHistory> BadWordsState<H> {
         if changed {
             self.dynamic = self.table.iter().filter(|(_, e)| e.max_prefix > 0).count();
         }
-        self.step(changed)
+        self.step(changed, store)
     }
 
     /// A step without a batch change: re-match the words that depend on the output.
-    pub fn update_none(&mut self) -> bool {
-        self.step(false)
+    pub fn update_none(&mut self, store: &H::Store) -> bool {
+        self.step(false, store)
     }
 
     /// Speculative decoding (vLLM `apply_bad_words_with_drafts`): request `r` owns
@@ -144,6 +157,7 @@ impl<H: TokenHistory> BadWordsState<H> {
         num_draft: &[usize],
         drafts: &[Vec<i64>],
         out: &mut SparseRows<f32>,
+        store: &H::Store,
     ) -> Result<usize> {
         let (offsets, total) = draft_offsets(num_draft)?;
         let mut banned = Vec::new();
@@ -154,8 +168,8 @@ impl<H: TokenHistory> BadWordsState<H> {
             }
             let draft = drafts.get(req).map(Vec::as_slice).unwrap_or(&[]);
             past.clear();
-            e.output.read_tail(e.max_prefix, &mut past);
-            let out_len = e.output.len();
+            e.output.read_tail(store, e.max_prefix, &mut past);
+            let out_len = e.output.len(store);
             for j in 0..num_draft[req] {
                 if j > 0 {
                     past.push(draft.get(j - 1).copied().unwrap_or(-1));
@@ -202,7 +216,7 @@ impl<H: TokenHistory> BadWordsState<H> {
         self.placeholders
     }
 
-    fn step(&mut self, changed: bool) -> bool {
+    fn step(&mut self, changed: bool, store: &H::Store) -> bool {
         self.placeholders = false;
         if !changed && self.dynamic == 0 {
             return false;
@@ -215,9 +229,9 @@ impl<H: TokenHistory> BadWordsState<H> {
                 break;
             }
             tail.clear();
-            let out_len = e.output.len();
+            let out_len = e.output.len(store);
             if e.max_prefix > 0 {
-                e.output.read_tail(e.max_prefix, tail);
+                e.output.read_tail(store, e.max_prefix, tail);
                 self.placeholders |= tail.iter().any(|&t| t < 0);
             }
             Self::match_words(&e.words, tail, out_len, row, &mut banned);
@@ -260,11 +274,11 @@ mod tests {
                 output: out.clone(),
             },
         )];
-        assert!(s.update(u).unwrap());
+        assert!(s.update(u, &()).unwrap());
         // Output empty: [1,2,3] is longer than output+1 -> skipped; [9,9] too.
         assert_eq!(s.triples().triples(), vec![(0, 5, f32::NEG_INFINITY)]);
         out.write().unwrap().extend([1, 2]);
-        assert!(s.update_none());
+        assert!(s.update_none(&()));
         assert_eq!(
             s.triples()
                 .triples()
@@ -274,7 +288,7 @@ mod tests {
             vec![5, 3]
         );
         out.write().unwrap().push(9);
-        assert!(s.update_none());
+        assert!(s.update_none(&()));
         assert_eq!(
             s.triples()
                 .triples()
@@ -283,7 +297,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![5, 9]
         );
-        assert!(!s.update_none());
+        assert!(!s.update_none(&()));
     }
 
     #[test]
@@ -299,7 +313,7 @@ mod tests {
                     output: out.clone(),
                 },
             )];
-            let e = s.update(u).unwrap_err().to_string();
+            let e = s.update(u, &()).unwrap_err().to_string();
             assert!(e.contains("bad_words") && e.contains("index 0"), "{e}");
         }
         assert_eq!(s.active(), 0);

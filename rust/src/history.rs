@@ -1,45 +1,38 @@
-//! Access to a request's live output-token list.
+//! Access to a request's output tokens.
 //!
-//! The engine appends to each request's output list every step; processors keep a handle to it
-//! and re-read it (its length for min_tokens, its new tail for penalties and bad words). The core
-//! is generic over the handle so it stays free of Python: the bindings implement this trait for
-//! a Python list, tests for a shared `Vec`.
+//! Tables that read outputs (MinTokens, penalties, bad words, the thinking budget) keep a
+//! handle per request and read through it with a *store*: the handle says which history, the
+//! store holds it. The pipeline owns one [`HistoryStore`] for all its tables, so each step reads
+//! plain memory, without a lock or a Python call per access; the handle is a [`HistoryId`].
+//! Self-contained handles (a [`SharedHistory`], for tests and benches) use the unit store.
 
 use std::sync::{Arc, RwLock};
 
 pub trait TokenHistory {
-    /// Current number of generated tokens.
-    fn len(&self) -> usize;
+    /// Where the tokens of this kind of handle live.
+    type Store: ?Sized;
 
-    fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// Current number of output tokens (async placeholders included).
+    fn len(&self, store: &Self::Store) -> usize;
+
+    fn is_empty(&self, store: &Self::Store) -> bool {
+        self.len(store) == 0
     }
 
     /// Appends tokens `[start, len)` to `out` (ids as i64: async placeholders are -1).
-    fn read_from(&self, start: usize, out: &mut Vec<i64>);
+    fn read_from(&self, store: &Self::Store, start: usize, out: &mut Vec<i64>);
 
     /// The token at position `i`, if the history is that long.
-    fn token_at(&self, i: usize) -> Option<i64> {
+    fn token_at(&self, store: &Self::Store, i: usize) -> Option<i64> {
         let mut one = Vec::new();
-        self.read_from(i, &mut one);
+        self.read_from(store, i, &mut one);
         one.first().copied()
     }
 
-    /// Appends one token to a history the pipeline owns (the token feed); `false` for a
-    /// history that only the engine writes (a live output list).
-    fn push(&self, _token: i64) -> bool {
-        false
-    }
-
-    /// Whether [`push`](Self::push) appends (the history is owned by the pipeline).
-    fn can_push(&self) -> bool {
-        false
-    }
-
     /// Appends the last `n` tokens (fewer if the history is shorter) to `out`.
-    fn read_tail(&self, n: usize, out: &mut Vec<i64>) {
-        let len = self.len();
-        self.read_from(len.saturating_sub(n), out);
+    fn read_tail(&self, store: &Self::Store, n: usize, out: &mut Vec<i64>) {
+        let len = self.len(store);
+        self.read_from(store, len.saturating_sub(n), out);
     }
 }
 
@@ -47,33 +40,205 @@ pub trait TokenHistory {
 pub type SharedHistory = Arc<RwLock<Vec<i64>>>;
 
 impl TokenHistory for SharedHistory {
-    fn len(&self) -> usize {
+    type Store = ();
+
+    fn len(&self, _: &()) -> usize {
         self.read().map(|v| v.len()).unwrap_or(0)
     }
 
-    fn token_at(&self, i: usize) -> Option<i64> {
+    fn token_at(&self, _: &(), i: usize) -> Option<i64> {
         self.read().ok().and_then(|v| v.get(i).copied())
     }
 
-    fn can_push(&self) -> bool {
-        true
-    }
-
-    fn push(&self, token: i64) -> bool {
-        match self.write() {
-            Ok(mut v) => {
-                v.push(token);
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    fn read_from(&self, start: usize, out: &mut Vec<i64>) {
+    fn read_from(&self, _: &(), start: usize, out: &mut Vec<i64>) {
         if let Ok(v) = self.read() {
             if start < v.len() {
                 out.extend_from_slice(&v[start..]);
             }
         }
+    }
+}
+
+/// Where a list-fed history's tokens come from: the engine's live output list, which it
+/// appends to every step (and, rarely, shrinks or rewrites at the tail).
+pub trait HistorySource {
+    fn len(&self) -> usize;
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The token at position `i < len`; anything that is not a token id reads as −1.
+    fn token_at(&self, i: usize) -> i64;
+
+    /// Brings a copy up to date ([`sync_history`]); a source may override it to set up its
+    /// access once per history rather than once per token.
+    fn sync_into(&self, tokens: &mut Vec<i64>, unresolved: &mut usize)
+    where
+        Self: Sized,
+    {
+        sync_history(self, tokens, unresolved);
+    }
+}
+
+impl HistorySource for SharedHistory {
+    fn len(&self) -> usize {
+        self.read().map(|v| v.len()).unwrap_or(0)
+    }
+
+    fn token_at(&self, i: usize) -> i64 {
+        self.read()
+            .ok()
+            .and_then(|v| v.get(i).copied())
+            .unwrap_or(-1)
+    }
+}
+
+/// Brings a copy of a source up to date, reading as little as possible. The copy keeps its
+/// prefix up to the first position where it still held an async placeholder (`*unresolved`),
+/// stepping back further while the source's token at the prefix's end differs (the engine
+/// dropped or replaced tokens there); the rest is read again. Then `*unresolved` is the first
+/// placeholder of the new copy (`usize::MAX`: none). One or two tokens are read per request and
+/// step in the usual case, however long the output.
+pub fn sync_history(src: &impl HistorySource, tokens: &mut Vec<i64>, unresolved: &mut usize) {
+    let n = src.len();
+    let mut keep = tokens.len().min(n).min(*unresolved);
+    while keep > 0 && src.token_at(keep - 1) != tokens[keep - 1] {
+        keep -= 1;
+    }
+    if keep == tokens.len() && keep == n {
+        return;
+    }
+    tokens.truncate(keep);
+    *unresolved = usize::MAX;
+    for i in keep..n {
+        let t = src.token_at(i);
+        if t < 0 && *unresolved == usize::MAX {
+            *unresolved = i;
+        }
+        tokens.push(t);
+    }
+}
+
+/// A request's history in a pipeline's [`HistoryStore`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistoryId(u32);
+
+impl HistoryId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl TokenHistory for HistoryId {
+    type Store = HistoryStore;
+
+    #[inline]
+    fn len(&self, store: &HistoryStore) -> usize {
+        store.tokens(*self).len()
+    }
+
+    #[inline]
+    fn token_at(&self, store: &HistoryStore, i: usize) -> Option<i64> {
+        store.tokens(*self).get(i).copied()
+    }
+
+    #[inline]
+    fn read_from(&self, store: &HistoryStore, start: usize, out: &mut Vec<i64>) {
+        let t = store.tokens(*self);
+        if start < t.len() {
+            out.extend_from_slice(&t[start..]);
+        }
+    }
+}
+
+/// The output histories of a pipeline's requests, by id. Ids are recycled; a request keeps its
+/// id while it moves between slots, so moves never copy tokens.
+#[derive(Default)]
+pub struct HistoryStore {
+    slots: Vec<Vec<i64>>,
+    free: Vec<u32>,
+}
+
+impl HistoryStore {
+    #[inline]
+    pub fn tokens(&self, id: HistoryId) -> &[i64] {
+        &self.slots[id.index()]
+    }
+
+    #[inline]
+    pub fn tokens_mut(&mut self, id: HistoryId) -> &mut Vec<i64> {
+        &mut self.slots[id.index()]
+    }
+
+    /// The ids the next `n` calls of [`install`](Self::install) will return, in order (nothing
+    /// is reserved: a rejected step just does not install them).
+    pub fn next_ids(&self, n: usize) -> Vec<HistoryId> {
+        let reused = self.free.iter().rev().take(n).map(|&i| HistoryId(i));
+        let fresh = (self.slots.len()..).map(|i| HistoryId(i as u32));
+        reused.chain(fresh).take(n).collect()
+    }
+
+    /// Stores a new request's history; returns its id (the next of [`next_ids`](Self::next_ids)).
+    pub fn install(&mut self, tokens: Vec<i64>) -> HistoryId {
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = tokens;
+                HistoryId(i)
+            }
+            None => {
+                self.slots.push(tokens);
+                HistoryId((self.slots.len() - 1) as u32)
+            }
+        }
+    }
+
+    /// Frees a history no table refers to any more.
+    pub fn release(&mut self, id: HistoryId) {
+        self.slots[id.index()] = Vec::new();
+        self.free.push(id.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sync_reads_only_what_changed() {
+        let src: SharedHistory = Arc::new(RwLock::new(vec![1, 2, -1]));
+        let (mut copy, mut unresolved) = (Vec::new(), usize::MAX);
+        sync_history(&src, &mut copy, &mut unresolved);
+        assert_eq!((copy.clone(), unresolved), (vec![1, 2, -1], 2));
+        src.write().unwrap()[2] = 7; // placeholder filled in
+        src.write().unwrap().push(8);
+        sync_history(&src, &mut copy, &mut unresolved);
+        assert_eq!((copy.clone(), unresolved), (vec![1, 2, 7, 8], usize::MAX));
+        {
+            let mut v = src.write().unwrap(); // shrink and regrow to the same length
+            v.truncate(2);
+            v.extend([5, 6]);
+        }
+        sync_history(&src, &mut copy, &mut unresolved);
+        assert_eq!(copy, vec![1, 2, 5, 6]);
+        src.write().unwrap().truncate(1);
+        sync_history(&src, &mut copy, &mut unresolved);
+        assert_eq!(copy, vec![1]);
+    }
+
+    #[test]
+    fn ids_are_predicted_and_recycled() {
+        let mut s = HistoryStore::default();
+        let want = s.next_ids(2);
+        let a = s.install(vec![1, 2]);
+        let b = s.install(vec![]);
+        assert_eq!(vec![a, b], want);
+        s.release(a);
+        let next = s.next_ids(2);
+        assert_eq!(next[0], a);
+        assert_eq!(s.install(vec![5]), a);
+        assert_eq!(s.tokens(a), &[5]);
+        assert_eq!(a.len(&s), 1);
+        assert_eq!(next[1], s.install(vec![]));
     }
 }

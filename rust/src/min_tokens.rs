@@ -20,6 +20,8 @@ pub struct MinTokensParams<H> {
     pub min_tokens: i64,
     pub stop_token_ids: Vec<i64>,
     pub output: H,
+    /// The output's length now (a new request's history may not be readable yet).
+    pub output_len: usize,
 }
 
 /// One tracked request (checked parameters and its output handle).
@@ -57,6 +59,11 @@ impl<H: TokenHistory> MinTokensState<H> {
         self.table.active()
     }
 
+    /// The outputs this table reads at its next step.
+    pub fn readers(&self) -> impl Iterator<Item = &H> {
+        self.table.iter().map(|(_, e)| &e.output)
+    }
+
     pub fn triples(&self) -> &SparseRows {
         &self.triples
     }
@@ -87,7 +94,7 @@ impl<H: TokenHistory> MinTokensState<H> {
             }
         }
         let min_tokens = p.min_tokens as usize;
-        if min_tokens == 0 || p.output.len() >= min_tokens {
+        if min_tokens == 0 || p.output_len >= min_tokens {
             return Ok(None);
         }
         Ok(Some(Entry {
@@ -99,32 +106,41 @@ impl<H: TokenHistory> MinTokensState<H> {
 
     /// Applies a batch change (validated first), then the per-step length check.
     /// Returns whether the triples were rebuilt.
-    pub fn update(&mut self, update: BatchUpdate<MinTokensParams<H>>) -> Result<bool> {
+    pub fn update(
+        &mut self,
+        update: BatchUpdate<MinTokensParams<H>>,
+        store: &H::Store,
+    ) -> Result<bool> {
         update.validate(self.capacity())?;
         let update = update.try_map_added(|i, p| self.check(i, p))?;
-        Ok(self.commit(update))
+        Ok(self.commit(update, store))
     }
 
     /// Applies an update whose entries were already checked, then the per-step length check.
     /// Returns whether the triples were rebuilt.
-    pub fn commit(&mut self, update: BatchUpdate<Option<Entry<H>>>) -> bool {
+    pub fn commit(&mut self, update: BatchUpdate<Option<Entry<H>>>, store: &H::Store) -> bool {
         let new_bs = update.batch_size;
         let mut changed = self.table.apply_validated(update);
         changed |= resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
         self.batch_size = new_bs;
-        self.step(changed)
+        self.step(changed, store)
     }
 
     /// A step without a batch change: only the output lengths are re-checked.
-    pub fn update_none(&mut self) -> bool {
-        self.step(false)
+    pub fn update_none(&mut self, store: &H::Store) -> bool {
+        self.step(false, store)
     }
 
     /// Speculative decoding (vLLM `apply_with_spec_decode`): request `r` owns
     /// `num_draft[r]` consecutive logits rows; the first `min(min_tokens - len(output),
     /// num_draft[r])` of them get every stop token masked. Writes the (row, token, −inf)
     /// triples into `out` and returns how many logits rows the layout has.
-    pub fn spec_decode_triples(&self, num_draft: &[usize], out: &mut SparseRows) -> Result<usize> {
+    pub fn spec_decode_triples(
+        &self,
+        num_draft: &[usize],
+        out: &mut SparseRows,
+        store: &H::Store,
+    ) -> Result<usize> {
         let (offsets, total) = draft_offsets(num_draft)?;
         let mut triples = Vec::new();
         for (req, e) in self.table.iter() {
@@ -133,7 +149,7 @@ impl<H: TokenHistory> MinTokensState<H> {
             }
             let n_mask = e
                 .min_tokens
-                .saturating_sub(e.output.len())
+                .saturating_sub(e.output.len(store))
                 .min(num_draft[req]);
             // Checked before expanding: a huge draft count must be an error, not an allocation.
             if n_mask.saturating_mul(e.stop.len())
@@ -157,9 +173,9 @@ impl<H: TokenHistory> MinTokensState<H> {
         Ok(total)
     }
 
-    fn step(&mut self, mut changed: bool) -> bool {
+    fn step(&mut self, mut changed: bool, store: &H::Store) -> bool {
         if self.table.active() > 0 {
-            changed |= self.table.retain(|_, e| e.output.len() < e.min_tokens);
+            changed |= self.table.retain(|_, e| e.output.len(store) < e.min_tokens);
         }
         if changed {
             let bs = self.batch_size;
@@ -185,13 +201,14 @@ impl<H> HasBuffers for MinTokensState<H> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::SharedHistory;
+    use crate::history::{SharedHistory, TokenHistory};
 
     fn params(min: i64, stop: Vec<i64>, out: &SharedHistory) -> MinTokensParams<SharedHistory> {
         MinTokensParams {
             min_tokens: min,
             stop_token_ids: stop,
             output: out.clone(),
+            output_len: out.len(&()),
         }
     }
 
@@ -201,12 +218,12 @@ mod tests {
         let mut s = MinTokensState::new(4, 10, 4);
         let mut u = BatchUpdate::new(1);
         u.added = vec![(0, params(2, vec![2, 3], &out))];
-        assert!(s.update(u).unwrap());
+        assert!(s.update(u, &()).unwrap());
         assert_eq!(s.triples().len(), 2);
         out.write().unwrap().push(5);
-        assert!(!s.update_none());
+        assert!(!s.update_none(&()));
         out.write().unwrap().push(6);
-        assert!(s.update_none());
+        assert!(s.update_none(&()));
         assert_eq!(s.triples().len(), 0);
         assert_eq!(s.active(), 0);
     }
@@ -218,10 +235,10 @@ mod tests {
         let mut s = MinTokensState::new(4, 10, 4);
         let mut u = BatchUpdate::new(2);
         u.added = vec![(1, params(3, vec![2], &out))];
-        s.update(u).unwrap();
+        s.update(u, &()).unwrap();
         let mut spec = SparseRows::new(64);
         // Request 0 owns rows 0..3, request 1 rows 3..7; 3 - 1 = 2 rows of request 1 masked.
-        assert_eq!(s.spec_decode_triples(&[3, 4], &mut spec).unwrap(), 7);
+        assert_eq!(s.spec_decode_triples(&[3, 4], &mut spec, &()).unwrap(), 7);
         let rows: Vec<i32> = spec.triples().iter().map(|t| t.0).collect();
         assert_eq!(rows, vec![3, 4]);
     }
@@ -232,11 +249,15 @@ mod tests {
         let mut s = MinTokensState::new(4, 10, 4);
         let mut u = BatchUpdate::new(1);
         u.added = vec![(0, params(-1, vec![], &out))];
-        assert!(s.update(u).unwrap_err().to_string().contains("min_tokens"));
+        assert!(s
+            .update(u, &())
+            .unwrap_err()
+            .to_string()
+            .contains("min_tokens"));
         let mut u = BatchUpdate::new(1);
         u.added = vec![(0, params(3, vec![10], &out))];
         assert!(s
-            .update(u)
+            .update(u, &())
             .unwrap_err()
             .to_string()
             .contains("stop_token_ids"));

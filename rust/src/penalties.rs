@@ -129,6 +129,11 @@ impl<H: TokenHistory> PenaltiesState<H> {
         self.table.active()
     }
 
+    /// The outputs this table reads at its next step.
+    pub fn readers(&self) -> impl Iterator<Item = &H> {
+        self.table.iter().map(|(_, e)| &e.output)
+    }
+
     pub fn batch_size(&self) -> usize {
         self.batch_size
     }
@@ -242,15 +247,19 @@ impl<H: TokenHistory> PenaltiesState<H> {
     }
 
     /// Applies a batch change (validated first), then counts the new output tokens.
-    pub fn update(&mut self, update: BatchUpdate<PenaltyParams<H>>) -> Result<()> {
+    pub fn update(
+        &mut self,
+        update: BatchUpdate<PenaltyParams<H>>,
+        store: &H::Store,
+    ) -> Result<()> {
         update.validate(self.capacity())?;
         let update = update.try_map_added(|i, p| self.check(i, p))?;
-        self.commit(update);
+        self.commit(update, store);
         Ok(())
     }
 
     /// Applies an update whose entries were already checked, then counts the new output tokens.
-    pub fn commit(&mut self, update: BatchUpdate<Option<Entry<H>>>) {
+    pub fn commit(&mut self, update: BatchUpdate<Option<Entry<H>>>, store: &H::Store) {
         self.begin_step();
 
         // Where each touched slot's device row comes from: the table rule replayed on the
@@ -296,13 +305,13 @@ impl<H: TokenHistory> PenaltiesState<H> {
                     .extend(entry.prompt.iter().map(|&t| (i, t, PROMPT_FLAG)));
             }
         }
-        self.count_new_tokens();
+        self.count_new_tokens(store);
     }
 
     /// A step without a batch change: only new output tokens are counted.
-    pub fn update_none(&mut self) {
+    pub fn update_none(&mut self, store: &H::Store) {
         self.begin_step();
-        self.count_new_tokens();
+        self.count_new_tokens(store);
     }
 
     fn begin_step(&mut self) {
@@ -311,7 +320,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
         self.pending_pos = 0;
     }
 
-    fn count_new_tokens(&mut self) {
+    fn count_new_tokens(&mut self, store: &H::Store) {
         self.placeholders = false;
         if self.table.active() == 0 {
             return;
@@ -322,13 +331,14 @@ impl<H: TokenHistory> PenaltiesState<H> {
         let ops = self.device_ops;
         let mut placeholders = false;
         for (row, e) in self.table.iter_mut() {
-            let len = e.output.len();
+            let len = e.output.len(store);
             // Keep the counted prefix that the list still holds. The list may have shrunk (the
             // engine dropped rejected tokens) or shrunk and regrown: step back from its end to
             // the last position that still holds the counted token. One element is read per
             // row and step in the usual case, however long the output.
             let mut keep = e.counted.len().min(len);
-            while keep > 0 && e.output.token_at(keep - 1).map(clamp_id) != Some(e.counted[keep - 1])
+            while keep > 0
+                && e.output.token_at(store, keep - 1).map(clamp_id) != Some(e.counted[keep - 1])
             {
                 keep -= 1;
             }
@@ -342,7 +352,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
             }
             if len > keep {
                 scratch.clear();
-                e.output.read_from(keep, scratch);
+                e.output.read_from(store, keep, scratch);
                 for &t in scratch.iter() {
                     // Async placeholders (-1) sit at the tail until the engine fills them in;
                     // stop there and count them once they are real tokens.
@@ -574,7 +584,7 @@ mod tests {
             (0, params(1.2, &out0, vec![1, 1, 2])),
             (1, params(1.0, &out1, vec![])),
         ];
-        s.update(u).unwrap();
+        s.update(u, &()).unwrap();
         assert_eq!(s.n_copies(), 2);
         assert_eq!(s.copy_src().to_vec(2), vec![4, 4]); // both from the zero row
         assert_eq!(
@@ -589,16 +599,16 @@ mod tests {
         assert!(s.take_values_changed());
 
         out0.write().unwrap().extend([7, -1]);
-        s.update_none();
+        s.update_none(&());
         assert_eq!(drain(&mut s), vec![(0, 7, 1)]);
         out0.write().unwrap()[1] = 3; // placeholder filled in
-        s.update_none();
+        s.update_none(&());
         assert_eq!(drain(&mut s), vec![(0, 3, 1)]);
 
         // Condense: 1 -> 0 after 0 finished; the counts follow as a row copy.
         let mut u = BatchUpdate::new(1);
         u.moved = vec![Move::unidirectional(1, 0)];
-        s.update(u).unwrap();
+        s.update(u, &()).unwrap();
         assert_eq!(
             (s.n_copies(), s.copy_dst().get(0), s.copy_src().get(0)),
             (1, 0, 1)
@@ -607,7 +617,7 @@ mod tests {
         assert_eq!(s.counted(0), Some(&[4, 4][..]));
 
         out1.write().unwrap().truncate(1);
-        s.update_none();
+        s.update_none(&());
         assert_eq!(drain(&mut s), vec![(0, 4, -1)]);
     }
 
@@ -618,14 +628,14 @@ mod tests {
         let mut s = PenaltiesState::new(2, 10, 16);
         let mut u = BatchUpdate::new(1);
         u.added = vec![(0, params(1.5, &out, vec![]))];
-        s.update(u).unwrap();
+        s.update(u, &()).unwrap();
         drain(&mut s);
         {
             let mut v = out.write().unwrap();
             v.pop();
             v.push(5);
         }
-        s.update_none();
+        s.update_none(&());
         assert_eq!(drain(&mut s), vec![(0, 3, -1), (0, 5, 1)]);
         assert_eq!(s.counted(0), Some(&[1, 2, 5][..]));
     }
@@ -640,12 +650,12 @@ mod tests {
         ] {
             let mut u = BatchUpdate::new(1);
             u.added = vec![(0, params(rep, &out, vec![]))];
-            assert!(s.update(u).unwrap_err().to_string().contains(field));
+            assert!(s.update(u, &()).unwrap_err().to_string().contains(field));
         }
         let mut u = BatchUpdate::new(1);
         u.added = vec![(0, params(1.5, &out, vec![10]))];
         assert!(s
-            .update(u)
+            .update(u, &())
             .unwrap_err()
             .to_string()
             .contains("prompt_tok_ids"));

@@ -21,11 +21,11 @@
 use crate::allowed::AllowedState;
 use crate::arena::{Arena, HasBuffers, Staged, Upload};
 use crate::bad_words::{BadWordsParams, BadWordsState};
-use crate::batch::{BatchUpdate, Move};
+use crate::batch::{BatchUpdate, Move, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::columns::{Column, ColumnSpec, ColumnValue};
 use crate::error::{Error, Result};
-use crate::history::TokenHistory;
+use crate::history::{HistoryId, HistorySource, HistoryStore};
 use crate::limits::{check_sizes, check_token, MAX_ELEMENTS};
 use crate::logit_bias::LogitBiasState;
 use crate::min_p::MinPState;
@@ -64,8 +64,25 @@ pub struct PipelineConfig {
     pub host_kernels: bool,
 }
 
+/// A new request's output so far, and where later tokens come from: `source` is the engine's
+/// live list (re-read every step, see [`Pipeline::sync_sources`]), or `None` for the token
+/// feed ([`Pipeline::step`]'s `feed`).
+pub struct Output<S> {
+    pub tokens: Vec<i64>,
+    pub source: Option<S>,
+}
+
+impl<S> Output<S> {
+    pub fn fed(tokens: Vec<i64>) -> Self {
+        Output {
+            tokens,
+            source: None,
+        }
+    }
+}
+
 /// Everything any table reads from one added request, read once.
-pub struct RequestParams<H> {
+pub struct RequestParams<S> {
     pub min_p: f64,
     pub logit_bias: Vec<(i64, f64)>,
     pub min_tokens: i64,
@@ -80,12 +97,12 @@ pub struct RequestParams<H> {
     pub thinking_budget: Option<i64>,
     /// One value per declared column, in declaration order.
     pub columns: Vec<ColumnValue>,
-    pub output: H,
+    pub output: Output<S>,
 }
 
-impl<H> RequestParams<H> {
+impl<S> RequestParams<S> {
     /// A request with every parameter at its neutral value.
-    pub fn neutral(output: H) -> Self {
+    pub fn neutral(output: Output<S>) -> Self {
         RequestParams {
             min_p: 0.0,
             logit_bias: Vec::new(),
@@ -118,8 +135,9 @@ struct RowSpace {
     map: Vec<usize>,
 }
 
-/// The tables of one pipeline (what the arena lays out).
-pub struct Tables<H> {
+/// The tables of one pipeline (what the arena lays out). Outputs are read through
+/// [`HistoryId`]s into the pipeline's [`HistoryStore`].
+pub struct Tables<H = HistoryId> {
     pub min_p: Option<MinPState>,
     pub logit_bias: Option<LogitBiasState>,
     pub min_tokens: Option<MinTokensState<H>>,
@@ -231,7 +249,7 @@ impl<H> HasBuffers for Tables<H> {
 }
 
 /// Checked payloads of one added request, one per enabled table.
-struct Checked<H> {
+struct Checked<S, H = HistoryId> {
     min_p: f32,
     logit_bias: Option<Vec<(i32, f32)>>,
     min_tokens: Option<crate::min_tokens::Entry<H>>,
@@ -240,25 +258,37 @@ struct Checked<H> {
     allowed: Option<Vec<i32>>,
     thinking: Option<crate::thinking::Entry<H>>,
     columns: Vec<Option<crate::columns::Row>>,
-    output: H,
+    id: HistoryId,
+    _source: std::marker::PhantomData<fn() -> S>,
 }
 
-/// One pipeline: its tables, its arena, and the batch it was last given.
-pub struct Pipeline<H> {
-    tables: Tables<H>,
+/// One pipeline: its tables, its arena, the requests' output histories, and the batch it was
+/// last given. `S` is where a list-fed history comes from (the bindings: a Python list).
+pub struct Pipeline<S> {
+    tables: Tables,
     arena: Arena,
-    /// Each slot's output handle (the token feed appends through it).
-    outputs: SlotTable<H>,
+    /// Each slot's history id (moves with its request, by the same rule as every table).
+    outputs: SlotTable<HistoryId>,
+    store: HistoryStore,
+    /// By history id: the live source (list feed) and the first position still holding an
+    /// async placeholder (`usize::MAX`: none), which the next sync re-reads from.
+    sources: Vec<Option<S>>,
+    unresolved: Vec<usize>,
+    /// Histories with a source (none: nothing to sync).
+    listed: usize,
+    /// By history id: the sync that last read it (each is read once per sync).
+    synced: Vec<u64>,
+    sync_epoch: u64,
     capacity: usize,
     vocab_size: usize,
     spec_tokens: usize,
     batch_size: usize,
     steps: u64,
     /// Stable slots: checked changes waiting for the next step, in call order.
-    pending: Vec<(usize, Option<Checked<H>>)>,
+    pending: Vec<(usize, Option<Checked<S>>)>,
 }
 
-impl<H: TokenHistory + Clone> Pipeline<H> {
+impl<S: HistorySource> Pipeline<S> {
     /// Builds every configured table. Sizes are checked first (products of caps with checked
     /// arithmetic), so an impossible configuration is an error naming its field.
     pub fn new(cfg: PipelineConfig) -> Result<Self> {
@@ -364,6 +394,12 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
             tables,
             arena,
             outputs: SlotTable::new(cap),
+            store: HistoryStore::default(),
+            sources: Vec::new(),
+            unresolved: Vec::new(),
+            listed: 0,
+            synced: Vec::new(),
+            sync_epoch: 0,
             capacity: cap,
             vocab_size: v,
             spec_tokens: spec,
@@ -390,7 +426,7 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
         self.steps
     }
 
-    pub fn tables(&self) -> &Tables<H> {
+    pub fn tables(&self) -> &Tables {
         &self.tables
     }
 
@@ -412,7 +448,13 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
     }
 
     /// Checks one added request against every table; nothing is written.
-    fn check(&self, index: usize, p: RequestParams<H>) -> Result<Checked<H>> {
+    fn check(
+        &self,
+        index: usize,
+        p: RequestParams<S>,
+        id: HistoryId,
+        output_len: usize,
+    ) -> Result<Checked<S>> {
         let t = &self.tables;
         let min_p = if t.min_p.is_some() {
             MinPState::check(index, p.min_p)?
@@ -429,7 +471,8 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
                 MinTokensParams {
                     min_tokens: p.min_tokens,
                     stop_token_ids: p.stop_token_ids,
-                    output: p.output.clone(),
+                    output: id,
+                    output_len,
                 },
             )?,
             None => None,
@@ -442,7 +485,7 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
                     frequency_penalty: p.frequency_penalty,
                     presence_penalty: p.presence_penalty,
                     prompt: p.prompt.clone(),
-                    output: p.output.clone(),
+                    output: id,
                 },
             )?,
             None => None,
@@ -452,7 +495,7 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
                 index,
                 BadWordsParams {
                     words: p.bad_words,
-                    output: p.output.clone(),
+                    output: id,
                 },
             )?,
             None => None,
@@ -467,7 +510,7 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
                 ThinkingParams {
                     budget: p.thinking_budget,
                     prompt: p.prompt,
-                    output: p.output.clone(),
+                    output: id,
                 },
             )?,
             None => None,
@@ -498,17 +541,18 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
             allowed,
             thinking,
             columns,
-            output: p.output,
+            id,
+            _source: std::marker::PhantomData,
         })
     }
 
     /// One V1 step: validates the whole update and every added request for every table, then
     /// applies it everywhere and runs the step's work.
-    pub fn update(&mut self, update: BatchUpdate<RequestParams<H>>) -> Result<()> {
+    pub fn update(&mut self, update: BatchUpdate<RequestParams<S>>) -> Result<()> {
         self.step(Some(update), None)
     }
 
-    fn commit(&mut self, u: BatchUpdate<Checked<H>>) {
+    fn commit(&mut self, u: BatchUpdate<Checked<S>>) {
         let t = &mut self.tables;
         // Each table gets the same shape with its own payload; moving the payloads out once.
         let BatchUpdate {
@@ -540,7 +584,7 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
             for (k, row) in c.columns.into_iter().enumerate() {
                 cols[k].push((i, row));
             }
-            outs.push((i, Some(c.output)));
+            outs.push((i, c.id));
         }
         fn with<A>(
             bs: usize,
@@ -561,50 +605,66 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
         if let Some(s) = &mut t.logit_bias {
             s.commit(with(batch_size, &removed, &moved, bias));
         }
+        // Histories displaced from their slot are released first: no table entry refers to
+        // them after this step (every table follows the same rule), and the new requests'
+        // histories were installed when they were checked.
+        let mut ops = OutputOps {
+            slots: &mut self.outputs,
+            store: &mut self.store,
+            sources: &mut self.sources,
+            unresolved: &mut self.unresolved,
+            listed: &mut self.listed,
+        };
+        with(batch_size, &removed, &moved, outs).replay(&mut ops, Some);
+        let store = &self.store;
         if let Some(s) = &mut t.min_tokens {
-            s.commit(with(batch_size, &removed, &moved, mt));
+            s.commit(with(batch_size, &removed, &moved, mt), store);
         }
         if let Some(s) = &mut t.penalties {
-            s.commit(with(batch_size, &removed, &moved, pen));
+            s.commit(with(batch_size, &removed, &moved, pen), store);
         }
         if let Some(s) = &mut t.bad_words {
-            s.commit(with(batch_size, &removed, &moved, bw));
+            s.commit(with(batch_size, &removed, &moved, bw), store);
         }
         if let Some(s) = &mut t.allowed {
             s.commit(with(batch_size, &removed, &moved, al));
         }
         if let Some(s) = &mut t.thinking {
             s.commit(with(batch_size, &removed, &moved, th));
-            s.step(batch_size);
+            s.step(batch_size, store);
             s.sync_triples();
         }
         for (c, rows) in t.columns.iter_mut().zip(cols) {
             c.commit(with(batch_size, &removed, &moved, rows));
         }
-        self.outputs
-            .apply_validated(with(batch_size, &removed, &moved, outs));
         self.batch_size = batch_size;
         self.steps += 1;
     }
 
     /// A V1 step without a batch change: only the per-step work (new tokens, lengths).
     pub fn update_none(&mut self) {
+        self.sync_sources(false);
+        self.work_none();
+    }
+
+    fn work_none(&mut self) {
         self.steps += 1;
         if !self.any_active() {
             return;
         }
         let t = &mut self.tables;
+        let store = &self.store;
         if let Some(s) = &mut t.min_tokens {
-            s.update_none();
+            s.update_none(store);
         }
         if let Some(s) = &mut t.penalties {
-            s.update_none();
+            s.update_none(store);
         }
         if let Some(s) = &mut t.bad_words {
-            s.update_none();
+            s.update_none(store);
         }
         if let Some(s) = &mut t.thinking {
-            s.step(self.batch_size);
+            s.step(self.batch_size, store);
             s.sync_triples();
         }
     }
@@ -621,15 +681,17 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
     /// Looks again at the outputs of the tables that stopped at a placeholder.
     pub fn restep(&mut self) {
         let bs = self.batch_size;
+        self.sync_sources(true);
         let t = &mut self.tables;
+        let store = &self.store;
         if let Some(s) = t.penalties.as_mut().filter(|s| s.saw_placeholders()) {
-            s.update_none();
+            s.update_none(store);
         }
         if let Some(s) = t.bad_words.as_mut().filter(|s| s.saw_placeholders()) {
-            s.update_none();
+            s.update_none(store);
         }
         if let Some(s) = t.thinking.as_mut().filter(|s| s.saw_placeholders()) {
-            s.restep(bs);
+            s.restep(bs, store);
             s.sync_triples();
         }
     }
@@ -640,23 +702,40 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
     /// `slots[r]` with a row map; −1 means the row got no token.
     pub fn step(
         &mut self,
-        update: Option<BatchUpdate<RequestParams<H>>>,
+        update: Option<BatchUpdate<RequestParams<S>>>,
         feed: Option<(&[i64], Option<&[usize]>)>,
     ) -> Result<()> {
+        if let Some((tokens, slots)) = feed {
+            self.check_feed(tokens, slots)?;
+        }
         let checked = match update {
             Some(u) => {
                 u.validate(self.capacity)?;
-                Some(u.try_map_added(|i, p| self.check(i, p))?)
+                let mut admitted = Vec::new();
+                let checked = u.try_map_added(|i, p| {
+                    let c = self.admit(i, p)?;
+                    admitted.push(c.id);
+                    Ok(c)
+                });
+                match checked {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        for id in admitted {
+                            self.uninstall(id);
+                        }
+                        return Err(e);
+                    }
+                }
             }
             None => None,
         };
+        self.sync_sources(false);
         if let Some((tokens, slots)) = feed {
-            self.check_feed(tokens, slots)?;
             self.push_feed(tokens, slots);
         }
         match checked {
             Some(c) => self.commit(c),
-            None => self.update_none(),
+            None => self.work_none(),
         }
         Ok(())
     }
@@ -664,11 +743,96 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
     fn push_feed(&mut self, tokens: &[i64], slots: Option<&[usize]>) {
         for (r, &t) in tokens.iter().enumerate() {
             if t >= 0 {
-                if let Some(h) = self.outputs.get(slots.map_or(r, |s| s[r])) {
-                    h.push(t);
+                if let Some(&id) = self.outputs.get(slots.map_or(r, |s| s[r])) {
+                    self.store.tokens_mut(id).push(t);
                 }
             }
         }
+    }
+
+    /// Installs a new request's history and checks it against every table; on an error the
+    /// history is released again, so nothing is left behind.
+    fn admit(&mut self, index: usize, mut p: RequestParams<S>) -> Result<Checked<S>> {
+        let tokens = std::mem::take(&mut p.output.tokens);
+        let output_len = tokens.len();
+        let unresolved = tokens.iter().position(|&t| t < 0).unwrap_or(usize::MAX);
+        let id = self.store.install(tokens);
+        let i = id.index();
+        if self.sources.len() <= i {
+            self.sources.resize_with(i + 1, || None);
+            self.unresolved.resize(i + 1, usize::MAX);
+        }
+        self.sources[i] = p.output.source.take();
+        self.listed += usize::from(self.sources[i].is_some());
+        self.unresolved[i] = unresolved;
+        let checked = self
+            .check(index, p, id, output_len)
+            .inspect_err(|_| self.uninstall(id))?;
+        let read = checked.min_tokens.is_some()
+            || checked.penalties.is_some()
+            || checked.bad_words.is_some()
+            || checked.thinking.is_some();
+        if !read && self.sources[i].take().is_some() {
+            // No table reads this output: nothing to re-read every step.
+            self.listed -= 1;
+        }
+        Ok(checked)
+    }
+
+    fn uninstall(&mut self, id: HistoryId) {
+        self.listed -= release(&mut self.store, &mut self.sources, &mut self.unresolved, id);
+    }
+
+    /// List feed: brings the histories up to date with their sources (see [`sync_history`]):
+    /// all of them at a step, or only those that ended in an async placeholder
+    /// (`only_unresolved`) before a re-step.
+    fn sync_sources(&mut self, only_unresolved: bool) {
+        if self.listed == 0 {
+            return;
+        }
+        let Pipeline {
+            tables,
+            store,
+            sources,
+            unresolved,
+            synced,
+            sync_epoch,
+            ..
+        } = self;
+        *sync_epoch += 1;
+        let epoch = *sync_epoch;
+        if synced.len() < sources.len() {
+            synced.resize(sources.len(), 0);
+        }
+        // Only the histories some table will read: a request whose min_tokens were reached, or
+        // whose thinking ended, is not re-read.
+        let mut sync = |id: &HistoryId| {
+            let i = id.index();
+            if synced[i] == epoch || (only_unresolved && unresolved[i] == usize::MAX) {
+                return;
+            }
+            synced[i] = epoch;
+            if let Some(src) = &sources[i] {
+                src.sync_into(store.tokens_mut(*id), &mut unresolved[i]);
+            }
+        };
+        if let Some(t) = &tables.min_tokens {
+            t.readers().for_each(&mut sync);
+        }
+        if let Some(t) = &tables.penalties {
+            t.readers().for_each(&mut sync);
+        }
+        if let Some(t) = &tables.bad_words {
+            t.readers().for_each(&mut sync);
+        }
+        if let Some(t) = &tables.thinking {
+            t.readers().for_each(&mut sync);
+        }
+    }
+
+    /// The output history of the request in `slot` (tests, debugging).
+    pub fn history(&self, slot: usize) -> Option<&[i64]> {
+        self.outputs.get(slot).map(|&id| self.store.tokens(id))
     }
 
     /// Checks a token feed without appending anything.
@@ -702,7 +866,11 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
                 continue;
             }
             check_token(r, "sampled_token_ids", t, self.vocab_size)?;
-            if self.outputs.get(slot).is_some_and(|h| !h.can_push()) {
+            if self
+                .outputs
+                .get(slot)
+                .is_some_and(|id| self.sources[id.index()].is_some())
+            {
                 return Err(Error::Protocol(
                     "this pipeline reads the engine's output lists (the list feed); build it \
                      with token_feed=True to pass sampled token ids"
@@ -716,7 +884,7 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
     /// Stable slots: request `params` occupies `slot` from the next step on, replacing
     /// whatever the slot held. Checked now (an error changes nothing); applied by the next
     /// [`step_slots`](Self::step_slots), in call order with the other changes of the step.
-    pub fn add_request(&mut self, slot: usize, params: RequestParams<H>) -> Result<()> {
+    pub fn add_request(&mut self, slot: usize, params: RequestParams<S>) -> Result<()> {
         if slot >= self.capacity {
             return Err(Error::IndexOutOfRange {
                 index: slot,
@@ -724,8 +892,8 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
                 capacity: self.capacity,
             });
         }
-        let checked = self.check(slot, params)?;
-        self.pending.retain(|(s, _)| *s != slot);
+        let checked = self.admit(slot, params)?;
+        self.drop_pending(slot);
         self.pending.push((slot, Some(checked)));
         Ok(())
     }
@@ -739,9 +907,18 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
                 capacity: self.capacity,
             });
         }
-        self.pending.retain(|(s, _)| *s != slot);
+        self.drop_pending(slot);
         self.pending.push((slot, None));
         Ok(())
+    }
+
+    /// Forgets a pending change of `slot` (a later change of the same slot replaces it).
+    fn drop_pending(&mut self, slot: usize) {
+        if let Some(k) = self.pending.iter().position(|(s, _)| *s == slot) {
+            if let (_, Some(c)) = self.pending.remove(k) {
+                self.uninstall(c.id);
+            }
+        }
     }
 
     /// Stable slots, one step: the token feed (tokens by slot), the slot changes made since
@@ -756,11 +933,12 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
         if let Some((tokens, slots)) = feed {
             self.check_feed(tokens, Some(slots))?;
         }
+        self.sync_sources(false);
         if let Some((tokens, slots)) = feed {
             self.push_feed(tokens, Some(slots));
         }
         if self.pending.is_empty() {
-            self.update_none();
+            self.work_none();
         } else {
             let mut u = BatchUpdate::new(self.capacity);
             for (slot, change) in std::mem::take(&mut self.pending) {
@@ -883,7 +1061,7 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
         self.check_draft_layout(num_draft)?;
         let t = &mut self.tables;
         match (&t.min_tokens, &mut t.spec_min_tokens) {
-            (Some(s), Some(out)) => s.spec_decode_triples(num_draft, out),
+            (Some(s), Some(out)) => s.spec_decode_triples(num_draft, out, &self.store),
             _ => Err(Error::Protocol(
                 "speculative decoding is not configured for MinTokens".into(),
             )),
@@ -895,7 +1073,7 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
         self.check_draft_layout(num_draft)?;
         let t = &mut self.tables;
         match (&t.bad_words, &mut t.spec_bad_words) {
-            (Some(s), Some(out)) => s.spec_decode_triples(num_draft, drafts, out),
+            (Some(s), Some(out)) => s.spec_decode_triples(num_draft, drafts, out, &self.store),
             _ => Err(Error::Protocol(
                 "speculative decoding is not configured for bad words".into(),
             )),
@@ -971,8 +1149,48 @@ impl<H: TokenHistory + Clone> Pipeline<H> {
         }
     }
 
-    pub fn tables_mut(&mut self) -> &mut Tables<H> {
+    pub fn tables_mut(&mut self) -> &mut Tables {
         &mut self.tables
+    }
+}
+
+/// Frees a history (and its source) that no table refers to any more; returns how many
+/// sources went with it (0 or 1).
+fn release<S>(
+    store: &mut HistoryStore,
+    sources: &mut [Option<S>],
+    unresolved: &mut [usize],
+    id: HistoryId,
+) -> usize {
+    store.release(id);
+    unresolved[id.index()] = usize::MAX;
+    usize::from(sources[id.index()].take().is_some())
+}
+
+/// The slots' history ids under the table rule; a history displaced from its slot is released.
+struct OutputOps<'a, S> {
+    slots: &'a mut SlotTable<HistoryId>,
+    store: &'a mut HistoryStore,
+    sources: &'a mut Vec<Option<S>>,
+    unresolved: &'a mut Vec<usize>,
+    listed: &'a mut usize,
+}
+
+impl<S> SlotOps for OutputOps<'_, S> {
+    type Value = HistoryId;
+
+    fn put(&mut self, index: usize, value: Option<HistoryId>) {
+        if let Some(old) = self.slots.replace(index, value) {
+            *self.listed -= release(self.store, self.sources, self.unresolved, old);
+        }
+    }
+
+    fn take(&mut self, index: usize) -> Option<HistoryId> {
+        self.slots.replace(index, None)
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        self.slots.swap(a, b);
     }
 }
 
@@ -1066,8 +1284,8 @@ mod tests {
         .unwrap()
     }
 
-    fn req(out: &SharedHistory) -> RequestParams<SharedHistory> {
-        let mut p = RequestParams::neutral(out.clone());
+    fn req() -> RequestParams<SharedHistory> {
+        let mut p = RequestParams::neutral(Output::fed(Vec::new()));
         p.min_p = 0.5;
         p.logit_bias = vec![(3, 1.0)];
         p.min_tokens = 5;
@@ -1097,14 +1315,13 @@ mod tests {
 
     #[test]
     fn one_bad_field_rejects_the_whole_step_for_every_table() {
-        let out = SharedHistory::default();
         let mut p = pipeline(false, 4);
         let mut u = BatchUpdate::new(2);
-        u.added = vec![(0, req(&out))];
+        u.added = vec![(0, req())];
         p.update(u).unwrap();
         let before = snapshot(&p);
         for bad in 0..6 {
-            let mut r = req(&out);
+            let mut r = req();
             match bad {
                 0 => r.min_p = 2.0,
                 1 => r.logit_bias = vec![(16, 1.0)],
@@ -1114,7 +1331,7 @@ mod tests {
                 _ => r.thinking_budget = Some(-7),
             }
             let mut u = BatchUpdate::new(3);
-            u.added = vec![(1, req(&out)), (2, r)];
+            u.added = vec![(1, req()), (2, r)];
             u.moved = vec![Move::swap(0, 1)];
             let e = p.update(u).unwrap_err().to_string();
             assert!(e.contains("index 2"), "{e}");
@@ -1124,7 +1341,6 @@ mod tests {
 
     #[test]
     fn a_bad_token_feed_stops_the_update_too() {
-        let out = SharedHistory::default();
         let mut p = Pipeline::new(PipelineConfig {
             capacity: 4,
             vocab_size: 16,
@@ -1133,15 +1349,15 @@ mod tests {
         })
         .unwrap();
         let mut u = BatchUpdate::new(1);
-        u.added = vec![(0, req(&out))];
+        u.added = vec![(0, req())];
         p.step(Some(u), None).unwrap();
         let mut u = BatchUpdate::new(2);
-        u.added = vec![(1, req(&out))];
+        u.added = vec![(1, req())];
         assert!(p.step(Some(u), Some((&[3, 16], None))).is_err());
         assert_eq!(p.batch_size(), 1);
-        assert!(out.read().unwrap().is_empty());
+        assert_eq!(p.history(0), Some(&[][..]));
         p.step(None, Some((&[3], None))).unwrap();
-        assert_eq!(*out.read().unwrap(), vec![3]);
+        assert_eq!(p.history(0), Some(&[3][..]));
         assert_eq!(
             p.tables().penalties.as_ref().unwrap().counted(0),
             Some(&[3][..])
@@ -1150,12 +1366,11 @@ mod tests {
 
     #[test]
     fn stable_slots_apply_changes_at_the_step_in_call_order() {
-        let out = SharedHistory::default();
         let mut p = pipeline(true, 8);
-        p.add_request(2, req(&out)).unwrap();
+        p.add_request(2, req()).unwrap();
         p.remove_request(2).unwrap();
-        p.add_request(3, req(&out)).unwrap();
-        let mut bad = req(&out);
+        p.add_request(3, req()).unwrap();
+        let mut bad = req();
         bad.min_p = -1.0;
         assert!(p.add_request(1, bad).is_err());
         assert_eq!(p.tables().logit_bias.as_ref().unwrap().active(), 0);
@@ -1172,10 +1387,9 @@ mod tests {
 
     #[test]
     fn an_unchanged_step_uploads_nothing() {
-        let out = SharedHistory::default();
         let mut p = pipeline(false, 4);
         let mut u = BatchUpdate::new(1);
-        u.added = vec![(0, req(&out))];
+        u.added = vec![(0, req())];
         p.update(u).unwrap();
         assert!(p.stage(0, false).unwrap().is_some());
         p.update_none();

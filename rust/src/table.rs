@@ -55,6 +55,16 @@ impl<T> SlotTable<T> {
             .filter_map(|(i, s)| s.as_mut().map(|v| (i, v)))
     }
 
+    /// Overwrites slot `index`, returning what it held.
+    pub fn replace(&mut self, index: usize, value: Option<T>) -> Option<T> {
+        self.set(index, value)
+    }
+
+    /// Exchanges two slots.
+    pub fn swap(&mut self, a: usize, b: usize) {
+        self.slots.swap(a, b);
+    }
+
     fn set(&mut self, index: usize, value: Option<T>) -> Option<T> {
         let old = std::mem::replace(&mut self.slots[index], value);
         self.active =

@@ -175,10 +175,12 @@ pub struct Entry<H> {
 }
 
 /// Per-step scratch and the fixed per-model data, borrowed by entries while they step.
-struct Ctx<'a> {
+struct Ctx<'a, S: ?Sized> {
     start: &'a Marker,
     end: &'a Marker,
     buf: &'a mut Vec<i64>,
+    /// Where the outputs' tokens live.
+    store: &'a S,
     /// Set when some output ended in an async placeholder.
     placeholders: bool,
 }
@@ -255,24 +257,24 @@ impl<H: TokenHistory> Entry<H> {
     }
 
     /// Whether `end_ids[0]` occurs at output positions `[from, self.read)`.
-    fn end0_since(&self, from: usize, end0: i64, buf: &mut Vec<i64>) -> bool {
+    fn end0_since(&self, from: usize, end0: i64, buf: &mut Vec<i64>, store: &H::Store) -> bool {
         if from >= self.end0_floor {
             return self.last_end0.is_some_and(|x| x >= from);
         }
         // Only after a shrink: read the range again.
         buf.clear();
-        self.output.read_from(from, buf);
+        self.output.read_from(store, from, buf);
         buf.truncate(self.read.saturating_sub(from));
         buf.contains(&end0)
     }
 
     /// One engine step; returns the index into `end_ids` of the token to force, if any.
-    fn step(&mut self, cx: &mut Ctx<'_>) -> Option<usize> {
+    fn step(&mut self, cx: &mut Ctx<'_, H::Store>) -> Option<usize> {
         let (ks, ke) = (cx.start.len(), cx.end.len());
         if self.done {
             return None;
         }
-        let raw_len = self.output.len();
+        let raw_len = self.output.len(cx.store);
         if raw_len < self.read {
             self.rewind(raw_len, ks, ke);
         }
@@ -287,7 +289,7 @@ impl<H: TokenHistory> Entry<H> {
                 lo = lo.min(self.end_scan.pos);
             }
             cx.buf.clear();
-            self.output.read_from(lo, cx.buf);
+            self.output.read_from(cx.store, lo, cx.buf);
             // Async placeholders end the usable output.
             if let Some(i) = cx.buf.iter().position(|&t| t < 0) {
                 cx.buf.truncate(i);
@@ -339,7 +341,7 @@ impl<H: TokenHistory> Entry<H> {
             }
             let since = self.prev_len;
             self.prev_len = len;
-            if j == 0 && !self.end0_since(since, end0, cx.buf) {
+            if j == 0 && !self.end0_since(since, end0, cx.buf, cx.store) {
                 self.walk = None; // the forced token did not come out: back to thinking
             } else if j + 1 >= ke {
                 // Forced end complete: scan only what comes next.
@@ -424,6 +426,15 @@ impl<H: TokenHistory> ThinkingState<H> {
         self.table.active()
     }
 
+    /// The outputs this table reads at its next step (a request whose thinking ended
+    /// naturally reads nothing any more).
+    pub fn readers(&self) -> impl Iterator<Item = &H> {
+        self.table
+            .iter()
+            .filter(|(_, e)| !e.done)
+            .map(|(_, e)| &e.output)
+    }
+
     /// Checks one request; `None` when it is not tracked.
     pub fn check(&self, index: usize, p: ThinkingParams<H>) -> Result<Option<Entry<H>>> {
         let budget = match p.budget {
@@ -481,7 +492,7 @@ impl<H: TokenHistory> ThinkingState<H> {
     /// `< batch_size`, advances its state, and records the tokens to force. Returns how many
     /// rows are forced. Call it once per step, after the step's update (if any) and after async
     /// placeholders were replaced.
-    pub fn step(&mut self, batch_size: usize) -> usize {
+    pub fn step(&mut self, batch_size: usize, store: &H::Store) -> usize {
         self.forced.clear();
         self.placeholders = false;
         if self.table.active() == 0 || self.end.len() == 0 {
@@ -491,6 +502,7 @@ impl<H: TokenHistory> ThinkingState<H> {
             start: &self.start,
             end: &self.end,
             buf: &mut self.buf,
+            store,
             placeholders: false,
         };
         for (row, e) in self.table.iter_mut() {
@@ -509,7 +521,7 @@ impl<H: TokenHistory> ThinkingState<H> {
     /// async placeholder was filled in since), keeping the other rows' forced tokens. Returns
     /// how many rows are forced. This is what the caller runs before applying when
     /// [`saw_placeholders`](Self::saw_placeholders) is set.
-    pub fn restep(&mut self, batch_size: usize) -> usize {
+    pub fn restep(&mut self, batch_size: usize, store: &H::Store) -> usize {
         let previous = std::mem::take(&mut self.forced);
         self.placeholders = false;
         if self.table.active() == 0 || self.end.len() == 0 {
@@ -519,13 +531,14 @@ impl<H: TokenHistory> ThinkingState<H> {
             start: &self.start,
             end: &self.end,
             buf: &mut self.buf,
+            store,
             placeholders: false,
         };
         for (row, e) in self.table.iter_mut() {
             if row >= batch_size {
                 break;
             }
-            let grew = e.output.token_at(e.read).is_some_and(|t| t >= 0);
+            let grew = e.output.token_at(store, e.read).is_some_and(|t| t >= 0);
             if grew {
                 if let Some(j) = e.step(&mut cx) {
                     self.forced.push((row, cx.end.ids[j]));
@@ -609,7 +622,7 @@ mod tests {
         let mut script = script.iter().copied();
         let mut forced = Vec::new();
         for _ in 0..steps {
-            s.step(1);
+            s.step(1, &());
             let f = s.forced().first().map(|&(r, t)| {
                 assert_eq!(r, 0);
                 t
@@ -667,23 +680,23 @@ mod tests {
         let out = SharedHistory::default();
         add(&mut s, 1, vec![(0, params(Some(1), None, &out))]);
         for t in [S, 10] {
-            s.step(1);
+            s.step(1, &());
             assert!(s.forced().is_empty());
             push(&out, t);
         }
-        s.step(1);
+        s.step(1, &());
         assert_eq!(s.forced(), &[(0, 5)]);
         push(&out, 5);
-        s.step(1);
+        s.step(1, &());
         assert_eq!(s.forced(), &[(0, 6)]);
         push(&out, 99); // the model ignored the forced 6: vLLM does not check it
-        s.step(1);
+        s.step(1, &());
         assert_eq!(s.forced(), &[(0, 7)]);
         // a step in which the output did not grow forces the same token again
-        s.step(1);
+        s.step(1, &());
         assert_eq!(s.forced(), &[(0, 7)]);
         push(&out, 7);
-        s.step(1);
+        s.step(1, &());
         assert!(s.forced().is_empty()); // walk complete
     }
 
@@ -693,16 +706,16 @@ mod tests {
         let out = SharedHistory::default();
         add(&mut s, 1, vec![(0, params(Some(1), None, &out))]);
         for t in [S, 10] {
-            s.step(1);
+            s.step(1, &());
             push(&out, t);
         }
-        s.step(1);
+        s.step(1, &());
         assert_eq!(s.forced(), &[(0, 5)]);
         push(&out, 11); // not 5
-        s.step(1);
+        s.step(1, &());
         assert_eq!(s.forced(), &[(0, 5)]); // re-forced from the start of the walk
         push(&out, 5);
-        s.step(1);
+        s.step(1, &());
         assert_eq!(s.forced(), &[(0, 6)]);
     }
 
@@ -828,13 +841,13 @@ mod tests {
         let out = SharedHistory::default();
         add(&mut s, 1, vec![(0, params(Some(2), None, &out))]);
         out.write().unwrap().extend([S, 10, 11, S]);
-        s.step(1);
+        s.step(1, &());
         assert!(s.forced().is_empty()); // counted from the second <think>: 0 tokens
         push(&out, 12);
-        s.step(1);
+        s.step(1, &());
         assert!(s.forced().is_empty());
         push(&out, 13);
-        s.step(1);
+        s.step(1, &());
         assert_eq!(s.forced(), &[(0, E)]);
     }
 
@@ -844,10 +857,10 @@ mod tests {
         let out = SharedHistory::default();
         add(&mut s, 1, vec![(0, params(Some(0), None, &out))]);
         out.write().unwrap().extend([S, -1]);
-        s.step(1);
+        s.step(1, &());
         assert!(s.forced().is_empty());
         out.write().unwrap()[1] = 3; // the placeholder is resolved to the marker's 2nd token
-        s.step(1);
+        s.step(1, &());
         assert_eq!(s.forced(), &[(0, E)]);
     }
 
@@ -869,8 +882,8 @@ mod tests {
             ],
         );
         assert_eq!(s.active(), 1);
-        assert_eq!(s.step(2), 0); // row 2 is not in the batch
-        assert_eq!(s.step(3), 1);
+        assert_eq!(s.step(2, &()), 0); // row 2 is not in the batch
+        assert_eq!(s.step(3, &()), 1);
         assert_eq!(s.forced(), &[(2, E)]);
     }
 
@@ -890,13 +903,13 @@ mod tests {
         u.moved = vec![Move::swap(0, 1)];
         assert!(s.update(u).unwrap());
         assert_eq!(s.active(), 1); // vLLM 0.25.1 would hold it at both rows
-        s.step(2);
+        s.step(2, &());
         assert_eq!(s.forced(), &[(1, E)]);
         // and back
         let mut u = BatchUpdate::new(2);
         u.moved = vec![Move::swap(1, 0)];
         s.update(u).unwrap();
-        s.step(2);
+        s.step(2, &());
         assert_eq!(s.forced(), &[(0, E)]);
     }
 
@@ -913,14 +926,14 @@ mod tests {
                 (2, params(None, None, &b)),
             ],
         );
-        s.step(3);
+        s.step(3, &());
         assert_eq!(s.forced(), &[(0, E)]);
         // condense: the untracked request moves 2 -> 0; row 0's stale state must go
         let mut u = BatchUpdate::new(1);
         u.moved = vec![Move::unidirectional(2, 0)];
         assert!(s.update(u).unwrap());
         assert_eq!(s.active(), 0);
-        assert_eq!(s.step(1), 0);
+        assert_eq!(s.step(1, &()), 0);
 
         // a tracked request moving onto an occupied row replaces it
         let mut s = state(&[S], &[E]);
@@ -937,7 +950,7 @@ mod tests {
         u.moved = vec![Move::unidirectional(2, 0)];
         s.update(u).unwrap();
         assert_eq!(s.active(), 1);
-        s.step(1);
+        s.step(1, &());
         assert_eq!(s.forced(), &[(0, E)]);
     }
 
@@ -951,7 +964,7 @@ mod tests {
         let err = s.update(u).unwrap_err();
         assert!(err.to_string().contains("thinking_token_budget"), "{err}");
         assert_eq!(s.active(), 1);
-        s.step(1);
+        s.step(1, &());
         assert_eq!(s.forced(), &[(0, E)]);
         // out-of-range index
         let mut u = BatchUpdate::new(1);
@@ -973,11 +986,11 @@ mod tests {
         let out = SharedHistory::default();
         add(&mut s, 1, vec![(0, params(Some(0), None, &out))]);
         out.write().unwrap().extend([3, 9]);
-        s.step(1);
+        s.step(1, &());
         out.write().unwrap().truncate(1); // KV-load failure drops the 9
-        s.step(1);
+        s.step(1, &());
         push(&out, 4); // now 3 4: the start marker
-        s.step(1);
+        s.step(1, &());
         assert_eq!(s.forced(), &[(0, E)]);
     }
 
@@ -1181,7 +1194,7 @@ mod tests {
             let mut naive = Naive::new(prompt.as_deref(), budget, &start, &end);
             let mut pending: Vec<i64> = Vec::new();
             for _ in 0..(10 + rng.below(70)) {
-                s.step(1);
+                s.step(1, &());
                 let got = s.forced().first().map(|&(_, t)| t);
                 let snapshot = out.read().unwrap().clone();
                 let want = naive.step(&snapshot);
@@ -1298,7 +1311,7 @@ mod tests {
                     st.as_mut().unwrap().update(u).unwrap();
                 }
                 "S" => {
-                    st.as_mut().unwrap().step(v[0] as usize);
+                    st.as_mut().unwrap().step(v[0] as usize, &());
                     steps += 1;
                 }
                 "F" => {

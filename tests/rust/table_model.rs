@@ -22,7 +22,7 @@ use logitsproc_rs::history::{SharedHistory, TokenHistory};
 use logitsproc_rs::logit_bias::LogitBiasState;
 use logitsproc_rs::min_p::MinPState;
 use logitsproc_rs::min_tokens::{MinTokensParams, MinTokensState};
-use logitsproc_rs::pipeline::{Pipeline, PipelineConfig, RequestParams};
+use logitsproc_rs::pipeline::{Output, Pipeline, PipelineConfig, RequestParams};
 use logitsproc_rs::sparse::SparseRows;
 use logitsproc_rs::table::SlotTable;
 use logitsproc_rs::Error;
@@ -297,7 +297,7 @@ struct MtEntry {
 /// is already long enough; stop ids deduplicated in first-seen order.
 fn min_tokens_state(r: &Req) -> Option<MtEntry> {
     let min_tokens = r.min_tokens as usize;
-    if min_tokens == 0 || r.output.len() >= min_tokens {
+    if min_tokens == 0 || r.output.len(&()) >= min_tokens {
         return None;
     }
     let mut stop = Vec::new();
@@ -408,7 +408,7 @@ fn bias_snap(s: &LogitBiasState) -> BiasSnap {
     )
 }
 
-fn mt_snap(s: &MinTokensState<SharedHistory>) -> (usize, SparseSnap) {
+fn mt_snap<H: TokenHistory>(s: &MinTokensState<H>) -> (usize, SparseSnap) {
     (s.active(), sparse_snap(s.triples()))
 }
 
@@ -450,7 +450,10 @@ fn pipe_snap(p: &Pipeline<SharedHistory>) -> (MinPSnap, BiasSnap, (usize, Sparse
 }
 
 fn request_params(r: &Req) -> RequestParams<SharedHistory> {
-    let mut p = RequestParams::neutral(r.output.clone());
+    let mut p = RequestParams::neutral(Output {
+        tokens: r.output.read().unwrap().clone(),
+        source: Some(r.output.clone()),
+    });
     p.min_p = r.min_p;
     p.logit_bias = r.bias.clone();
     p.min_tokens = r.min_tokens;
@@ -499,7 +502,7 @@ impl Harness {
         let res = match u {
             None => {
                 self.pipe.update_none();
-                self.atomic.2.update_none();
+                self.atomic.2.update_none(&());
                 Ok(())
             }
             Some(u) => self.pipe.update(project(u, request_params)),
@@ -520,11 +523,15 @@ impl Harness {
                 .expect("accepted by the pipeline");
             lb.update(project(u, |r| r.bias.clone()))
                 .expect("accepted by the pipeline");
-            mt.update(project(u, |r| MinTokensParams {
-                min_tokens: r.min_tokens,
-                stop_token_ids: r.stop.clone(),
-                output: r.output.clone(),
-            }))
+            mt.update(
+                project(u, |r| MinTokensParams {
+                    min_tokens: r.min_tokens,
+                    stop_token_ids: r.stop.clone(),
+                    output: r.output.clone(),
+                    output_len: r.output.len(&()),
+                }),
+                &(),
+            )
             .expect("accepted by the pipeline");
         }
         let (mp, lb, mt) = &self.atomic;
@@ -700,8 +707,9 @@ impl Harness {
             min_tokens: r.min_tokens,
             stop_token_ids: r.stop.clone(),
             output: r.output.clone(),
+            output_len: r.output.len(&()),
         });
-        let res = self.mt.update(params);
+        let res = self.mt.update(params, &());
         if !ok {
             assert!(
                 res.is_err(),
@@ -732,7 +740,7 @@ impl Harness {
 
     fn min_tokens_none(&mut self) {
         let version = self.mt.triples().version();
-        let ret = self.mt.update_none();
+        let ret = self.mt.update_none(&());
         let flat_before = mt_flat(&self.mt_m, self.mt_bs);
         let dropped = self.min_tokens_retain();
         self.min_tokens_after(ret, flat_before, dropped, version);
@@ -742,7 +750,9 @@ impl Harness {
     fn min_tokens_retain(&mut self) -> bool {
         let mut dropped = false;
         for s in self.mt_m.iter_mut() {
-            if s.as_ref().is_some_and(|e| e.output.len() >= e.min_tokens) {
+            if s.as_ref()
+                .is_some_and(|e| e.output.len(&()) >= e.min_tokens)
+            {
                 *s = None;
                 dropped = true;
             }
@@ -1560,19 +1570,20 @@ fn min_tokens_tracks_live_outputs() {
         min_tokens: min,
         stop_token_ids: stop,
         output: o.clone(),
+        output_len: o.len(&()),
     };
     let mut s = MinTokensState::new(4, VOCAB, MAX_STOP);
     let mut u = BatchUpdate::new(2);
     u.added = vec![(0, p(2, vec![5, 5, 6], &out)), (1, p(3, vec![7], &long))];
-    assert!(s.update(u).unwrap());
+    assert!(s.update(u, &()).unwrap());
     assert_eq!(
         s.triples().triples(),
         vec![(0, 5, f32::NEG_INFINITY), (0, 6, f32::NEG_INFINITY)]
     );
     out.write().unwrap().push(1);
-    assert!(!s.update_none());
+    assert!(!s.update_none(&()));
     out.write().unwrap().push(1);
-    assert!(s.update_none());
+    assert!(s.update_none(&()));
     assert!(s.triples().is_empty());
     assert_eq!(s.active(), 0);
 }

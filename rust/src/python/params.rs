@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use super::errors::bad_value;
-use super::history::PyHistory;
+use super::history::{output_of, PyListSource};
 use super::update::{extract_as, token_ids, AddedEntry};
 use crate::columns::{ColumnKind, ColumnValue};
 use crate::pipeline::RequestParams;
@@ -77,8 +77,8 @@ fn bounded_ids(
 }
 
 impl Reader {
-    pub fn read(&self, e: &AddedEntry<'_>) -> PyResult<RequestParams<PyHistory>> {
-        let mut p = RequestParams::neutral(PyHistory::of(e, self.token_feed)?);
+    pub fn read(&self, e: &AddedEntry<'_>) -> PyResult<RequestParams<PyListSource>> {
+        let mut p = RequestParams::neutral(output_of(e, self.token_feed)?);
         if self.min_p {
             p.min_p = float_param!(e, "min_p", 0.0)?;
         }

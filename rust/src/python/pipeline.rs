@@ -9,7 +9,7 @@ use pyo3::types::{PyBytes, PyList};
 
 use super::buffer::{logits_rows, HostBufferView};
 use super::errors::bad_value;
-use super::history::PyHistory;
+use super::history::PyListSource;
 use super::params::Reader;
 use super::update::{parse_update, AddedEntry};
 use crate::arena::Upload;
@@ -20,7 +20,7 @@ use crate::thinking::ThinkingConfig;
 
 #[pyclass(module = "logitsproc_rs._core")]
 pub struct Pipeline {
-    inner: pipeline::Pipeline<PyHistory>,
+    inner: pipeline::Pipeline<PyListSource>,
     reader: Reader,
 }
 
@@ -126,7 +126,7 @@ impl Pipeline {
     fn read_update(
         &self,
         bu: &Bound<'_, PyAny>,
-    ) -> PyResult<BatchUpdate<RequestParams<PyHistory>>> {
+    ) -> PyResult<BatchUpdate<RequestParams<PyListSource>>> {
         parse_update(bu, |e| self.reader.read(e))
     }
 
