@@ -87,6 +87,8 @@ class Pipeline:
         batch_update: Any | None = None,
         sampled_token_ids: Any | None = None,
         slots: Any | None = None,
+        status: list[int] | None = None,
+        discard: bool = False,
     ) -> None:
         """One V1 step (token feed first, then the update or the per-step work), atomic."""
 

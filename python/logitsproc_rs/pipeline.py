@@ -166,12 +166,14 @@ class Pipeline:
         self._resteped = False
         self._row_map: Any = None
         self.cells: torch.Tensor | None = None
+        self._fast_cpu = False
         if "penalties" in tables and not self.host_kernels:
             # Allocated up front (an engine sizes its KV cache after the processors exist).
             self.cells = torch.zeros(
                 (self.capacity + 1, self.vocab_size), dtype=torch.int32, device=self.device
             )
             self._sync_penalties()
+        self._fast_cpu = self.arena.zero_copy and self.cells is None
 
     # --- the step -------------------------------------------------------------------------
 
@@ -200,13 +202,23 @@ class Pipeline:
             self._all_done = self._epoch
             self.core.discard()
             return
-        self.arena.begin_step()
-        self.core.step(
+        self._core_step(
             batch_update, sampled_token_ids, None if slots is None else _host_ints(slots)
         )
-        self._after_step()
         self._epoch += 1
         self._all_done = self._epoch  # every view has taken part in this step
+
+    def _core_step(self, batch_update: Any, tokens: Any = None, slots: Any = None) -> None:
+        if self._fast_cpu:
+            # CPU, zero-copy: one call does the step, forgets what changed (counting it) and
+            # refreshes the status.
+            self.core.step(batch_update, tokens, slots, self.status, True)
+            self._resteped = False
+            self._pending_restep = bool(self.status[PLACEHOLDERS])
+            return
+        self.arena.begin_step()
+        self.core.step(batch_update, tokens, slots)
+        self._after_step()
 
     def _after_step(self) -> None:
         self._resteped = False
@@ -223,9 +235,7 @@ class Pipeline:
         others join it and must pass the same, unchanged update."""
         epoch = self._epoch
         if view._pipe_epoch == epoch or self._all_done == epoch:
-            self.arena.begin_step()
-            self.core.step(batch_update)
-            self._after_step()
+            self._core_step(batch_update)
             self._epoch = epoch = epoch + 1
             view._pipe_epoch = epoch
             self._step_sig = _update_signature(batch_update)
@@ -410,6 +420,8 @@ def _host_ints(obj: Any) -> Any:
     copy), other sequences as they are. A device tensor is copied to the host first, which
     waits for it: pass the sampler's output already on the host."""
     if isinstance(obj, torch.Tensor):
+        if obj.dtype == torch.int64 and obj.device.type == "cpu" and not obj.requires_grad:
+            return obj.numpy().tobytes()  # the common case: one copy, no torch op
         if obj.dtype.is_floating_point or obj.dtype.is_complex or obj.dtype == torch.bool:
             raise ValueError(f"expected integer token ids or slots, got a {obj.dtype} tensor")
         return obj.detach().to("cpu", torch.int64).contiguous().numpy().tobytes()

@@ -733,8 +733,11 @@ impl<S: HistorySource> Pipeline<S> {
         if let Some((tokens, slots)) = feed {
             self.push_feed(tokens, slots);
         }
+        let fed = feed.is_some_and(|(t, _)| t.iter().any(|&x| x >= 0));
         match checked {
             Some(c) => self.commit(c),
+            // No update, no new token and no list to re-read: nothing can have changed.
+            None if !fed && self.listed == 0 => self.steps += 1,
             None => self.work_none(),
         }
         Ok(())

@@ -223,12 +223,18 @@ impl Pipeline {
     /// One step: the token feed (if given), then the batch update (or, with None, only the
     /// per-step work), all checked before anything changes. `sampled_token_ids[r]` is the
     /// token sampled last step for row `r` (or for slot `slots[r]`), −1 for none.
-    #[pyo3(signature = (batch_update=None, sampled_token_ids=None, slots=None))]
+    ///
+    /// `status`: a list to write the step's status into (as `status_into`); `discard`: forget
+    /// what changed afterwards (the CPU path, as `discard`). Both save a call per step.
+    #[pyo3(signature = (batch_update=None, sampled_token_ids=None, slots=None, status=None,
+                        discard=false))]
     fn step(
         &mut self,
         batch_update: Option<&Bound<'_, PyAny>>,
         sampled_token_ids: Option<&Bound<'_, PyAny>>,
         slots: Option<&Bound<'_, PyAny>>,
+        status: Option<&Bound<'_, PyList>>,
+        discard: bool,
     ) -> PyResult<()> {
         let update = batch_update.map(|bu| self.read_update(bu)).transpose()?;
         let tokens = sampled_token_ids
@@ -236,7 +242,14 @@ impl Pipeline {
             .transpose()?;
         let slots = slots.map(|s| host_slots(s, "slots")).transpose()?;
         let feed = tokens.as_deref().map(|t| (t, slots.as_deref()));
-        Ok(self.inner.step(update, feed)?)
+        self.inner.step(update, feed)?;
+        if discard {
+            self.inner.discard();
+        }
+        if let Some(out) = status {
+            self.status_into(out)?;
+        }
+        Ok(())
     }
 
     /// Stable slots: the request now in `slot` (overwrites what it held).
