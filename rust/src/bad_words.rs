@@ -40,6 +40,8 @@ pub struct BadWordsState<H> {
     /// Some output tail ended in an async placeholder at the last match.
     placeholders: bool,
     tail: Vec<i64>,
+    /// Scratch: this step's banned pairs.
+    banned: Vec<(usize, i32, f32)>,
 }
 
 impl<H: TokenHistory> BadWordsState<H> {
@@ -55,6 +57,7 @@ impl<H: TokenHistory> BadWordsState<H> {
             dynamic: 0,
             placeholders: false,
             tail: Vec::new(),
+            banned: Vec::new(),
         }
     }
 
@@ -223,7 +226,8 @@ impl<H: TokenHistory> BadWordsState<H> {
         }
         let bs = self.batch_size;
         let tail = &mut self.tail;
-        let mut banned: Vec<(usize, i32, f32)> = Vec::new();
+        let banned = &mut self.banned;
+        banned.clear();
         for (row, e) in self.table.iter() {
             if row >= bs {
                 break;
@@ -234,19 +238,10 @@ impl<H: TokenHistory> BadWordsState<H> {
                 e.output.read_tail(store, e.max_prefix, tail);
                 self.placeholders |= tail.iter().any(|&t| t < 0);
             }
-            Self::match_words(&e.words, tail, out_len, row, &mut banned);
+            Self::match_words(&e.words, tail, out_len, row, banned);
         }
-        let before = self.triples.triples();
-        let same = before.len() == banned.len()
-            && before
-                .iter()
-                .zip(&banned)
-                .all(|(a, b)| a.0 as usize == b.0 && a.1 == b.1);
-        if same {
-            return false;
-        }
-        self.triples.rebuild(banned, Padding::RepeatFirst);
-        true
+        self.triples
+            .rebuild_if_changed(banned, Padding::RepeatFirst)
     }
 }
 

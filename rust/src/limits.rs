@@ -44,6 +44,7 @@ pub fn check_sizes(capacity: usize, vocab_size: usize, per_request: &[usize]) ->
 }
 
 /// Checks one token id against the vocabulary: the one range check every table uses.
+#[inline]
 pub fn check_token(
     index: usize,
     field: &'static str,

@@ -869,10 +869,11 @@ impl<S: HistorySource> Pipeline<S> {
                 continue;
             }
             check_token(r, "sampled_token_ids", t, self.vocab_size)?;
-            if self
-                .outputs
-                .get(slot)
-                .is_some_and(|id| self.sources[id.index()].is_some())
+            if self.listed > 0
+                && self
+                    .outputs
+                    .get(slot)
+                    .is_some_and(|id| self.sources[id.index()].is_some())
             {
                 return Err(Error::Protocol(
                     "this pipeline reads the engine's output lists (the list feed); build it \
@@ -1257,7 +1258,7 @@ fn remap(
             entries.push((r, src.cols().get(i), src.vals().get(i)));
         }
     }
-    out.rebuild_if_changed(entries, pad)
+    out.rebuild_if_changed(&entries, pad)
 }
 
 #[cfg(test)]

@@ -112,16 +112,20 @@ impl<V: Element + Default> SparseRows<V> {
 
     /// Rewrites the triples only if `entries` differ from the current ones (so an unchanged
     /// step uploads nothing). Returns whether they were rebuilt.
-    pub fn rebuild_if_changed(&mut self, entries: Vec<(usize, i32, V)>, pad: Padding<V>) -> bool {
-        let same = entries.len() == self.len
-            && entries.iter().enumerate().all(|(i, &(r, c, v))| {
-                self.rows.get(i) as usize == r && self.cols.get(i) == c && self.vals.get(i) == v
-            });
-        if same {
+    pub fn rebuild_if_changed(&mut self, entries: &[(usize, i32, V)], pad: Padding<V>) -> bool {
+        if self.holds(entries) {
             return false;
         }
-        self.rebuild(entries, pad);
+        self.rebuild(entries.iter().copied(), pad);
         true
+    }
+
+    /// Whether the valid triples are exactly `entries`.
+    pub fn holds(&self, entries: &[(usize, i32, V)]) -> bool {
+        entries.len() == self.len
+            && entries.iter().enumerate().all(|(i, &(r, c, v))| {
+                self.rows.get(i) as usize == r && self.cols.get(i) == c && self.vals.get(i) == v
+            })
     }
 
     /// Snapshot of the valid triples (tests).

@@ -474,13 +474,20 @@ impl<H: TokenHistory> ThinkingState<H> {
 
     /// Rewrites the device triples from `forced` if they changed; returns whether they did.
     pub fn sync_triples(&mut self) -> bool {
-        let entries = self
+        let same = self.forced.len() == self.triples.len()
+            && self.forced.iter().enumerate().all(|(i, &(row, tok))| {
+                self.triples.rows().get(i) as usize == row
+                    && self.triples.cols().get(i) as i64 == tok
+            });
+        if same {
+            return false;
+        }
+        let triples = self
             .forced
             .iter()
-            .map(|&(row, tok)| (row, tok as i32, FORCE_LOGIT))
-            .collect();
-        self.triples
-            .rebuild_if_changed(entries, Padding::RepeatFirst)
+            .map(|&(row, tok)| (row, tok as i32, FORCE_LOGIT));
+        self.triples.rebuild(triples, Padding::RepeatFirst);
+        true
     }
 
     /// The forced (row, token, 1e9) triples as last synced.
