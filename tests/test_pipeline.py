@@ -36,11 +36,17 @@ SWAP = MoveDirectionality.SWAP
 
 
 def config(max_num_seqs: int, vocab: int) -> EngineConfig:
+    # Small caps (above what the churn generates), so the cap checks are reachable in tests.
     return EngineConfig(
         max_num_seqs=max_num_seqs,
         vocab_size=vocab,
         reasoning_start_token_ids=[HOT_IDS[0]],
         reasoning_end_token_ids=[HOT_IDS[1], HOT_IDS[2]],
+        max_logit_bias_entries=8,
+        max_stop_token_ids=8,
+        max_bad_words=6,
+        max_bad_word_len=6,
+        max_allowed_token_ids=16,
     )
 
 
@@ -277,6 +283,14 @@ BAD_FIELDS = [
     ("allowed_token_ids", dict(allowed_token_ids=[1]), "allowed_token_ids", []),
     ("allowed_token_ids", dict(allowed_token_ids=[1]), "allowed_token_ids", [99]),
     ("thinking_token_budget", dict(thinking_token_budget=3), "thinking_token_budget", -5),
+    ("thinking_token_budget", dict(thinking_token_budget=3), "thinking_token_budget", 2.5),
+    ("min_tokens", dict(min_tokens=2, stop_token_ids=[3]), "min_tokens", True),
+    # Per-request caps (config above).
+    ("logit_bias", dict(logit_bias={1: 1.0}), "logit_bias", {i: 1.0 for i in range(9)}),
+    ("stop_token_ids", dict(min_tokens=2), "_all_stop_token_ids", set(range(9))),
+    ("bad_words", dict(bad_words_token_ids=[[2]]), "bad_words_token_ids", [[1]] * 7),
+    ("bad_words", dict(bad_words_token_ids=[[2]]), "bad_words_token_ids", [list(range(7))]),
+    ("allowed_token_ids", dict(allowed_token_ids=[1]), "allowed_token_ids", list(range(17))),
 ]
 
 
