@@ -153,7 +153,7 @@ fn benches(c: &mut Criterion) {
                     let t = Instant::now();
                     world
                         .penalties
-                        .apply_to_rows(black_box(&mut logits), B, VOCAB, VOCAB);
+                        .apply_to_rows(black_box(&mut logits), B, VOCAB, VOCAB, None);
                     total += t.elapsed();
                 }
                 total

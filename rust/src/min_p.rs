@@ -60,13 +60,9 @@ impl MinPState {
     /// `r * row_stride`): in each row with a min_p, every logit below `max + ln(min_p)` becomes
     /// −inf. Same arithmetic as the device form (`amax`, one float32 add, strict `<`); a row
     /// holding a NaN has a NaN maximum there too and is left alone.
-    pub fn apply_to_rows(&self, logits: &mut [f32], rows: usize, vocab: usize, row_stride: usize) {
-        self.apply_to_mapped_rows(logits, rows, vocab, row_stride, None)
-    }
-
-    /// As [`apply_to_rows`](Self::apply_to_rows); with `row_to_slot`, logits row `r` takes the
-    /// min_p of slot `row_to_slot[r]` (the stable-slot front-end).
-    pub fn apply_to_mapped_rows(
+    /// With `row_to_slot`, logits row `r` takes the state of slot `row_to_slot[r]` (the
+    /// stable-slot front-end); without, row `r` is slot `r`.
+    pub fn apply_to_rows(
         &self,
         logits: &mut [f32],
         rows: usize,

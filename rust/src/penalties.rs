@@ -385,13 +385,9 @@ impl<H: TokenHistory> PenaltiesState<H> {
     /// `logits[r * row_stride .. r * row_stride + vocab]`, rows `0..rows`. The arithmetic is
     /// the device apply's, element for element (rows and tokens it skips are ones the dense
     /// form leaves unchanged, up to the sign of a zero).
-    pub fn apply_to_rows(&self, logits: &mut [f32], rows: usize, vocab: usize, row_stride: usize) {
-        self.apply_to_mapped_rows(logits, rows, vocab, row_stride, None)
-    }
-
-    /// As [`apply_to_rows`](Self::apply_to_rows); with `row_to_slot`, logits row `r` takes the
-    /// penalties of slot `row_to_slot[r]` (the stable-slot front-end).
-    pub fn apply_to_mapped_rows(
+    /// With `row_to_slot`, logits row `r` takes the state of slot `row_to_slot[r]` (the
+    /// stable-slot front-end); without, row `r` is slot `r`.
+    pub fn apply_to_rows(
         &self,
         logits: &mut [f32],
         rows: usize,

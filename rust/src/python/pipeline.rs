@@ -15,6 +15,7 @@ use super::update::{parse_update, AddedEntry};
 use crate::arena::Upload;
 use crate::batch::BatchUpdate;
 use crate::columns::{ColumnKind, ColumnSpec};
+use crate::history::HistoryId;
 use crate::pipeline::{self, PipelineConfig, RequestParams};
 use crate::thinking::ThinkingConfig;
 
@@ -98,6 +99,10 @@ fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str) -> PyResult<Vec<usize
 }
 
 impl Pipeline {
+    fn penalties_mut(&mut self) -> Option<&mut crate::penalties::PenaltiesState<HistoryId>> {
+        self.inner.tables_mut().penalties.as_mut()
+    }
+
     fn status_vec(&self) -> Vec<usize> {
         let s = self.inner.status();
         let mut out = vec![
@@ -440,7 +445,7 @@ impl Pipeline {
         };
         // SAFETY: the Python caller checked the tensor (see the docstring).
         let logits = unsafe { logits_rows(ptr, rows, vocab, row_stride)? };
-        py.detach(|| state.apply_to_mapped_rows(logits, rows, vocab, row_stride, map));
+        py.detach(|| state.apply_to_rows(logits, rows, vocab, row_stride, map));
         Ok(())
     }
 
@@ -468,7 +473,7 @@ impl Pipeline {
         }
         // SAFETY: the Python caller checked the tensor (see the docstring).
         let logits = unsafe { logits_rows(ptr, rows, vocab, row_stride)? };
-        py.detach(|| state.apply_to_mapped_rows(logits, rows, vocab, row_stride, map));
+        py.detach(|| state.apply_to_rows(logits, rows, vocab, row_stride, map));
         Ok(())
     }
 
@@ -507,29 +512,18 @@ impl Pipeline {
     /// Row copies pending for the device count matrix (prefix of copy_dst / copy_src), handed
     /// out once: a second call returns 0 until the next update.
     fn take_penalty_copies(&mut self) -> usize {
-        self.inner
-            .tables_mut()
-            .penalties
-            .as_mut()
-            .map_or(0, |s| s.take_copies())
+        self.penalties_mut().map_or(0, |s| s.take_copies())
     }
 
     /// Moves the next chunk of (row, token, delta) count additions into the ops buffers;
     /// returns its padded length (0 when none are left).
     fn next_penalty_chunk(&mut self) -> usize {
-        self.inner
-            .tables_mut()
-            .penalties
-            .as_mut()
-            .map_or(0, |s| s.next_chunk())
+        self.penalties_mut().map_or(0, |s| s.next_chunk())
     }
 
     /// True once after the per-slot penalty values changed.
     fn take_penalty_values_changed(&mut self) -> bool {
-        self.inner
-            .tables_mut()
-            .penalties
-            .as_mut()
+        self.penalties_mut()
             .is_some_and(|s| s.take_values_changed())
     }
 
