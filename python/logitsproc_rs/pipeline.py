@@ -99,9 +99,9 @@ class Pipeline:
         }
         if unknown:
             raise ValueError(f"unknown tables {sorted(unknown)}")
-        self.vocab_size = config_vocab_size(vllm_config)
-        self.capacity = config_max_num_seqs(vllm_config)
-        self.spec_tokens = config_spec_tokens(vllm_config)
+        self.vocab_size = _config_int(config_vocab_size, vllm_config, "vocab_size")
+        self.capacity = _config_int(config_max_num_seqs, vllm_config, "max_num_seqs")
+        self.spec_tokens = _config_int(config_spec_tokens, vllm_config, "num_speculative_tokens", 0)
         self.token_feed = token_feed
         self.stable_slots = stable_slots
         thinking = None
@@ -117,7 +117,10 @@ class Pipeline:
                 list(reasoning.reasoning_end_token_ids),
             )
         self.columns = list(columns)
-        cap = config_cap
+
+        def cap(config: Any, name: str, default: int) -> int:
+            return _config_int(lambda c: config_cap(c, name, default), config, name)
+
         self.core = _core.Pipeline(
             self.capacity,
             self.vocab_size,
@@ -376,6 +379,10 @@ class Pipeline:
     def rows_of(self, name: str, logits: torch.Tensor, rowspace: bool) -> int:
         """Checks that the logits have as many rows as the batch (or the row map)."""
         rows = self.status[ROWS] if rowspace else self.status[BATCH_SIZE]
+        if not logits.is_floating_point():
+            raise ValueError(
+                f"{name}.apply: logits must be a floating-point tensor, got {logits.dtype}"
+            )
         if logits.dim() != 2 or logits.shape[0] != rows or logits.shape[1] != self.vocab_size:
             what = "the row map" if rowspace else "the batch"
             raise ValueError(
@@ -413,6 +420,17 @@ class Pipeline:
         for p in processors if processors is not None else self._views:
             logits = p.apply_rows(logits)
         return logits
+
+
+def _config_int(read: Any, config: Any, field: str, least: int = 1) -> int:
+    """A size from an engine config: an int >= ``least``, or a ValueError naming the field."""
+    try:
+        value = read(config)
+    except Exception as e:
+        raise ValueError(f"config field '{field}': could not be read ({e})") from e
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"config field '{field}': must be an int >= {least}, got {value!r}")
+    return value
 
 
 def _host_ints(obj: Any) -> Any:

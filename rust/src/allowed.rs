@@ -28,16 +28,21 @@ pub struct AllowedState {
 
 impl AllowedState {
     pub fn new(capacity: usize, vocab_size: usize, max_ids: usize) -> Self {
-        AllowedState {
+        Self::try_new(capacity, vocab_size, max_ids).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As [`new`](Self::new); a failed allocation is an error.
+    pub fn try_new(capacity: usize, vocab_size: usize, max_ids: usize) -> Result<Self> {
+        Ok(AllowedState {
             table: SlotTable::new(capacity),
-            pairs: SparseRows::new(capacity * max_ids),
-            rows: HostBuffer::new(capacity, 0),
+            pairs: SparseRows::try_new(capacity * max_ids, "max_allowed_token_ids")?,
+            rows: HostBuffer::try_new(capacity, 0, "max_num_seqs")?,
             n_rows: 0,
             padded_rows: 0,
             vocab_size,
             max_ids,
             batch_size: 0,
-        }
+        })
     }
 
     pub fn capacity(&self) -> usize {

@@ -47,9 +47,20 @@ pub struct BadWordsState<H> {
 impl<H: TokenHistory> BadWordsState<H> {
     /// Caps: `max_words` words per request, each at most `max_word_len` tokens.
     pub fn new(capacity: usize, vocab_size: usize, max_words: usize, max_word_len: usize) -> Self {
-        BadWordsState {
+        Self::try_new(capacity, vocab_size, max_words, max_word_len)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As [`new`](Self::new); a failed allocation is an error.
+    pub fn try_new(
+        capacity: usize,
+        vocab_size: usize,
+        max_words: usize,
+        max_word_len: usize,
+    ) -> Result<Self> {
+        Ok(BadWordsState {
             table: SlotTable::new(capacity),
-            triples: SparseRows::new(capacity * max_words),
+            triples: SparseRows::try_new(capacity * max_words, "max_bad_words")?,
             vocab_size,
             max_words,
             max_word_len,
@@ -58,7 +69,7 @@ impl<H: TokenHistory> BadWordsState<H> {
             placeholders: false,
             tail: Vec::new(),
             banned: Vec::new(),
-        }
+        })
     }
 
     pub fn capacity(&self) -> usize {

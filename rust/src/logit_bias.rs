@@ -21,13 +21,18 @@ pub struct LogitBiasState {
 
 impl LogitBiasState {
     pub fn new(capacity: usize, vocab_size: usize, max_entries: usize) -> Self {
-        LogitBiasState {
+        Self::try_new(capacity, vocab_size, max_entries).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As [`new`](Self::new); a failed allocation is an error.
+    pub fn try_new(capacity: usize, vocab_size: usize, max_entries: usize) -> Result<Self> {
+        Ok(LogitBiasState {
             table: SlotTable::new(capacity),
-            triples: SparseRows::new(capacity * max_entries),
+            triples: SparseRows::try_new(capacity * max_entries, "max_logit_bias_entries")?,
             vocab_size,
             max_entries,
             batch_size: 0,
-        }
+        })
     }
 
     pub fn capacity(&self) -> usize {

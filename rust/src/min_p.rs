@@ -26,12 +26,17 @@ pub struct MinPUpdate {
 
 impl MinPState {
     pub fn new(capacity: usize) -> Self {
-        MinPState {
+        Self::try_new(capacity).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As [`new`](Self::new); a failed allocation is an error.
+    pub fn try_new(capacity: usize) -> Result<Self> {
+        Ok(MinPState {
             values: vec![0.0; capacity],
-            log_min_p: HostBuffer::new(capacity, f32::NEG_INFINITY),
+            log_min_p: HostBuffer::try_new(capacity, f32::NEG_INFINITY, "max_num_seqs")?,
             count: 0,
             batch_size: 0,
-        }
+        })
     }
 
     pub fn capacity(&self) -> usize {
@@ -82,6 +87,10 @@ impl MinPState {
             }
             let line = &mut logits[row * row_stride..row * row_stride + vocab];
             let max = row_max(line);
+            if max == f32::INFINITY {
+                // vLLM's softmax of such a row is NaN and masks nothing: leave it alone.
+                continue;
+            }
             let threshold = max + log_min_p;
             for x in line.iter_mut() {
                 if *x < threshold {

@@ -41,13 +41,18 @@ pub struct MinTokensState<H> {
 
 impl<H: TokenHistory> MinTokensState<H> {
     pub fn new(capacity: usize, vocab_size: usize, max_stop_ids: usize) -> Self {
-        MinTokensState {
+        Self::try_new(capacity, vocab_size, max_stop_ids).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As [`new`](Self::new); a failed allocation is an error.
+    pub fn try_new(capacity: usize, vocab_size: usize, max_stop_ids: usize) -> Result<Self> {
+        Ok(MinTokensState {
             table: SlotTable::new(capacity),
-            triples: SparseRows::new(capacity * max_stop_ids),
+            triples: SparseRows::try_new(capacity * max_stop_ids, "max_stop_token_ids")?,
             vocab_size,
             max_stop_ids,
             batch_size: 0,
-        }
+        })
     }
 
     pub fn capacity(&self) -> usize {

@@ -87,15 +87,20 @@ pub struct PenaltiesState<H> {
 impl<H: TokenHistory> PenaltiesState<H> {
     /// `ops_capacity`: triples per upload chunk (larger batches of ops go in several chunks).
     pub fn new(capacity: usize, vocab_size: usize, ops_capacity: usize) -> Self {
-        PenaltiesState {
+        Self::try_new(capacity, vocab_size, ops_capacity).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As [`new`](Self::new); a failed allocation is an error.
+    pub fn try_new(capacity: usize, vocab_size: usize, ops_capacity: usize) -> Result<Self> {
+        Ok(PenaltiesState {
             table: SlotTable::new(capacity),
-            repetition: HostBuffer::new(capacity, 1.0),
-            frequency: HostBuffer::new(capacity, 0.0),
-            presence: HostBuffer::new(capacity, 0.0),
-            copy_dst: HostBuffer::new(capacity, 0),
-            copy_src: HostBuffer::new(capacity, 0),
+            repetition: HostBuffer::try_new(capacity, 1.0, "max_num_seqs")?,
+            frequency: HostBuffer::try_new(capacity, 0.0, "max_num_seqs")?,
+            presence: HostBuffer::try_new(capacity, 0.0, "max_num_seqs")?,
+            copy_dst: HostBuffer::try_new(capacity, 0, "max_num_seqs")?,
+            copy_src: HostBuffer::try_new(capacity, 0, "max_num_seqs")?,
             n_copies: 0,
-            ops: SparseRows::new(ops_capacity.max(1)),
+            ops: SparseRows::try_new(ops_capacity.max(1), "max_num_seqs")?,
             pending: Vec::new(),
             pending_pos: 0,
             device_ops: true,
@@ -106,7 +111,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
             is_touched: vec![false; capacity],
             placeholders: false,
             scratch: Vec::new(),
-        }
+        })
     }
 
     pub fn capacity(&self) -> usize {
@@ -186,11 +191,14 @@ impl<H: TokenHistory> PenaltiesState<H> {
 
     pub fn check(&self, index: usize, p: PenaltyParams<H>) -> Result<Option<Entry<H>>> {
         let rep = p.repetition_penalty;
-        if !(rep.is_finite() && rep > 0.0) {
+        // Checked after the float32 cast the apply uses: a float64 beyond float32's range, or
+        // below its smallest value, would turn logits into inf or NaN.
+        let rep32 = rep as f32;
+        if !(rep32.is_finite() && rep32 > 0.0) {
             return Err(Error::invalid(
                 index,
                 "repetition_penalty",
-                format!("must be finite and > 0, got {rep}"),
+                format!("must be finite and > 0 as a float32, got {rep}"),
             ));
         }
         for (field, v) in [

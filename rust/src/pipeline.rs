@@ -344,14 +344,23 @@ impl<S: HistorySource> Pipeline<S> {
         }
         let v = cfg.vocab_size;
         let mut tables = Tables {
-            min_p: cfg.min_p.then(|| MinPState::new(cap)),
-            logit_bias: logit_bias.map(|n| LogitBiasState::new(cap, v, n)),
-            min_tokens: min_tokens.map(|n| MinTokensState::new(cap, v, n)),
+            min_p: cfg.min_p.then(|| MinPState::try_new(cap)).transpose()?,
+            logit_bias: logit_bias
+                .map(|n| LogitBiasState::try_new(cap, v, n))
+                .transpose()?,
+            min_tokens: min_tokens
+                .map(|n| MinTokensState::try_new(cap, v, n))
+                .transpose()?,
             penalties: cfg
                 .penalties
-                .then(|| PenaltiesState::new(cap, v, (4 * cap).max(16384))),
-            bad_words: bad_words.map(|(w, l)| BadWordsState::new(cap, v, w, l)),
-            allowed: allowed.map(|n| AllowedState::new(cap, v, n)),
+                .then(|| PenaltiesState::try_new(cap, v, (4 * cap).max(16384)))
+                .transpose()?,
+            bad_words: bad_words
+                .map(|(w, l)| BadWordsState::try_new(cap, v, w, l))
+                .transpose()?,
+            allowed: allowed
+                .map(|n| AllowedState::try_new(cap, v, n))
+                .transpose()?,
             thinking: cfg
                 .thinking
                 .map(|t| ThinkingState::new(cap, v, t))
@@ -361,12 +370,14 @@ impl<S: HistorySource> Pipeline<S> {
                 .into_iter()
                 .map(|c| Column::new(c, cap, v))
                 .collect::<Result<_>>()?,
-            spec_min_tokens: (spec > 0)
-                .then(|| min_tokens.map(|n| SparseRows::new(cap * n * spec)))
-                .flatten(),
-            spec_bad_words: (spec > 0)
-                .then(|| bad_words.map(|(w, _)| SparseRows::new(cap * w * spec)))
-                .flatten(),
+            spec_min_tokens: min_tokens
+                .filter(|_| spec > 0)
+                .map(|n| SparseRows::try_new(cap * n * spec, "num_speculative_tokens"))
+                .transpose()?,
+            spec_bad_words: bad_words
+                .filter(|_| spec > 0)
+                .map(|(w, _)| SparseRows::try_new(cap * w * spec, "num_speculative_tokens"))
+                .transpose()?,
             rows: None,
         };
         if cfg.stable_slots {
@@ -375,13 +386,13 @@ impl<S: HistorySource> Pipeline<S> {
             tables.rows = Some(RowSpace {
                 row_to_slot: HostBuffer::try_new(rows, 0, "row_to_slot")?,
                 rows: 0,
-                logit_bias: SparseRows::new(sz(logit_bias)),
-                min_tokens: SparseRows::new(sz(min_tokens)),
-                bad_words: SparseRows::new(sz(bad_words.map(|b| b.0))),
-                allowed: SparseRows::new(sz(allowed)),
+                logit_bias: SparseRows::try_new(sz(logit_bias), "max_rows")?,
+                min_tokens: SparseRows::try_new(sz(min_tokens), "max_rows")?,
+                bad_words: SparseRows::try_new(sz(bad_words.map(|b| b.0)), "max_rows")?,
+                allowed: SparseRows::try_new(sz(allowed), "max_rows")?,
                 allowed_rows: HostBuffer::try_new(rows, 0, "row_to_slot")?,
                 allowed_rows_len: 0,
-                thinking: SparseRows::new(rows),
+                thinking: SparseRows::try_new(rows, "max_rows")?,
                 map: Vec::new(),
             });
         }

@@ -36,14 +36,20 @@ const MIN_PADDED: usize = 16;
 
 impl<V: Element + Default> SparseRows<V> {
     pub fn new(capacity: usize) -> Self {
-        SparseRows {
-            rows: HostBuffer::new(capacity, 0),
-            cols: HostBuffer::new(capacity, 0),
-            vals: HostBuffer::new(capacity, V::default()),
+        Self::try_new(capacity, "triples").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As [`new`](Self::new); an impossible size or a failed allocation is an error naming
+    /// `field`.
+    pub fn try_new(capacity: usize, field: &'static str) -> Result<Self> {
+        Ok(SparseRows {
+            rows: HostBuffer::try_new(capacity, 0, field)?,
+            cols: HostBuffer::try_new(capacity, 0, field)?,
+            vals: HostBuffer::try_new(capacity, V::default(), field)?,
             len: 0,
             padded_len: 0,
             version: 0,
-        }
+        })
     }
 
     pub fn capacity(&self) -> usize {

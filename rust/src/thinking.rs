@@ -411,7 +411,7 @@ impl<H: TokenHistory> ThinkingState<H> {
             start: Marker::new(&config.start_ids),
             end: Marker::new(&config.end_ids),
             forced: Vec::with_capacity(capacity),
-            triples: SparseRows::new(capacity),
+            triples: SparseRows::try_new(capacity, "max_num_seqs")?,
             buf: Vec::new(),
             placeholders: false,
         })

@@ -14,7 +14,9 @@ def min_p_mask_(logits: torch.Tensor, log_min_p: torch.Tensor) -> torch.Tensor:
     The logit-space form of vLLM's ``p < min_p * p_max``: no softmax. ``log_min_p`` is
     ``[rows, 1]`` with −inf for rows without min_p (threshold −inf masks nothing).
     """
-    threshold = logits.amax(dim=-1, keepdim=True).add_(log_min_p)
+    row_max = logits.amax(dim=-1, keepdim=True)
+    # A row holding +inf is left alone, as vLLM's softmax form (NaN probabilities) leaves it.
+    threshold = row_max.add(log_min_p).masked_fill_(row_max == float("inf"), float("-inf"))
     return logits.masked_fill_(logits < threshold, float("-inf"))
 
 
@@ -41,7 +43,14 @@ class MinPLogitsProcessor(PipelineView):
 
     def get_min_p_by_index(self, index: int) -> float:
         """The stored (float32) min_p of a slot, as vLLM's helper."""
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise SlotIndexError(f"index must be an int, got {index!r}")
         value = self._pipe.core.min_p(index)
         if value is None:
-            raise IndexError(f"index {index} is outside [0, {self._pipe.capacity})")
+            raise SlotIndexError(f"index {index} is outside [0, {self._pipe.capacity})")
         return float(value)
+
+
+class SlotIndexError(IndexError, ValueError):
+    """A slot index outside the table: an ``IndexError`` as in vLLM, and a ``ValueError`` like
+    every other bad input."""

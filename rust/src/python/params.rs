@@ -19,6 +19,8 @@ pub struct Reader {
     pub min_tokens: Option<usize>,
     pub penalties: bool,
     pub bad_words: Option<usize>,
+    /// Most tokens in one bad word (read no further).
+    pub bad_word_len: usize,
     pub allowed: Option<usize>,
     pub thinking: bool,
     pub token_feed: bool,
@@ -116,7 +118,8 @@ impl Reader {
                             format!("more words than the per-request cap of {cap}"),
                         ));
                     }
-                    p.bad_words.push(token_ids(e.index, "bad_words", &w?)?);
+                    p.bad_words
+                        .push(bounded_ids(e.index, "bad_words", &w?, self.bad_word_len)?);
                 }
             }
         }

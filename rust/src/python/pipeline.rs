@@ -214,6 +214,7 @@ impl Pipeline {
             min_tokens,
             penalties,
             bad_words: bad_words.map(|b| b.0),
+            bad_word_len: bad_words.map_or(0, |b| b.1),
             allowed,
             thinking: cfg.thinking.is_some(),
             token_feed,

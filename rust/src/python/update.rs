@@ -40,6 +40,9 @@ use super::errors::{bad_update, bad_value};
 use crate::batch::{BatchUpdate, Move, MoveDirectionality};
 
 fn index_of(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<usize> {
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(bad_update(field, "an index must be an int, got a bool"));
+    }
     obj.extract::<usize>().map_err(|_| {
         bad_update(
             field,
@@ -274,7 +277,11 @@ pub fn token_ids(index: usize, field: &'static str, obj: &Bound<'_, PyAny>) -> P
     })?;
     let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
     for t in iter {
-        out.push(extract_as::<i64>(index, field, &t?, "int token ids")?);
+        let t = t?;
+        if t.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(bad_value(index, field, "token ids must be ints, got a bool"));
+        }
+        out.push(extract_as::<i64>(index, field, &t, "int token ids")?);
     }
     Ok(out)
 }

@@ -1,0 +1,141 @@
+"""Failure classes closed along the way (a part of issue 8): each gives a clear ValueError (or
+MemoryError), never an abort, a panic or a silently wrong result."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from logitsproc_rs import (
+    BatchUpdate,
+    EngineConfig,
+    MinPLogitsProcessor,
+    MoveDirectionality,
+    SamplingParams,
+    build_logitsprocs,
+)
+from logitsproc_rs.reference import RefMinPLogitsProcessor
+
+SRC = Path(__file__).resolve().parents[1] / "python"
+
+
+def test_repetition_penalty_is_checked_as_float32() -> None:
+    procs = build_logitsprocs(EngineConfig(max_num_seqs=2, vocab_size=8), "cpu", False)
+    for rep in (1e39, 1e-46):
+        sp = SamplingParams()
+        object.__setattr__(sp, "repetition_penalty", rep)
+        with pytest.raises(ValueError, match="request at index 0: field 'repetition_penalty'"):
+            procs.update_state(BatchUpdate(1, [], [(0, sp, [1], [])], []))
+
+
+def test_min_p_leaves_a_row_holding_plus_inf_alone_like_vllm() -> None:
+    cfg = EngineConfig(max_num_seqs=2, vocab_size=6)
+    ours_host = MinPLogitsProcessor(cfg, "cpu", False)
+    ours_torch = build_logitsprocs(cfg, "cpu", False, emulate_device=True)
+    ref = RefMinPLogitsProcessor(cfg, "cpu", False)
+    u = BatchUpdate(2, [], [(i, SamplingParams(min_p=0.5), None, []) for i in range(2)], [])
+    ours_host.update_state(u)
+    ours_torch.update_state(u)
+    ref.update_state(u)
+    x = torch.tensor([[0.0, float("inf"), 1.0, -3.0, 2.0, 0.5], [0.0, 5.0, 1.0, -3.0, 2.0, 0.5]])
+    want = ref.apply(x.clone())
+    assert torch.equal(want[0], x[0])
+    assert torch.equal(ours_host.apply(x.clone()), want)
+    minp = next(p for p in ours_torch.argmax_invariant if isinstance(p, MinPLogitsProcessor))
+    assert torch.equal(minp.apply(x.clone()), want)
+
+
+def test_bools_are_not_indices_counts_or_token_ids() -> None:
+    procs = build_logitsprocs(EngineConfig(max_num_seqs=4, vocab_size=8), "cpu", False)
+    with pytest.raises(ValueError, match="got a bool"):
+        procs.update_state(BatchUpdate(2, [], [(True, SamplingParams(), None, [])], []))
+    with pytest.raises(ValueError, match="got a bool"):
+        procs.update_state(BatchUpdate(2, [], [], [(0, True, MoveDirectionality.SWAP)]))
+    sp = SamplingParams(min_tokens=1)
+    object.__setattr__(sp, "min_tokens", True)
+    with pytest.raises(ValueError, match="field 'min_tokens'"):
+        procs.update_state(BatchUpdate(1, [], [(0, sp, None, [])], []))
+    sp = SamplingParams()
+    object.__setattr__(sp, "allowed_token_ids", [True])
+    with pytest.raises(ValueError, match="field 'allowed_token_ids'"):
+        procs.update_state(BatchUpdate(1, [], [(0, sp, None, [])], []))
+
+
+def test_endless_iterables_are_refused_at_their_cap() -> None:
+    import itertools
+
+    cfg = EngineConfig(max_num_seqs=2, vocab_size=8, max_bad_word_len=4, max_allowed_token_ids=4)
+    procs = build_logitsprocs(cfg, "cpu", False)
+    for field, value in (
+        ("bad_words_token_ids", [itertools.repeat(1)]),
+        ("allowed_token_ids", itertools.repeat(1)),
+        ("_all_stop_token_ids", itertools.repeat(1)),
+    ):
+        sp = SamplingParams(min_tokens=3)
+        object.__setattr__(sp, field, value)
+        with pytest.raises(ValueError, match="cap"):
+            procs.update_state(BatchUpdate(1, [], [(0, sp, None, [])], []))
+
+
+def test_non_float_logits_are_refused() -> None:
+    procs = build_logitsprocs(EngineConfig(max_num_seqs=2, vocab_size=8), "cpu", False)
+    procs.update_state(BatchUpdate(1, [], [(0, SamplingParams(logit_bias={1: 1.0}), None, [])], []))
+    for dtype in (torch.int64, torch.bool, torch.complex64):
+        with pytest.raises(ValueError, match="floating-point"):
+            for p in procs.non_argmax_invariant:
+                p.apply(torch.zeros(1, 8, dtype=dtype))
+
+
+def test_get_min_p_by_index_out_of_range_is_both_index_and_value_error() -> None:
+    p = MinPLogitsProcessor(EngineConfig(max_num_seqs=2, vocab_size=8), "cpu", False)
+    for bad in (-1, 2, True, "0"):
+        with pytest.raises(IndexError):
+            p.get_min_p_by_index(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            p.get_min_p_by_index(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_num_seqs", -1), ("max_num_seqs", 0), ("vocab_size", -5), ("max_num_seqs", None)],
+)
+def test_a_bad_duck_typed_config_names_the_config_field(field: str, value: object) -> None:
+    sizes = {"max_num_seqs": 4, "vocab_size": 8, field: value}
+    cfg = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=sizes["max_num_seqs"]),
+        model_config=SimpleNamespace(get_vocab_size=lambda: sizes["vocab_size"]),
+    )
+    with pytest.raises(ValueError, match=f"config field '{field}'"):
+        MinPLogitsProcessor(cfg, "cpu", False)
+
+
+def test_an_allocation_that_fails_is_a_memory_error_in_a_subprocess() -> None:
+    """Sizes that pass the range checks but cannot be allocated (a huge per-request cap)."""
+    script = textwrap.dedent(
+        """
+        import glob, importlib.util, os, resource, sys
+        path = glob.glob(os.path.join(sys.argv[1], "logitsproc_rs", "_core*.so"))[0]
+        spec = importlib.util.spec_from_file_location("logitsproc_rs._core", path)
+        _core = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_core)
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+        try:
+            _core.Pipeline(2**20, 50, allowed=255)
+        except MemoryError as e:
+            print("raised", type(e).__name__)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(SRC)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("raised MemoryError"), out.stdout + out.stderr[-2000:]
