@@ -279,7 +279,11 @@ pub fn token_ids(index: usize, field: &'static str, obj: &Bound<'_, PyAny>) -> P
     for t in iter {
         let t = t?;
         if t.is_instance_of::<pyo3::types::PyBool>() {
-            return Err(bad_value(index, field, "token ids must be ints, got a bool"));
+            return Err(bad_value(
+                index,
+                field,
+                "token ids must be ints, got a bool",
+            ));
         }
         out.push(extract_as::<i64>(index, field, &t, "int token ids")?);
     }
