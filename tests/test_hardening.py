@@ -139,3 +139,56 @@ def test_an_allocation_that_fails_is_a_memory_error_in_a_subprocess() -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("raised MemoryError"), out.stdout + out.stderr[-2000:]
+
+
+def test_cpu_penalties_multiply_by_the_reciprocal_like_vllm_torch_fallback() -> None:
+    """vLLM's CPU path (``_custom_ops.py`` torch fallback) scales positive logits by
+    ``1.0 / rep``; its CUDA kernel divides. On the CPU ours must match the fallback exactly,
+    including where the two forms differ by an ulp."""
+    V = 4096
+    cfg = EngineConfig(max_num_seqs=1, vocab_size=V)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(1, V, generator=g) * 20 - 5
+    rep = torch.tensor([[1.3]], dtype=torch.float32)
+    pen = torch.ones(1, V)  # every token in the prompt: the repetition penalty applies to all
+    fallback = x * torch.where(x > 0, 1.0 / (pen * rep), pen * rep)
+    assert not torch.equal(fallback, torch.where(x > 0, x / rep, x * rep))  # forms differ here
+    for emulate in (False, True):
+        procs = build_logitsprocs(cfg, "cpu", False, emulate_device=emulate)
+        sp = SamplingParams(repetition_penalty=1.3)
+        procs.update_state(BatchUpdate(1, [], [(0, sp, list(range(V)), [])], []))
+        got = x.clone()
+        for p in procs.non_argmax_invariant:
+            got = p.apply(got)
+        assert torch.equal(got, fallback), f"emulate_device={emulate}"
+
+
+def test_float64_logits_are_penalised_without_a_float32_round_trip() -> None:
+    V = 512
+    cfg = EngineConfig(max_num_seqs=1, vocab_size=V)
+    procs = build_logitsprocs(cfg, "cpu", False)
+    sp = SamplingParams(repetition_penalty=1.3, frequency_penalty=0.25)
+    out = [3, 3, 7]
+    procs.update_state(BatchUpdate(1, [], [(0, sp, [5], out)], []))
+    g = torch.Generator().manual_seed(1)
+    x = (torch.rand(1, V, generator=g, dtype=torch.float64) * 20 - 5) + 1e-12  # not float32
+    mask = torch.zeros(1, V, dtype=torch.bool)
+    mask[0, [3, 5, 7]] = True
+    counts = torch.zeros(1, V, dtype=torch.int64)
+    counts[0, 3], counts[0, 7] = 2, 1
+    pen = torch.where(mask, torch.tensor(1.3, dtype=torch.float32), torch.tensor(1.0))
+    want = x * torch.where(x > 0, 1.0 / pen, pen)  # float32 scaling, float64 product (vLLM)
+    want -= torch.tensor([[0.25]], dtype=torch.float32) * counts
+    got = x.clone()
+    for p in procs.non_argmax_invariant:
+        got = p.apply(got)
+    assert got.dtype == torch.float64
+    assert torch.equal(got, want)
+
+
+def test_every_processor_refuses_non_float_logits_even_with_nothing_to_do() -> None:
+    procs = build_logitsprocs(EngineConfig(max_num_seqs=2, vocab_size=8), "cpu", False)
+    procs.update_state(BatchUpdate(1, [], [(0, SamplingParams(), None, [])], []))
+    for p in procs.all:
+        with pytest.raises(ValueError, match="floating-point"):
+            p.apply(torch.zeros(1, 8, dtype=torch.int32))

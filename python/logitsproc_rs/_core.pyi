@@ -148,7 +148,13 @@ class Pipeline:
         """In place on float32 CPU logits at ``ptr`` (the caller checked the tensor)."""
 
     def unsafe_apply_penalties_cpu(
-        self, ptr: int, rows: int, vocab: int, row_stride: int, mapped: bool = False
+        self,
+        ptr: int,
+        rows: int,
+        vocab: int,
+        row_stride: int,
+        mapped: bool = False,
+        float64: bool = False,
     ) -> None: ...
     def spec_min_tokens(self, num_draft_tokens: Any) -> tuple[int, int]: ...
     def spec_bad_words(

@@ -422,6 +422,15 @@ class Pipeline:
         return logits
 
 
+def _floating(view: Any, logits: Any) -> None:
+    """Every processor refuses the same inputs, whether or not it has work this step."""
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        what = getattr(logits, "dtype", type(logits).__name__)
+        raise ValueError(
+            f"{type(view).__name__}.apply: logits must be a floating-point tensor, got {what}"
+        )
+
+
 def _config_int(read: Any, config: Any, field: str, least: int = 1) -> int:
     """A size from an engine config: an int >= ``least``, or a ValueError naming the field."""
     try:
@@ -497,11 +506,13 @@ class PipelineView(LogitsProcessor):
         self._pipe.update_from_view(self, batch_update)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        _floating(self, logits)
         self._pipe.before_apply()
         return self._apply(logits, False)
 
     def apply_rows(self, logits: torch.Tensor) -> torch.Tensor:
         """Stable slots: apply with rows lined up through the pipeline's last row map."""
+        _floating(self, logits)
         self._pipe.before_apply()
         return self._apply(logits, True)
 

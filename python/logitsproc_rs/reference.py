@@ -341,7 +341,8 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
     * output counts: a bincount of the output ids in ``[0, V)``; anything else, such as an async
       ``-1`` placeholder, is padding and not counted (``penalties.py:29``);
     * ``row = where(prompt_mask | counts > 0, where(row > 0, row / rep, row * rep), row)``
-      (the CUDA kernel's division, not the torch fallback's reciprocal), then
+      on CUDA (vLLM's kernel divides); elsewhere ``row * (1 / rep)`` for positive logits, as
+      vLLM's torch fallback multiplies by the reciprocal; then
       ``row -= freq * counts`` and ``row -= pres * (counts > 0)`` in float32.
     """
 
@@ -383,9 +384,10 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
             rep_t, freq_t, pres_t = (
                 torch.tensor(v, dtype=torch.float32, device=row.device) for v in (rep, freq, pres)
             )
-            new = torch.where(
-                prompt_mask | in_output, torch.where(row > 0, row / rep_t, row * rep_t), row
-            )
+            # vLLM divides on CUDA (its kernel) and multiplies by the reciprocal elsewhere (its
+            # torch fallback): up to 1 ulp apart.
+            up = row / rep_t if row.device.type == "cuda" else row * (1.0 / rep_t)
+            new = torch.where(prompt_mask | in_output, torch.where(row > 0, up, row * rep_t), row)
             new -= freq_t * counts
             new -= pres_t * in_output
             row.copy_(new)

@@ -395,9 +395,9 @@ impl<H: TokenHistory> PenaltiesState<H> {
     /// form leaves unchanged, up to the sign of a zero).
     /// With `row_to_slot`, logits row `r` takes the state of slot `row_to_slot[r]` (the
     /// stable-slot front-end); without, row `r` is slot `r`.
-    pub fn apply_to_rows(
+    pub fn apply_to_rows<F: Logit>(
         &self,
-        logits: &mut [f32],
+        logits: &mut [F],
         rows: usize,
         vocab: usize,
         row_stride: usize,
@@ -411,10 +411,15 @@ impl<H: TokenHistory> PenaltiesState<H> {
         let mut apply_row = |row: usize, e: &Entry<H>| {
             let (rep, freq, pres) = e.values;
             let line = &mut logits[row * row_stride..row * row_stride + vocab];
-            let penalize = |x: f32, count: u32| -> f32 {
-                let x = if x > 0.0 { x / rep } else { x * rep };
-                let x = x - freq * count as f32;
-                x - pres * if count > 0 { 1.0 } else { 0.0 }
+            // vLLM on the CPU (its torch fallback) multiplies positive logits by the float32
+            // reciprocal rather than dividing (its CUDA kernel): up to 1 ulp apart. The
+            // penalty terms are float32 (vLLM's tensors), widened for float64 logits.
+            let (inv, rep) = (F::from(1.0 / rep), F::from(rep));
+            let zero = F::from(0.0);
+            let penalize = |x: F, count: u32| -> F {
+                let x = if x > zero { x * inv } else { x * rep };
+                let x = x - F::from(freq * count as f32);
+                x - F::from(pres * if count > 0 { 1.0 } else { 0.0 })
             };
             for (&t, &c) in &e.counts {
                 line[t as usize] = penalize(line[t as usize], c);
@@ -514,6 +519,15 @@ impl SlotOps for Origins<'_> {
         self.origin.swap(a, b);
     }
 }
+
+/// A logits element the host kernel works on (float32, or float64 without a round trip).
+pub trait Logit:
+    Copy + PartialOrd + From<f32> + std::ops::Mul<Output = Self> + std::ops::Sub<Output = Self>
+{
+}
+
+impl Logit for f32 {}
+impl Logit for f64 {}
 
 /// Output count per token id, hashed with one multiply (token ids are small, well-spread
 /// integers; SipHash would cost more than the rest of a step's counting).

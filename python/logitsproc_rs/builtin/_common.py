@@ -5,22 +5,26 @@ from __future__ import annotations
 import torch
 
 
-def host_kernel_ok(logits: torch.Tensor) -> bool:
-    """Whether Rust may process ``logits`` in place on the host: float32 on the CPU, rows of
-    contiguous elements that do not overlap (the ``unsafe_apply_*_cpu`` contract). Checked on
-    the tensor itself (device, dtype, strides of its storage view)."""
+def host_kernel_ok(logits: torch.Tensor, allow_float64: bool = False) -> bool:
+    """Whether Rust may process ``logits`` in place on the host: float32 (or float64 where the
+    kernel has that form) on the CPU, rows of contiguous elements that do not overlap, inside
+    the tensor's storage (the ``unsafe_apply_*_cpu`` contract). Checked on the tensor itself,
+    not on a subclass's word."""
+    if type(logits) is not torch.Tensor or logits.device.type != "cpu":
+        return False
+    if logits.dtype == torch.float32:
+        size = 4
+    elif logits.dtype == torch.float64 and allow_float64:
+        size = 8
+    else:
+        return False
+    end = logits.storage_offset() + (logits.shape[0] - 1) * logits.stride(0) + logits.shape[1]
     return (
-        type(logits) is torch.Tensor
-        and logits.device.type == "cpu"
-        and logits.dtype == torch.float32
-        and logits.dim() == 2
+        logits.dim() == 2
         and logits.stride(1) == 1
         and logits.stride(0) >= logits.shape[1]
         and not logits.requires_grad
-        and logits.storage_offset() * 4
-        + (logits.shape[0] - 1) * logits.stride(0) * 4
-        + logits.shape[1] * 4
-        <= logits.untyped_storage().nbytes()
+        and end * size <= logits.untyped_storage().nbytes()
     )
 
 

@@ -27,14 +27,18 @@ def apply_penalties_(
     prompt_flag: int,
 ) -> torch.Tensor:
     """In place, vLLM's order: repetition on prompt ∪ output (divide positive logits, multiply
-    the rest), then ``frequency × count``, then ``presence × [count > 0]`` (output only).
+    the rest; on the CPU the positive ones are multiplied by the reciprocal, as vLLM), then
+    ``frequency × count``, then ``presence × [count > 0]`` (output only).
 
     ``cells`` is ``[rows, V]`` int32 (count | prompt_flag); the penalties are ``[rows, 1]``.
     Rows with neutral values (1, 0, 0) come out bit-identical.
     """
     counts = cells & (prompt_flag - 1)
     in_output = counts > 0
-    penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
+    # vLLM divides on CUDA (its kernel) and multiplies by the float32 reciprocal elsewhere (its
+    # torch fallback); the two differ by up to 1 ulp, so each device gets vLLM's own form.
+    up = logits / repetition if logits.device.type == "cuda" else logits * (1.0 / repetition)
+    penalized = torch.where(logits > 0, up, logits * repetition)
     torch.where(cells != 0, penalized, logits, out=logits)
     logits.sub_(frequency * counts)
     logits.sub_(presence * in_output)
@@ -56,14 +60,21 @@ class PenaltiesLogitsProcessor(PipelineView):
         rows = pipe.rows_of("PenaltiesLogitsProcessor", logits, rowspace)
         core = pipe.core
         if pipe.host_kernels:
-            if host_kernel_ok(logits):
+            f64 = logits.dtype == torch.float64
+            if host_kernel_ok(logits, allow_float64=True):
                 core.unsafe_apply_penalties_cpu(
-                    logits.data_ptr(), rows, logits.shape[1], logits.stride(0), rowspace
+                    logits.data_ptr(), rows, logits.shape[1], logits.stride(0), rowspace, f64
                 )
                 return logits
-            work = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+            # Other layouts (or half precision): a contiguous copy in float64 when the logits
+            # are float64, else float32 (what vLLM's sampler computes in), written back.
+            work = logits.to(
+                torch.float64 if f64 else torch.float32,
+                memory_format=torch.contiguous_format,
+                copy=True,
+            )
             core.unsafe_apply_penalties_cpu(
-                work.data_ptr(), rows, work.shape[1], work.stride(0), rowspace
+                work.data_ptr(), rows, work.shape[1], work.stride(0), rowspace, f64
             )
             return logits.copy_(work)
         cells = pipe.cells

@@ -157,16 +157,16 @@ impl HostBufferView {
 /// `ptr` must address a live, writable float32 CPU buffer holding `rows` rows of `vocab`
 /// elements spaced `row_stride` apart, not aliased by any other Rust reference for the call;
 /// the Python caller checks dtype, device, layout and shape of the tensor it takes it from.
-pub unsafe fn logits_rows<'a>(
+pub unsafe fn logits_rows<'a, T>(
     ptr: usize,
     rows: usize,
     vocab: usize,
     row_stride: usize,
-) -> PyResult<&'a mut [f32]> {
+) -> PyResult<&'a mut [T]> {
     if rows == 0 {
         return Ok(&mut []);
     }
-    if ptr == 0 || ptr % std::mem::align_of::<f32>() != 0 || row_stride < vocab {
+    if ptr == 0 || ptr % std::mem::align_of::<T>() != 0 || row_stride < vocab {
         return Err(pyo3::exceptions::PyValueError::new_err(
             "logits: null or misaligned pointer, or a row stride below the vocabulary size",
         ));
@@ -176,5 +176,5 @@ pub unsafe fn logits_rows<'a>(
         .and_then(|n| n.checked_add(vocab))
         .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("logits: size overflow"))?;
     // SAFETY: guaranteed by the caller (see above).
-    Ok(unsafe { std::slice::from_raw_parts_mut(ptr as *mut f32, len) })
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, len) })
 }

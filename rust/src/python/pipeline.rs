@@ -450,8 +450,9 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Penalties by Rust on float32 CPU logits, in place (same contract as MinP's).
-    #[pyo3(signature = (ptr, rows, vocab, row_stride, mapped=false))]
+    /// Penalties by Rust on float32 (or, with `float64`, float64) CPU logits, in place (same
+    /// contract as MinP's).
+    #[pyo3(signature = (ptr, rows, vocab, row_stride, mapped=false, float64=false))]
     fn unsafe_apply_penalties_cpu(
         &self,
         py: Python<'_>,
@@ -460,6 +461,7 @@ impl Pipeline {
         vocab: usize,
         row_stride: usize,
         mapped: bool,
+        float64: bool,
     ) -> PyResult<()> {
         let map = self.check_rows(rows, mapped)?;
         let Some(state) = &self.inner.tables().penalties else {
@@ -472,9 +474,15 @@ impl Pipeline {
                 "logits are wider than the vocabulary",
             ));
         }
-        // SAFETY: the Python caller checked the tensor (see the docstring).
-        let logits = unsafe { logits_rows(ptr, rows, vocab, row_stride)? };
-        py.detach(|| state.apply_to_rows(logits, rows, vocab, row_stride, map));
+        if float64 {
+            // SAFETY: the Python caller checked the tensor (see the docstring).
+            let logits = unsafe { logits_rows::<f64>(ptr, rows, vocab, row_stride)? };
+            py.detach(|| state.apply_to_rows(logits, rows, vocab, row_stride, map));
+        } else {
+            // SAFETY: as above.
+            let logits = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
+            py.detach(|| state.apply_to_rows(logits, rows, vocab, row_stride, map));
+        }
         Ok(())
     }
 
