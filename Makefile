@@ -6,7 +6,7 @@ VENV ?= $(HOME)/.cache/logitsproc_rs/venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-stamp
 RUN := PYTHONPATH=$(CURDIR)/python $(PY)
-DEPS := "maturin>=1.9.4,<2" "pytest>=8" "ruff>=0.6" "mypy>=1.10" "numpy>=1.22" "torch>=2.4" "matplotlib>=3.5"
+DEPS := "maturin>=1.9.4,<2" "pytest>=8" "hypothesis>=6" "ruff>=0.6" "mypy>=1.10" "numpy>=1.22" "torch>=2.4" "matplotlib>=3.5"
 
 .PHONY: help venv build gpu-build test test-rust test-python demo bench bench-rust bench-python lint fmt clean
 

@@ -424,6 +424,13 @@ impl<S: HistorySource> Pipeline<S> {
         self.capacity
     }
 
+    /// Most logits rows one step may have (a feed, a row map): `capacity × (1 + spec_tokens)`,
+    /// or the stable slots' row capacity when larger.
+    pub fn max_rows(&self) -> usize {
+        let rows = self.tables.rows.as_ref().map_or(0, |r| r.row_to_slot.len());
+        self.capacity.saturating_mul(self.spec_tokens + 1).max(rows)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
     }
@@ -860,11 +867,11 @@ impl<S: HistorySource> Pipeline<S> {
                 ));
             }
         }
-        if tokens.len() > self.capacity * (self.spec_tokens + 1) {
+        if tokens.len() > self.max_rows() {
             return Err(Error::TooLarge {
                 field: "sampled_token_ids",
                 value: tokens.len(),
-                max: self.capacity * (self.spec_tokens + 1),
+                max: self.max_rows(),
             });
         }
         for (r, &t) in tokens.iter().enumerate() {

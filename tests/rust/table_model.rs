@@ -34,9 +34,17 @@ const VOCAB: usize = 40;
 const MAX_BIAS: usize = 4;
 const MAX_STOP: usize = 3;
 
+/// `cases` is the CI run. `LOGITSPROC_FUZZ_CASES=N` raises every property of this file to at
+/// least `N` cases, for a long fuzz run:
+/// `LOGITSPROC_FUZZ_CASES=200000 cargo test --release --test table_model`.
 fn config(cases: u32) -> Config {
+    let fuzz = std::env::var("LOGITSPROC_FUZZ_CASES").ok().map(|v| {
+        v.trim()
+            .parse::<u32>()
+            .unwrap_or_else(|_| panic!("LOGITSPROC_FUZZ_CASES must be a case count, got {v:?}"))
+    });
     Config {
-        cases,
+        cases: fuzz.map_or(cases, |n| n.max(cases)),
         // Failing inputs are printed (shrunk), not persisted to a proptest-regressions/ file.
         failure_persistence: None,
         ..Config::default()

@@ -43,7 +43,26 @@ class BadWordsLogitsProcessor(PipelineView):
         ``num_draft_tokens[r]`` rows; row ``j`` is matched against the output followed by
         ``spec_token_ids[r][:j]``."""
         pipe = self._pipe
-        rows, n = pipe.core.spec_bad_words(
-            list(num_draft_tokens), [list(t) for t in spec_token_ids]
-        )
+        rows, n = pipe.core.spec_bad_words(list(num_draft_tokens), _draft_ids(spec_token_ids))
         return _spec_apply(pipe, "BadWordsLogitsProcessor", "spec.bad_words", logits, rows, n)
+
+
+def _draft_ids(spec_token_ids: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The draft tokens as lists of ints, or a ValueError naming the request and field."""
+    out = []
+    for r, ids in enumerate(spec_token_ids):
+        try:
+            row = list(ids)
+        except TypeError:
+            raise ValueError(
+                f"request at index {r}: field 'spec_token_ids': expected a list of token ids, "
+                f"got {ids!r}"
+            ) from None
+        for t in row:
+            if isinstance(t, bool) or not isinstance(t, int):
+                raise ValueError(
+                    f"request at index {r}: field 'spec_token_ids': expected int token ids, "
+                    f"got {t!r}"
+                )
+        out.append(row)
+    return out

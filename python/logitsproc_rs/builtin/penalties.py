@@ -68,11 +68,18 @@ class PenaltiesLogitsProcessor(PipelineView):
                 return logits
             # Other layouts (or half precision): a contiguous copy in float64 when the logits
             # are float64, else float32 (what vLLM's sampler computes in), written back.
-            work = logits.to(
+            # A fresh plain tensor made from the data itself: its pointer, shape and strides
+            # are its own, whatever a tensor subclass reports.
+            work = logits.as_subclass(torch.Tensor).to(
                 torch.float64 if f64 else torch.float32,
                 memory_format=torch.contiguous_format,
                 copy=True,
             )
+            if work.dim() != 2 or tuple(work.shape) != (rows, pipe.vocab_size):
+                raise ValueError(
+                    f"PenaltiesLogitsProcessor.apply: logits hold {list(work.shape)}, "
+                    f"expected [{rows}, {pipe.vocab_size}]"
+                )
             core.unsafe_apply_penalties_cpu(
                 work.data_ptr(), rows, work.shape[1], work.stride(0), rowspace, f64
             )

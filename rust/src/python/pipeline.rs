@@ -11,7 +11,7 @@ use super::buffer::{logits_rows, HostBufferView};
 use super::errors::bad_value;
 use super::history::PyListSource;
 use super::params::Reader;
-use super::update::{parse_update, AddedEntry};
+use super::update::{bounded_ints, parse_update, AddedEntry};
 use crate::arena::Upload;
 use crate::batch::BatchUpdate;
 use crate::columns::{ColumnKind, ColumnSpec};
@@ -55,16 +55,16 @@ fn column_kind(name: &str, kind: &str, width: usize, default: f64) -> PyResult<C
     })
 }
 
-/// Token ids from the host: `bytes` of native int64 (what the Python side makes of a tensor
-/// or array, one copy), or a sequence of ints (list, tuple; numpy via `.tolist()`).
-fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str) -> PyResult<Vec<i64>> {
+/// Ints from the host: `bytes` of native int64 (what the Python side makes of a tensor or an
+/// array, one copy), or a sequence of ints; at most `max` of them.
+fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResult<Vec<i64>> {
     if let Ok(b) = obj.cast::<PyBytes>() {
         let raw = b.as_bytes();
-        if raw.len() % 8 != 0 {
+        if raw.len() % 8 != 0 || raw.len() / 8 > max {
             return Err(bad_value(
                 0,
                 field,
-                "int64 bytes of a length not a multiple of 8",
+                format!("int64 bytes: a length not a multiple of 8, or more than {max} ints"),
             ));
         }
         return Ok(raw
@@ -72,24 +72,13 @@ fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str) -> PyResult<Vec<i64>> 
             .map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes")))
             .collect());
     }
-    if let Ok(v) = obj.extract::<Vec<i64>>() {
-        return Ok(v);
-    }
-    // numpy arrays and CPU tensors: one conversion to a list, then ints.
-    if let Ok(list) = obj.call_method0("tolist") {
-        if let Ok(v) = list.extract::<Vec<i64>>() {
-            return Ok(v);
-        }
-    }
-    Err(bad_value(
-        0,
-        field,
-        "expected a 1-D sequence of ints on the host",
-    ))
+    // Any other sequence (lists from an engine; numpy arrays and tensors arrive as bytes):
+    // read element by element, bounded, trusting no `__len__`.
+    bounded_ints(0, field, obj, max)
 }
 
-fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str) -> PyResult<Vec<usize>> {
-    let v = host_ints(obj, field)?;
+fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResult<Vec<usize>> {
+    let v = host_ints(obj, field, max)?;
     v.into_iter()
         .enumerate()
         .map(|(r, s)| {
@@ -101,6 +90,11 @@ fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str) -> PyResult<Vec<usize
 impl Pipeline {
     fn penalties_mut(&mut self) -> Option<&mut crate::penalties::PenaltiesState<HistoryId>> {
         self.inner.tables_mut().penalties.as_mut()
+    }
+
+    /// Most rows a feed or a row map may have.
+    fn max_rows(&self) -> usize {
+        self.inner.max_rows()
     }
 
     fn status_vec(&self) -> Vec<usize> {
@@ -132,7 +126,9 @@ impl Pipeline {
         &self,
         bu: &Bound<'_, PyAny>,
     ) -> PyResult<BatchUpdate<RequestParams<PyListSource>>> {
-        parse_update(bu, |e| self.reader.read(e))
+        // Valid updates hold at most `capacity` adds, removals and moves; allow slack.
+        let max = self.inner.capacity().saturating_mul(4).saturating_add(16);
+        parse_update(bu, max, |e| self.reader.read(e))
     }
 
     fn check_rows(&self, rows: usize, mapped: bool) -> PyResult<Option<&[usize]>> {
@@ -244,9 +240,11 @@ impl Pipeline {
     ) -> PyResult<()> {
         let update = batch_update.map(|bu| self.read_update(bu)).transpose()?;
         let tokens = sampled_token_ids
-            .map(|t| host_ints(t, "sampled_token_ids"))
+            .map(|t| host_ints(t, "sampled_token_ids", self.max_rows()))
             .transpose()?;
-        let slots = slots.map(|s| host_slots(s, "slots")).transpose()?;
+        let slots = slots
+            .map(|s| host_slots(s, "slots", self.max_rows()))
+            .transpose()?;
         let feed = tokens.as_deref().map(|t| (t, slots.as_deref()));
         self.inner.step(update, feed)?;
         if discard {
@@ -294,11 +292,13 @@ impl Pipeline {
         sampled_token_ids: Option<&Bound<'_, PyAny>>,
         slots: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let map = host_slots(row_to_slot, "row_to_slot")?;
+        let map = host_slots(row_to_slot, "row_to_slot", self.max_rows())?;
         let tokens = sampled_token_ids
-            .map(|t| host_ints(t, "sampled_token_ids"))
+            .map(|t| host_ints(t, "sampled_token_ids", self.max_rows()))
             .transpose()?;
-        let slots = slots.map(|s| host_slots(s, "slots")).transpose()?;
+        let slots = slots
+            .map(|s| host_slots(s, "slots", self.max_rows()))
+            .transpose()?;
         let feed = match (&tokens, &slots) {
             (Some(t), Some(s)) => Some((t.as_slice(), s.as_slice())),
             (None, None) => None,
@@ -314,7 +314,7 @@ impl Pipeline {
     /// Stable slots: rebuild the row-space copies for `row_to_slot` without a step (after a
     /// re-step for async placeholders).
     fn map_rows(&mut self, row_to_slot: &Bound<'_, PyAny>) -> PyResult<()> {
-        let map = host_slots(row_to_slot, "row_to_slot")?;
+        let map = host_slots(row_to_slot, "row_to_slot", self.max_rows())?;
         Ok(self.inner.map_rows(&map)?)
     }
 
@@ -488,7 +488,7 @@ impl Pipeline {
 
     /// Draft-row masks of MinTokens; returns (layout rows, padded triples).
     fn spec_min_tokens(&mut self, num_draft_tokens: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
-        let n = host_slots(num_draft_tokens, "num_draft_tokens")?;
+        let n = host_slots(num_draft_tokens, "num_draft_tokens", self.inner.capacity())?;
         let rows = self.inner.spec_min_tokens(&n)?;
         let padded = self
             .inner
@@ -505,7 +505,7 @@ impl Pipeline {
         num_draft_tokens: &Bound<'_, PyAny>,
         spec_token_ids: Vec<Vec<i64>>,
     ) -> PyResult<(usize, usize)> {
-        let n = host_slots(num_draft_tokens, "num_draft_tokens")?;
+        let n = host_slots(num_draft_tokens, "num_draft_tokens", self.inner.capacity())?;
         let rows = self.inner.spec_bad_words(&n, &spec_token_ids)?;
         let padded = self
             .inner

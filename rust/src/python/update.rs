@@ -146,19 +146,32 @@ fn iter_field<'py>(
 
 /// Reads an update's structure afresh (every call: an update object identifies no step, and
 /// its lists may have been changed since it was last read).
-pub fn read_shape<'py>(bu: &Bound<'py, PyAny>) -> PyResult<Shape<'py>> {
+pub fn read_shape<'py>(bu: &Bound<'py, PyAny>, max_entries: usize) -> PyResult<Shape<'py>> {
     let py = bu.py();
     let batch_size = index_of(
         &bu.getattr(intern!(py, "batch_size"))
             .map_err(|_| bad_update("batch_size", "the batch update has no such attribute"))?,
         "batch_size",
     )?;
+    // Bounded: an endless or huge list must end in an error, not in an allocation abort.
+    let too_many = |field: &str| {
+        bad_update(
+            field,
+            format!("more than {max_entries} entries for this batch capacity"),
+        )
+    };
     let mut removed = Vec::new();
     for item in iter_field(bu, intern!(py, "removed"), "removed")? {
+        if removed.len() == max_entries {
+            return Err(too_many("removed"));
+        }
         removed.push(index_of(&item?, "removed")?);
     }
     let mut added = Vec::new();
     for item in iter_field(bu, intern!(py, "added"), "added")? {
+        if added.len() == max_entries {
+            return Err(too_many("added"));
+        }
         let item = item?;
         let [index, params, prompt, output]: [Bound<'_, PyAny>; 4] = entry_items(
             &item,
@@ -177,6 +190,9 @@ pub fn read_shape<'py>(bu: &Bound<'py, PyAny>) -> PyResult<Shape<'py>> {
     }
     let mut moved = Vec::new();
     for item in iter_field(bu, intern!(py, "moved"), "moved")? {
+        if moved.len() == max_entries {
+            return Err(too_many("moved"));
+        }
         let item = item?;
         let [a, b, dir]: [Bound<'_, PyAny>; 3] =
             entry_items(&item, 3, "moved", "(index1, index2, direction)")?
@@ -198,9 +214,10 @@ pub fn read_shape<'py>(bu: &Bound<'py, PyAny>) -> PyResult<Shape<'py>> {
 /// Parses the whole update; `extract` turns each added entry into the payload.
 pub fn parse_update<'py, A>(
     bu: &Bound<'py, PyAny>,
+    max_entries: usize,
     mut extract: impl FnMut(&AddedEntry<'py>) -> PyResult<A>,
 ) -> PyResult<BatchUpdate<A>> {
-    let shape = read_shape(bu)?;
+    let shape = read_shape(bu, max_entries)?;
     let mut update = BatchUpdate::new(shape.batch_size);
     update.removed = shape.removed;
     update.moved = shape.moved;
@@ -259,6 +276,53 @@ pub fn extract_as<'py, T: for<'a> FromPyObject<'a, 'py>>(
     })
 }
 
+/// Most prompt tokens read from one request (no model has a context near this; an endless
+/// iterable must end in an error, not in an exhausted machine).
+pub const MAX_PROMPT_TOKENS: usize = 1 << 24;
+
+/// Reads at most `max` ints from an iterable (a str, a bool, or a non-int is rejected). Nothing
+/// trusts `__len__`: memory grows with what is actually read, and a refusal to grow is a
+/// `MemoryError`, never an abort.
+pub fn bounded_ints(
+    index: usize,
+    field: &'static str,
+    obj: &Bound<'_, PyAny>,
+    max: usize,
+) -> PyResult<Vec<i64>> {
+    if obj.is_instance_of::<PyString>() {
+        return Err(bad_value(
+            index,
+            field,
+            "expected a sequence of ints, got a str",
+        ));
+    }
+    let iter = obj.try_iter().map_err(|_| {
+        bad_value(
+            index,
+            field,
+            format!("expected a sequence of ints, got {}", describe(obj)),
+        )
+    })?;
+    let mut out: Vec<i64> = Vec::new();
+    for t in iter {
+        if out.len() == max {
+            return Err(bad_value(index, field, format!("more than {max} entries")));
+        }
+        let t = t?;
+        if t.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(bad_value(index, field, "expected ints, got a bool"));
+        }
+        let v = extract_as::<i64>(index, field, &t, "ints")?;
+        out.try_reserve(1).map_err(|_| {
+            pyo3::exceptions::PyMemoryError::new_err(format!(
+                "request at index {index}: field '{field}': out of memory"
+            ))
+        })?;
+        out.push(v);
+    }
+    Ok(out)
+}
+
 /// Extracts a sequence of token ids (ints; a str or non-sequence is rejected).
 pub fn token_ids(index: usize, field: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
     if obj.is_instance_of::<PyString>() {
@@ -275,17 +339,6 @@ pub fn token_ids(index: usize, field: &'static str, obj: &Bound<'_, PyAny>) -> P
             format!("expected a list of token ids, got {}", describe(obj)),
         )
     })?;
-    let mut out = Vec::with_capacity(obj.len().unwrap_or(0));
-    for t in iter {
-        let t = t?;
-        if t.is_instance_of::<pyo3::types::PyBool>() {
-            return Err(bad_value(
-                index,
-                field,
-                "token ids must be ints, got a bool",
-            ));
-        }
-        out.push(extract_as::<i64>(index, field, &t, "int token ids")?);
-    }
-    Ok(out)
+    drop(iter);
+    bounded_ints(index, field, obj, MAX_PROMPT_TOKENS)
 }
