@@ -29,6 +29,12 @@ pub trait TokenHistory {
         one.first().copied()
     }
 
+    /// The first position whose token the last sync replaced (the engine truncated the list and
+    /// regrew it, possibly to the same length); `usize::MAX` when nothing was replaced.
+    fn rewritten_from(&self, _store: &Self::Store) -> usize {
+        usize::MAX
+    }
+
     /// Appends the last `n` tokens (fewer if the history is shorter) to `out`.
     fn read_tail(&self, store: &Self::Store, n: usize, out: &mut Vec<i64>) {
         let len = self.len(store);
@@ -73,11 +79,11 @@ pub trait HistorySource {
 
     /// Brings a copy up to date ([`sync_history`]); a source may override it to set up its
     /// access once per history rather than once per token.
-    fn sync_into(&self, tokens: &mut Vec<i64>, unresolved: &mut usize)
+    fn sync_into(&self, tokens: &mut Vec<i64>, unresolved: &mut usize) -> usize
     where
         Self: Sized,
     {
-        sync_history(self, tokens, unresolved);
+        sync_history(self, tokens, unresolved)
     }
 }
 
@@ -99,16 +105,29 @@ impl HistorySource for SharedHistory {
 /// stepping back further while the source's token at the prefix's end differs (the engine
 /// dropped or replaced tokens there); the rest is read again. Then `*unresolved` is the first
 /// placeholder of the new copy (`usize::MAX`: none). One or two tokens are read per request and
-/// step in the usual case, however long the output.
-pub fn sync_history(src: &impl HistorySource, tokens: &mut Vec<i64>, unresolved: &mut usize) {
+/// step in the usual case, however long the output. Returns the first position whose token
+/// was replaced (`usize::MAX` if the copy only grew).
+///
+/// The prefix is trusted by its last token: a list rewritten in the middle with its tail
+/// unchanged is not noticed (engines only append, fill placeholders and truncate).
+pub fn sync_history(
+    src: &impl HistorySource,
+    tokens: &mut Vec<i64>,
+    unresolved: &mut usize,
+) -> usize {
     let n = src.len();
     let mut keep = tokens.len().min(n).min(*unresolved);
     while keep > 0 && src.token_at(keep - 1) != tokens[keep - 1] {
         keep -= 1;
     }
     if keep == tokens.len() && keep == n {
-        return;
+        return usize::MAX;
     }
+    let rewritten = if keep < tokens.len() {
+        keep
+    } else {
+        usize::MAX
+    };
     tokens.truncate(keep);
     *unresolved = usize::MAX;
     for i in keep..n {
@@ -118,6 +137,7 @@ pub fn sync_history(src: &impl HistorySource, tokens: &mut Vec<i64>, unresolved:
         }
         tokens.push(t);
     }
+    rewritten
 }
 
 /// A request's history in a pipeline's [`HistoryStore`].
@@ -150,6 +170,15 @@ impl TokenHistory for HistoryId {
             out.extend_from_slice(&t[start..]);
         }
     }
+
+    #[inline]
+    fn rewritten_from(&self, store: &HistoryStore) -> usize {
+        store
+            .rewritten
+            .get(self.index())
+            .copied()
+            .unwrap_or(usize::MAX)
+    }
 }
 
 /// The output histories of a pipeline's requests, by id. Ids are recycled; a request keeps its
@@ -158,6 +187,9 @@ impl TokenHistory for HistoryId {
 pub struct HistoryStore {
     slots: Vec<Vec<i64>>,
     free: Vec<u32>,
+    /// By id: what the last sync replaced (see [`TokenHistory::rewritten_from`]).
+    rewritten: Vec<usize>,
+    any_rewritten: bool,
 }
 
 impl HistoryStore {
@@ -196,7 +228,29 @@ impl HistoryStore {
     /// Frees a history no table refers to any more.
     pub fn release(&mut self, id: HistoryId) {
         self.slots[id.index()] = Vec::new();
+        self.set_rewritten(id, usize::MAX);
         self.free.push(id.0);
+    }
+
+    /// Records what a sync replaced in history `id` (`usize::MAX`: nothing).
+    pub fn set_rewritten(&mut self, id: HistoryId, from: usize) {
+        let i = id.index();
+        if i >= self.rewritten.len() {
+            if from == usize::MAX {
+                return;
+            }
+            self.rewritten.resize(i + 1, usize::MAX);
+        }
+        self.rewritten[i] = from;
+        self.any_rewritten |= from != usize::MAX;
+    }
+
+    /// Forgets what the last syncs replaced, once the tables have read past it (each
+    /// replacement is consumed by exactly one step).
+    pub fn clear_rewritten(&mut self) {
+        if std::mem::take(&mut self.any_rewritten) {
+            self.rewritten.fill(usize::MAX);
+        }
     }
 }
 

@@ -655,6 +655,7 @@ impl<S: HistorySource> Pipeline<S> {
         for (c, rows) in t.columns.iter_mut().zip(cols) {
             c.commit(with(batch_size, &removed, &moved, rows));
         }
+        self.store.clear_rewritten();
         self.batch_size = batch_size;
         self.steps += 1;
     }
@@ -685,6 +686,7 @@ impl<S: HistorySource> Pipeline<S> {
             s.step(self.batch_size, store);
             s.sync_triples();
         }
+        self.store.clear_rewritten();
     }
 
     /// Whether the last step stopped at an async placeholder (−1) in some output list: the
@@ -712,6 +714,7 @@ impl<S: HistorySource> Pipeline<S> {
             s.restep(bs, store);
             s.sync_triples();
         }
+        self.store.clear_rewritten();
     }
 
     /// One step, atomically: the token feed (if any) and the batch update (or none) are both
@@ -811,6 +814,7 @@ impl<S: HistorySource> Pipeline<S> {
         if self.listed == 0 {
             return;
         }
+        self.store.clear_rewritten();
         let Pipeline {
             tables,
             store,
@@ -834,7 +838,8 @@ impl<S: HistorySource> Pipeline<S> {
             }
             synced[i] = epoch;
             if let Some(src) = &sources[i] {
-                src.sync_into(store.tokens_mut(*id), &mut unresolved[i]);
+                let rewritten = src.sync_into(store.tokens_mut(*id), &mut unresolved[i]);
+                store.set_rewritten(*id, rewritten);
             }
         };
         if let Some(t) = &tables.min_tokens {

@@ -275,8 +275,11 @@ impl<H: TokenHistory> Entry<H> {
             return None;
         }
         let raw_len = self.output.len(cx.store);
-        if raw_len < self.read {
-            self.rewind(raw_len, ks, ke);
+        // Tokens replaced below what was consumed (the list was truncated and regrew, perhaps
+        // to the same length): consume them again.
+        let rewritten = self.output.rewritten_from(cx.store).min(raw_len);
+        if rewritten < self.read {
+            self.rewind(rewritten, ks, ke);
         }
         // Read what the searches have not seen yet, once. Tokens before `read` were consumed
         // earlier; if some of them vanished meanwhile, rewind and read again.

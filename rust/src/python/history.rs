@@ -71,9 +71,9 @@ impl HistorySource for PyListSource {
         attached(|py| BoundList(self.0.bind(py)).token_at(i))
     }
 
-    fn sync_into(&self, tokens: &mut Vec<i64>, unresolved: &mut usize) {
+    fn sync_into(&self, tokens: &mut Vec<i64>, unresolved: &mut usize) -> usize {
         // One attach for the whole sync, not one per token.
-        attached(|py| sync_history(&BoundList(self.0.bind(py)), tokens, unresolved));
+        attached(|py| sync_history(&BoundList(self.0.bind(py)), tokens, unresolved))
     }
 }
 
