@@ -4,11 +4,11 @@
 //! unset (duck-typed params), a wrong type is a `ValueError` naming the request and field.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList};
 
 use super::errors::bad_value;
 use super::history::{output_of, PyListSource};
-use super::update::{extract_as, token_ids, AddedEntry};
+use super::update::{bounded_ints, extract_as, token_ids, AddedEntry};
 use crate::columns::{ColumnKind, ColumnValue};
 use crate::pipeline::RequestParams;
 
@@ -36,46 +36,24 @@ fn int_of(index: usize, field: &'static str, v: &Bound<'_, PyAny>) -> PyResult<i
     extract_as::<i64>(index, field, v, "an int")
 }
 
-/// A bounded iterable of token ids: refuses to read past `cap` entries (an endless iterator
-/// is an error, not a hang).
+/// Token ids up to a per-request cap: a list longer than the cap is refused before reading
+/// it, anything else is read no further than the cap (an endless iterator is an error).
 fn bounded_ids(
     index: usize,
     field: &'static str,
     obj: &Bound<'_, PyAny>,
     cap: usize,
 ) -> PyResult<Vec<i64>> {
-    if obj.is_instance_of::<PyString>() {
-        return Err(bad_value(
-            index,
-            field,
-            "expected a list of token ids, got a str",
-        ));
-    }
-    if let Ok(n) = obj.len() {
-        if n > cap {
+    if let Ok(list) = obj.cast_exact::<PyList>() {
+        if list.len() > cap {
             return Err(bad_value(
                 index,
                 field,
-                format!("{n} entries exceed the per-request cap of {cap}"),
+                format!("{} entries exceed the per-request cap of {cap}", list.len()),
             ));
         }
-        return token_ids(index, field, obj);
     }
-    let iter = obj
-        .try_iter()
-        .map_err(|_| bad_value(index, field, "expected a list of token ids"))?;
-    let mut out = Vec::new();
-    for t in iter {
-        if out.len() == cap {
-            return Err(bad_value(
-                index,
-                field,
-                format!("more entries than the per-request cap of {cap}"),
-            ));
-        }
-        out.push(int_of(index, field, &t?)?);
-    }
-    Ok(out)
+    bounded_ints(index, field, obj, cap)
 }
 
 impl Reader {

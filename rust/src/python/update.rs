@@ -306,7 +306,11 @@ pub fn bounded_ints(
     let mut out: Vec<i64> = Vec::new();
     for t in iter {
         if out.len() == max {
-            return Err(bad_value(index, field, format!("more than {max} entries")));
+            return Err(bad_value(
+                index,
+                field,
+                format!("more entries than the cap of {max}"),
+            ));
         }
         let t = t?;
         if t.is_instance_of::<pyo3::types::PyBool>() {
@@ -323,22 +327,7 @@ pub fn bounded_ints(
     Ok(out)
 }
 
-/// Extracts a sequence of token ids (ints; a str or non-sequence is rejected).
+/// Extracts a sequence of token ids (a prompt): ints, at most [`MAX_PROMPT_TOKENS`].
 pub fn token_ids(index: usize, field: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
-    if obj.is_instance_of::<PyString>() {
-        return Err(bad_value(
-            index,
-            field,
-            "expected a list of token ids, got a str",
-        ));
-    }
-    let iter = obj.try_iter().map_err(|_| {
-        bad_value(
-            index,
-            field,
-            format!("expected a list of token ids, got {}", describe(obj)),
-        )
-    })?;
-    drop(iter);
     bounded_ints(index, field, obj, MAX_PROMPT_TOKENS)
 }
