@@ -192,3 +192,26 @@ def test_every_processor_refuses_non_float_logits_even_with_nothing_to_do() -> N
     for p in procs.all:
         with pytest.raises(ValueError, match="floating-point"):
             p.apply(torch.zeros(1, 8, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("junk", ["7", None, 2.5, True, -3, 2**70])
+def test_junk_in_an_output_list_is_an_error_not_a_placeholder(junk: object) -> None:
+    """Only ints >= -1 (-1: an async placeholder) belong in an output list. Anything else
+    used to read as a placeholder, and every later token of that request went uncounted."""
+    cfg = EngineConfig(max_num_seqs=4, vocab_size=16)
+    procs = build_logitsprocs(cfg, "cpu", False)
+    sp = SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5)
+    with pytest.raises(ValueError, match="request at index 0: field 'output_tok_ids'"):
+        procs.update_state(BatchUpdate(1, [], [(0, sp, [1], [3, junk])], []))
+    out = [3]
+    procs.update_state(BatchUpdate(1, [], [(0, sp, [1], out)], []))
+    before = [v.clone() for v in procs.pipeline.arena.views]
+    out.extend([junk, 4])
+    add = BatchUpdate(2, [], [(1, SamplingParams(logit_bias={2: 1.0}), None, [])], [])
+    with pytest.raises(ValueError, match="request at index 0: field 'output_tok_ids'"):
+        procs.update_state(add)
+    assert all(torch.equal(a, b) for a, b in zip(before, procs.pipeline.arena.views, strict=True))
+    assert procs.pipeline.status[0] == 1  # the add in the rejected step did not land
+    out[1] = 5  # the engine repairs its list: the request's later tokens count again
+    procs.update_state(add)
+    assert procs.pipeline.core.penalties_counted(0) == [3, 5, 4]

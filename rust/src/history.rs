@@ -74,12 +74,13 @@ pub trait HistorySource {
         self.len() == 0
     }
 
-    /// The token at position `i < len`; anything that is not a token id reads as −1.
-    fn token_at(&self, i: usize) -> i64;
+    /// The token at position `i < len` (−1 for an async placeholder); `None` for anything
+    /// that is neither a token id nor a placeholder.
+    fn token_at(&self, i: usize) -> Option<i64>;
 
     /// Brings a copy up to date ([`sync_history`]); a source may override it to set up its
     /// access once per history rather than once per token.
-    fn sync_into(&self, tokens: &mut Vec<i64>, unresolved: &mut usize) -> usize
+    fn sync_into(&self, tokens: &mut Vec<i64>, unresolved: &mut usize) -> SyncResult
     where
         Self: Sized,
     {
@@ -92,13 +93,18 @@ impl HistorySource for SharedHistory {
         self.read().map(|v| v.len()).unwrap_or(0)
     }
 
-    fn token_at(&self, i: usize) -> i64 {
+    fn token_at(&self, i: usize) -> Option<i64> {
         self.read()
             .ok()
             .and_then(|v| v.get(i).copied())
-            .unwrap_or(-1)
+            .filter(|&t| t >= -1)
     }
 }
+
+/// What a sync replaced (`Ok(first replaced position)`, `usize::MAX` if the copy only grew),
+/// or `Err(position)` of an entry that is neither a token id nor a placeholder (the copy then
+/// holds what came before it).
+pub type SyncResult = std::result::Result<usize, usize>;
 
 /// Brings a copy of a source up to date, reading as little as possible. The copy keeps its
 /// prefix up to the first position where it still held an async placeholder (`*unresolved`),
@@ -114,14 +120,14 @@ pub fn sync_history(
     src: &impl HistorySource,
     tokens: &mut Vec<i64>,
     unresolved: &mut usize,
-) -> usize {
+) -> SyncResult {
     let n = src.len();
     let mut keep = tokens.len().min(n).min(*unresolved);
-    while keep > 0 && src.token_at(keep - 1) != tokens[keep - 1] {
+    while keep > 0 && src.token_at(keep - 1) != Some(tokens[keep - 1]) {
         keep -= 1;
     }
     if keep == tokens.len() && keep == n {
-        return usize::MAX;
+        return Ok(usize::MAX);
     }
     let rewritten = if keep < tokens.len() {
         keep
@@ -131,13 +137,15 @@ pub fn sync_history(
     tokens.truncate(keep);
     *unresolved = usize::MAX;
     for i in keep..n {
-        let t = src.token_at(i);
+        let Some(t) = src.token_at(i) else {
+            return Err(i);
+        };
         if t < 0 && *unresolved == usize::MAX {
             *unresolved = i;
         }
         tokens.push(t);
     }
-    rewritten
+    Ok(rewritten)
 }
 
 /// A request's history in a pipeline's [`HistoryStore`].
@@ -262,22 +270,24 @@ mod tests {
     fn sync_reads_only_what_changed() {
         let src: SharedHistory = Arc::new(RwLock::new(vec![1, 2, -1]));
         let (mut copy, mut unresolved) = (Vec::new(), usize::MAX);
-        sync_history(&src, &mut copy, &mut unresolved);
+        sync_history(&src, &mut copy, &mut unresolved).unwrap();
         assert_eq!((copy.clone(), unresolved), (vec![1, 2, -1], 2));
         src.write().unwrap()[2] = 7; // placeholder filled in
         src.write().unwrap().push(8);
-        sync_history(&src, &mut copy, &mut unresolved);
+        sync_history(&src, &mut copy, &mut unresolved).unwrap();
         assert_eq!((copy.clone(), unresolved), (vec![1, 2, 7, 8], usize::MAX));
         {
             let mut v = src.write().unwrap(); // shrink and regrow to the same length
             v.truncate(2);
             v.extend([5, 6]);
         }
-        sync_history(&src, &mut copy, &mut unresolved);
+        sync_history(&src, &mut copy, &mut unresolved).unwrap();
         assert_eq!(copy, vec![1, 2, 5, 6]);
         src.write().unwrap().truncate(1);
-        sync_history(&src, &mut copy, &mut unresolved);
+        sync_history(&src, &mut copy, &mut unresolved).unwrap();
         assert_eq!(copy, vec![1]);
+        src.write().unwrap().extend([4, -7]);
+        assert_eq!(sync_history(&src, &mut copy, &mut unresolved), Err(2));
     }
 
     #[test]

@@ -661,9 +661,10 @@ impl<S: HistorySource> Pipeline<S> {
     }
 
     /// A V1 step without a batch change: only the per-step work (new tokens, lengths).
-    pub fn update_none(&mut self) {
-        self.sync_sources(false);
+    pub fn update_none(&mut self) -> Result<()> {
+        self.sync_sources(false)?;
         self.work_none();
+        Ok(())
     }
 
     fn work_none(&mut self) {
@@ -699,9 +700,9 @@ impl<S: HistorySource> Pipeline<S> {
     }
 
     /// Looks again at the outputs of the tables that stopped at a placeholder.
-    pub fn restep(&mut self) {
+    pub fn restep(&mut self) -> Result<()> {
         let bs = self.batch_size;
-        self.sync_sources(true);
+        self.sync_sources(true)?;
         let t = &mut self.tables;
         let store = &self.store;
         if let Some(s) = t.penalties.as_mut().filter(|s| s.saw_placeholders()) {
@@ -715,6 +716,7 @@ impl<S: HistorySource> Pipeline<S> {
             s.sync_triples();
         }
         self.store.clear_rewritten();
+        Ok(())
     }
 
     /// One step, atomically: the token feed (if any) and the batch update (or none) are both
@@ -750,7 +752,14 @@ impl<S: HistorySource> Pipeline<S> {
             }
             None => None,
         };
-        self.sync_sources(false);
+        if let Err(e) = self.sync_sources(false) {
+            if let Some(c) = checked {
+                for (_, entry) in c.added {
+                    self.uninstall(entry.id);
+                }
+            }
+            return Err(e);
+        }
         if let Some((tokens, slots)) = feed {
             self.push_feed(tokens, slots);
         }
@@ -810,9 +819,9 @@ impl<S: HistorySource> Pipeline<S> {
     /// List feed: brings the histories up to date with their sources (see [`sync_history`]):
     /// all of them at a step, or only those that ended in an async placeholder
     /// (`only_unresolved`) before a re-step.
-    fn sync_sources(&mut self, only_unresolved: bool) {
+    fn sync_sources(&mut self, only_unresolved: bool) -> Result<()> {
         if self.listed == 0 {
-            return;
+            return Ok(());
         }
         self.store.clear_rewritten();
         let Pipeline {
@@ -831,15 +840,26 @@ impl<S: HistorySource> Pipeline<S> {
         }
         // Only the histories some table will read: a request whose min_tokens were reached, or
         // whose thinking ended, is not re-read.
+        let mut junk: Option<(HistoryId, usize)> = None;
         let mut sync = |id: &HistoryId| {
             let i = id.index();
-            if synced[i] == epoch || (only_unresolved && unresolved[i] == usize::MAX) {
+            if junk.is_some()
+                || synced[i] == epoch
+                || (only_unresolved && unresolved[i] == usize::MAX)
+            {
                 return;
             }
             synced[i] = epoch;
             if let Some(src) = &sources[i] {
-                let rewritten = src.sync_into(store.tokens_mut(*id), &mut unresolved[i]);
-                store.set_rewritten(*id, rewritten);
+                match src.sync_into(store.tokens_mut(*id), &mut unresolved[i]) {
+                    Ok(rewritten) => store.set_rewritten(*id, rewritten),
+                    Err(pos) => {
+                        // The copy holds what came before the bad entry: the next sync
+                        // re-reads from there.
+                        unresolved[i] = unresolved[i].min(pos);
+                        junk = Some((*id, pos));
+                    }
+                }
             }
         };
         if let Some(t) = &tables.min_tokens {
@@ -853,6 +873,23 @@ impl<S: HistorySource> Pipeline<S> {
         }
         if let Some(t) = &tables.thinking {
             t.readers().for_each(&mut sync);
+        }
+        match junk {
+            None => Ok(()),
+            Some((id, pos)) => {
+                let slot = self
+                    .outputs
+                    .iter()
+                    .find(|(_, &h)| h == id)
+                    .map_or(0, |(s, _)| s);
+                Err(Error::invalid(
+                    slot,
+                    "output_tok_ids",
+                    format!(
+                        "position {pos} holds neither a token id nor an async placeholder (-1)"
+                    ),
+                ))
+            }
         }
     }
 
@@ -960,7 +997,7 @@ impl<S: HistorySource> Pipeline<S> {
         if let Some((tokens, slots)) = feed {
             self.check_feed(tokens, Some(slots))?;
         }
-        self.sync_sources(false);
+        self.sync_sources(false)?;
         if let Some((tokens, slots)) = feed {
             self.push_feed(tokens, Some(slots));
         }
@@ -1419,7 +1456,7 @@ mod tests {
         u.added = vec![(0, req())];
         p.update(u).unwrap();
         assert!(p.stage(0, false).unwrap().is_some());
-        p.update_none();
+        p.update_none().unwrap();
         assert_eq!(p.stage(1, false).unwrap(), None);
         assert_eq!(p.arena().last_upload_bytes(), 0);
     }

@@ -509,7 +509,7 @@ impl Harness {
         let before = pipe_snap(&self.pipe);
         let res = match u {
             None => {
-                self.pipe.update_none();
+                self.pipe.update_none().expect("clean lists");
                 self.atomic.2.update_none(&());
                 Ok(())
             }

@@ -6,7 +6,7 @@ use pyo3::types::{PyBool, PyList};
 
 use super::errors::bad_value;
 use super::update::AddedEntry;
-use crate::history::{sync_history, HistorySource};
+use crate::history::{sync_history, HistorySource, SyncResult};
 use crate::pipeline::Output;
 
 /// The engine's live output list; the pipeline re-reads its new tail every step.
@@ -23,9 +23,15 @@ pub fn output_of(e: &AddedEntry<'_>, token_feed: bool) -> PyResult<Output<PyList
             "expected the live output list (a list)",
         )
     })?;
-    let mut tokens = Vec::with_capacity(list.len());
-    for item in list.iter() {
-        let t = token_of(&item);
+    let mut tokens = Vec::new();
+    for (pos, item) in list.iter().enumerate() {
+        let t = token_of(&item).ok_or_else(|| {
+            bad_value(
+                e.index,
+                "output_tok_ids",
+                format!("position {pos} holds neither a token id nor an async placeholder (-1)"),
+            )
+        })?;
         if token_feed && t < 0 {
             break;
         }
@@ -35,13 +41,13 @@ pub fn output_of(e: &AddedEntry<'_>, token_feed: bool) -> PyResult<Output<PyList
     Ok(Output { tokens, source })
 }
 
-/// A list entry as a token id: ints as themselves; anything else (bools, floats, None, ints
-/// outside int64, which no engine writes) reads as an async placeholder (−1).
-fn token_of(item: &Bound<'_, PyAny>) -> i64 {
+/// A list entry as a token id (−1: an async placeholder); `None` for anything else: a bool,
+/// a float, None, an int below −1 or beyond int64, which no engine writes.
+fn token_of(item: &Bound<'_, PyAny>) -> Option<i64> {
     if item.is_instance_of::<PyBool>() {
-        return -1;
+        return None;
     }
-    item.extract::<i64>().unwrap_or(-1)
+    item.extract::<i64>().ok().filter(|&t| t >= -1)
 }
 
 /// Runs `f` with the interpreter token. Sources are read only from inside `Pipeline`'s
@@ -67,11 +73,11 @@ impl HistorySource for PyListSource {
         attached(|py| BoundList(self.0.bind(py)).len())
     }
 
-    fn token_at(&self, i: usize) -> i64 {
+    fn token_at(&self, i: usize) -> Option<i64> {
         attached(|py| BoundList(self.0.bind(py)).token_at(i))
     }
 
-    fn sync_into(&self, tokens: &mut Vec<i64>, unresolved: &mut usize) -> usize {
+    fn sync_into(&self, tokens: &mut Vec<i64>, unresolved: &mut usize) -> SyncResult {
         // One attach for the whole sync, not one per token.
         attached(|py| sync_history(&BoundList(self.0.bind(py)), tokens, unresolved))
     }
@@ -85,7 +91,8 @@ impl HistorySource for BoundList<'_, '_> {
         self.0.len()
     }
 
-    fn token_at(&self, i: usize) -> i64 {
-        self.0.get_item(i).map(|x| token_of(&x)).unwrap_or(-1)
+    fn token_at(&self, i: usize) -> Option<i64> {
+        // An entry that vanished meanwhile reads as a placeholder: the next sync looks again.
+        self.0.get_item(i).map_or(Some(-1), |x| token_of(&x))
     }
 }

@@ -319,8 +319,8 @@ impl Pipeline {
     }
 
     /// Looks again at the outputs that ended in an async placeholder at the last step.
-    fn restep(&mut self) {
-        self.inner.restep();
+    fn restep(&mut self) -> PyResult<()> {
+        Ok(self.inner.restep()?)
     }
 
     /// Copies what changed into staging copy `k`; returns the upload to make, or None:

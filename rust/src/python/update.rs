@@ -127,6 +127,11 @@ pub struct Shape<'py> {
     pub moved: Vec<Move>,
 }
 
+/// A Python error raised while iterating an update's list, as a `ValueError` naming the list.
+fn raised(field: &str, e: PyErr) -> PyErr {
+    bad_update(field, format!("reading it raised {e}"))
+}
+
 /// `bu.<field>` as an iterator; a missing or non-iterable field is a `ValueError`.
 fn iter_field<'py>(
     bu: &Bound<'py, PyAny>,
@@ -165,14 +170,17 @@ pub fn read_shape<'py>(bu: &Bound<'py, PyAny>, max_entries: usize) -> PyResult<S
         if removed.len() == max_entries {
             return Err(too_many("removed"));
         }
-        removed.push(index_of(&item?, "removed")?);
+        removed.push(index_of(
+            &item.map_err(|e| raised("removed", e))?,
+            "removed",
+        )?);
     }
     let mut added = Vec::new();
     for item in iter_field(bu, intern!(py, "added"), "added")? {
         if added.len() == max_entries {
             return Err(too_many("added"));
         }
-        let item = item?;
+        let item = item.map_err(|e| raised("added", e))?;
         let [index, params, prompt, output]: [Bound<'_, PyAny>; 4] = entry_items(
             &item,
             4,
@@ -193,7 +201,7 @@ pub fn read_shape<'py>(bu: &Bound<'py, PyAny>, max_entries: usize) -> PyResult<S
         if moved.len() == max_entries {
             return Err(too_many("moved"));
         }
-        let item = item?;
+        let item = item.map_err(|e| raised("moved", e))?;
         let [a, b, dir]: [Bound<'_, PyAny>; 3] =
             entry_items(&item, 3, "moved", "(index1, index2, direction)")?
                 .try_into()
@@ -312,7 +320,7 @@ pub fn bounded_ints(
                 format!("more entries than the cap of {max}"),
             ));
         }
-        let t = t?;
+        let t = t.map_err(|e| bad_value(index, field, format!("reading it raised {e}")))?;
         if t.is_instance_of::<pyo3::types::PyBool>() {
             return Err(bad_value(index, field, "expected ints, got a bool"));
         }
