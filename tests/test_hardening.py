@@ -215,3 +215,29 @@ def test_junk_in_an_output_list_is_an_error_not_a_placeholder(junk: object) -> N
     out[1] = 5  # the engine repairs its list: the request's later tokens count again
     procs.update_state(add)
     assert procs.pipeline.core.penalties_counted(0) == [3, 5, 4]
+
+
+def test_a_big_capacity_costs_no_memory_until_used() -> None:
+    """max_num_seqs=65536 with every table: the buffers are zeroed lazily (fresh pages), so
+    building does not write gigabytes (4.25 GB of RSS, and 25 s, when every page was written up
+    front). Memory is what is checked; the time follows from it."""
+    script = textwrap.dedent(
+        """
+        import resource
+        import torch
+        from logitsproc_rs import EngineConfig, build_logitsprocs
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        procs = build_logitsprocs(EngineConfig(max_num_seqs=65536, vocab_size=32000), "cpu", False)
+        grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+        print(grew // 1024)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout) < 400, f"building grew the RSS by {out.stdout.strip()} MiB"

@@ -72,7 +72,12 @@ element!(u8, 1, 8);
 
 /// One page-aligned allocation; frees itself when the last owner (buffer or view) goes.
 pub(crate) struct RawAlloc {
+    /// The page-aligned start handed out.
     ptr: NonNull<u8>,
+    /// Bytes from `ptr`: a whole number of pages.
+    size: usize,
+    /// What the allocator returned, and with which layout (for `dealloc`).
+    base: NonNull<u8>,
     layout: Layout,
 }
 
@@ -81,24 +86,39 @@ unsafe impl Send for RawAlloc {}
 unsafe impl Sync for RawAlloc {}
 
 impl RawAlloc {
-    /// `bytes` rounded up to whole pages (at least one), zeroed. An allocation failure is an
-    /// error, not an abort.
+    /// `bytes` rounded up to whole pages (at least one), zeroed and page-aligned. An allocation
+    /// failure is an error, not an abort.
+    ///
+    /// The allocation asks for the allocator's natural alignment and one page more, then starts
+    /// at the first page boundary inside it: a zeroed request with the natural alignment is a
+    /// `calloc`, whose large blocks are fresh pages mapped on first touch, so a big table costs
+    /// no memory until written. (A zeroed request for page alignment is zero-filled by hand,
+    /// touching every page at construction.)
     pub(crate) fn zeroed(bytes: usize, field: &'static str) -> Result<Self> {
         let too_large = || Error::TooLarge {
             field,
             value: bytes,
             max: isize::MAX as usize,
         };
-        let rounded = bytes
+        let size = bytes
             .max(1)
             .checked_next_multiple_of(PAGE_SIZE)
             .ok_or_else(too_large)?;
-        let layout = Layout::from_size_align(rounded, PAGE_SIZE).map_err(|_| too_large())?;
-        // SAFETY: layout has non-zero size. Zeroed memory from the allocator is typically fresh
-        // pages mapped on first touch, so a large buffer costs nothing until written.
+        let total = size.checked_add(PAGE_SIZE).ok_or_else(too_large)?;
+        let layout = Layout::from_size_align(total, 16).map_err(|_| too_large())?;
+        // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or(Error::OutOfMemory { field, bytes })?;
-        Ok(RawAlloc { ptr, layout })
+        let base = NonNull::new(raw).ok_or(Error::OutOfMemory { field, bytes })?;
+        let offset = (PAGE_SIZE - (raw as usize) % PAGE_SIZE) % PAGE_SIZE;
+        // SAFETY: `offset < PAGE_SIZE`, so `[offset, offset + size)` lies inside the `total` bytes
+        // allocated.
+        let ptr = unsafe { NonNull::new_unchecked(raw.add(offset)) };
+        Ok(RawAlloc {
+            ptr,
+            size,
+            base,
+            layout,
+        })
     }
 
     pub(crate) fn as_ptr(&self) -> *mut u8 {
@@ -106,14 +126,14 @@ impl RawAlloc {
     }
 
     pub(crate) fn nbytes(&self) -> usize {
-        self.layout.size()
+        self.size
     }
 }
 
 impl Drop for RawAlloc {
     fn drop(&mut self) {
         // SAFETY: allocated in `zeroed` with this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        unsafe { dealloc(self.base.as_ptr(), self.layout) }
     }
 }
 
