@@ -241,3 +241,12 @@ def test_a_big_capacity_costs_no_memory_until_used() -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout) < 400, f"building grew the RSS by {out.stdout.strip()} MiB"
+
+
+def test_a_config_error_names_the_config_field_not_a_request() -> None:
+    cfg = EngineConfig(
+        max_num_seqs=2, vocab_size=8, reasoning_start_token_ids=[1], reasoning_end_token_ids=[9]
+    )
+    with pytest.raises(ValueError, match="config field 'reasoning_end_token_ids'") as e:
+        build_logitsprocs(cfg, "cpu", False)
+    assert "request" not in str(e.value)

@@ -45,6 +45,11 @@ pub enum Error {
     OutOfMemory { field: &'static str, bytes: usize },
     /// A step call that does not fit the pipeline's protocol (Python's `RuntimeError`).
     Protocol(String),
+    /// A bad engine-wide setting (not tied to a request).
+    Config {
+        field: &'static str,
+        message: String,
+    },
 }
 
 impl Error {
@@ -106,6 +111,7 @@ impl fmt::Display for Error {
                 "field '{field}': could not allocate {bytes} bytes of host memory"
             ),
             Error::Protocol(message) => f.write_str(message),
+            Error::Config { field, message } => write!(f, "config field '{field}': {message}"),
         }
     }
 }

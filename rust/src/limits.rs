@@ -61,6 +61,14 @@ pub fn check_token(
     Ok(token as i32)
 }
 
+/// [`check_token`] for an engine-wide setting: the error names the config field.
+pub fn check_config_token(field: &'static str, token: i64, vocab_size: usize) -> Result<i32> {
+    check_token(0, field, token, vocab_size).map_err(|_| Error::Config {
+        field,
+        message: format!("token id {token} outside [0, {vocab_size})"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

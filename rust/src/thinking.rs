@@ -31,7 +31,7 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::history::TokenHistory;
-use crate::limits::check_token;
+use crate::limits::check_config_token;
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
 
@@ -406,7 +406,7 @@ impl<H: TokenHistory> ThinkingState<H> {
             ("reasoning_end_token_ids", &config.end_ids),
         ] {
             for &t in ids {
-                check_token(0, field, t, vocab_size)?;
+                check_config_token(field, t, vocab_size)?;
             }
         }
         Ok(ThinkingState {
