@@ -21,19 +21,26 @@
 use crate::allowed::AllowedState;
 use crate::arena::{Arena, HasBuffers, Staged, Upload};
 use crate::bad_words::{BadWordsParams, BadWordsState};
-use crate::batch::{BatchUpdate, Move, SlotOps};
+use crate::batch::{BatchUpdate, Move};
 use crate::buffer::HostBuffer;
 use crate::columns::{Column, ColumnSpec, ColumnValue};
 use crate::error::{Error, Result};
 use crate::history::{HistoryId, HistorySource, HistoryStore};
-use crate::limits::{check_sizes, check_token, MAX_ELEMENTS};
+use crate::limits::{check_sizes, MAX_ELEMENTS};
 use crate::logit_bias::LogitBiasState;
 use crate::min_p::MinPState;
 use crate::min_tokens::{MinTokensParams, MinTokensState};
 use crate::penalties::{PenaltiesState, PenaltyParams};
-use crate::sparse::{Padding, SparseRows};
+use crate::sparse::SparseRows;
 use crate::table::SlotTable;
 use crate::thinking::{ThinkingConfig, ThinkingParams, ThinkingState};
+
+mod drafts;
+mod outputs;
+mod slots;
+
+use outputs::OutputOps;
+use slots::{padded_rows, RowSpace};
 
 /// Which tables a pipeline holds, with their stated caps.
 #[derive(Clone, Debug, Default)]
@@ -119,20 +126,6 @@ impl<S> RequestParams<S> {
             output,
         }
     }
-}
-
-/// Row-space copies of the sparse tables (stable-slot front-end).
-struct RowSpace {
-    row_to_slot: HostBuffer<i64>,
-    rows: usize,
-    logit_bias: SparseRows<f32>,
-    min_tokens: SparseRows<f32>,
-    bad_words: SparseRows<f32>,
-    allowed: SparseRows<f32>,
-    allowed_rows: HostBuffer<i64>,
-    allowed_rows_len: usize,
-    thinking: SparseRows<f32>,
-    map: Vec<usize>,
 }
 
 /// The tables of one pipeline (what the arena lays out). Outputs are read through
@@ -773,402 +766,6 @@ impl<S: HistorySource> Pipeline<S> {
         Ok(())
     }
 
-    fn push_feed(&mut self, tokens: &[i64], slots: Option<&[usize]>) {
-        for (r, &t) in tokens.iter().enumerate() {
-            if t >= 0 {
-                if let Some(&id) = self.outputs.get(slots.map_or(r, |s| s[r])) {
-                    self.store.tokens_mut(id).push(t);
-                }
-            }
-        }
-    }
-
-    /// Installs a new request's history and checks it against every table; on an error the
-    /// history is released again, so nothing is left behind.
-    fn admit(&mut self, index: usize, mut p: RequestParams<S>) -> Result<Checked<S>> {
-        let tokens = std::mem::take(&mut p.output.tokens);
-        let output_len = tokens.len();
-        let unresolved = tokens.iter().position(|&t| t < 0).unwrap_or(usize::MAX);
-        let id = self.store.install(tokens);
-        let i = id.index();
-        if self.sources.len() <= i {
-            self.sources.resize_with(i + 1, || None);
-            self.unresolved.resize(i + 1, usize::MAX);
-        }
-        self.sources[i] = p.output.source.take();
-        self.listed += usize::from(self.sources[i].is_some());
-        self.unresolved[i] = unresolved;
-        let checked = self
-            .check(index, p, id, output_len)
-            .inspect_err(|_| self.uninstall(id))?;
-        let read = checked.min_tokens.is_some()
-            || checked.penalties.is_some()
-            || checked.bad_words.is_some()
-            || checked.thinking.is_some();
-        if !read && self.sources[i].take().is_some() {
-            // No table reads this output: nothing to re-read every step.
-            self.listed -= 1;
-        }
-        Ok(checked)
-    }
-
-    fn uninstall(&mut self, id: HistoryId) {
-        self.listed -= release(&mut self.store, &mut self.sources, &mut self.unresolved, id);
-    }
-
-    /// List feed: brings the histories up to date with their sources (see [`sync_history`]):
-    /// all of them at a step, or only those that ended in an async placeholder
-    /// (`only_unresolved`) before a re-step.
-    fn sync_sources(&mut self, only_unresolved: bool) -> Result<()> {
-        if self.listed == 0 {
-            return Ok(());
-        }
-        self.store.clear_rewritten();
-        let Pipeline {
-            tables,
-            store,
-            sources,
-            unresolved,
-            synced,
-            sync_epoch,
-            ..
-        } = self;
-        *sync_epoch += 1;
-        let epoch = *sync_epoch;
-        if synced.len() < sources.len() {
-            synced.resize(sources.len(), 0);
-        }
-        // Only the histories some table will read: a request whose min_tokens were reached, or
-        // whose thinking ended, is not re-read.
-        let mut junk: Option<(HistoryId, usize)> = None;
-        let mut sync = |id: &HistoryId| {
-            let i = id.index();
-            if junk.is_some()
-                || synced[i] == epoch
-                || (only_unresolved && unresolved[i] == usize::MAX)
-            {
-                return;
-            }
-            synced[i] = epoch;
-            if let Some(src) = &sources[i] {
-                match src.sync_into(store.tokens_mut(*id), &mut unresolved[i]) {
-                    Ok(rewritten) => store.set_rewritten(*id, rewritten),
-                    Err(pos) => {
-                        // The copy holds what came before the bad entry: the next sync
-                        // re-reads from there.
-                        unresolved[i] = unresolved[i].min(pos);
-                        junk = Some((*id, pos));
-                    }
-                }
-            }
-        };
-        if let Some(t) = &tables.min_tokens {
-            t.readers().for_each(&mut sync);
-        }
-        if let Some(t) = &tables.penalties {
-            t.readers().for_each(&mut sync);
-        }
-        if let Some(t) = &tables.bad_words {
-            t.readers().for_each(&mut sync);
-        }
-        if let Some(t) = &tables.thinking {
-            t.readers().for_each(&mut sync);
-        }
-        match junk {
-            None => Ok(()),
-            Some((id, pos)) => {
-                let slot = self
-                    .outputs
-                    .iter()
-                    .find(|(_, &h)| h == id)
-                    .map_or(0, |(s, _)| s);
-                Err(Error::invalid(
-                    slot,
-                    "output_tok_ids",
-                    format!(
-                        "position {pos} holds neither a token id nor an async placeholder (-1)"
-                    ),
-                ))
-            }
-        }
-    }
-
-    /// The output history of the request in `slot` (tests, debugging).
-    pub fn history(&self, slot: usize) -> Option<&[i64]> {
-        self.outputs.get(slot).map(|&id| self.store.tokens(id))
-    }
-
-    /// Checks a token feed without appending anything.
-    fn check_feed(&self, tokens: &[i64], slots: Option<&[usize]>) -> Result<()> {
-        if let Some(s) = slots {
-            if s.len() != tokens.len() {
-                return Err(Error::invalid(
-                    0,
-                    "sampled_token_ids",
-                    format!("{} tokens for {} rows", tokens.len(), s.len()),
-                ));
-            }
-        }
-        if tokens.len() > self.max_rows() {
-            return Err(Error::TooLarge {
-                field: "sampled_token_ids",
-                value: tokens.len(),
-                max: self.max_rows(),
-            });
-        }
-        for (r, &t) in tokens.iter().enumerate() {
-            let slot = slots.map_or(r, |s| s[r]);
-            if slot >= self.capacity {
-                return Err(Error::IndexOutOfRange {
-                    index: slot,
-                    field: "row_to_slot",
-                    capacity: self.capacity,
-                });
-            }
-            if t == -1 {
-                continue;
-            }
-            check_token(r, "sampled_token_ids", t, self.vocab_size)?;
-            if self.listed > 0
-                && self
-                    .outputs
-                    .get(slot)
-                    .is_some_and(|id| self.sources[id.index()].is_some())
-            {
-                return Err(Error::Protocol(
-                    "this pipeline reads the engine's output lists (the list feed); build it \
-                     with token_feed=True to pass sampled token ids"
-                        .into(),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Stable slots: request `params` occupies `slot` from the next step on, replacing
-    /// whatever the slot held. Checked now (an error changes nothing); applied by the next
-    /// [`step_slots`](Self::step_slots), in call order with the other changes of the step.
-    pub fn add_request(&mut self, slot: usize, params: RequestParams<S>) -> Result<()> {
-        if slot >= self.capacity {
-            return Err(Error::IndexOutOfRange {
-                index: slot,
-                field: "slot",
-                capacity: self.capacity,
-            });
-        }
-        let checked = self.admit(slot, params)?;
-        self.drop_pending(slot);
-        self.pending.push((slot, Some(checked)));
-        Ok(())
-    }
-
-    /// Stable slots: `slot` is free from the next step on.
-    pub fn remove_request(&mut self, slot: usize) -> Result<()> {
-        if slot >= self.capacity {
-            return Err(Error::IndexOutOfRange {
-                index: slot,
-                field: "slot",
-                capacity: self.capacity,
-            });
-        }
-        self.drop_pending(slot);
-        self.pending.push((slot, None));
-        Ok(())
-    }
-
-    /// Forgets a pending change of `slot` (a later change of the same slot replaces it).
-    fn drop_pending(&mut self, slot: usize) {
-        if let Some(k) = self.pending.iter().position(|(s, _)| *s == slot) {
-            if let (_, Some(c)) = self.pending.remove(k) {
-                self.uninstall(c.id);
-            }
-        }
-    }
-
-    /// Stable slots, one step: the token feed (tokens by slot), the slot changes made since
-    /// the last step, the per-step work, then the row map of this step's logits. The feed and
-    /// the map are checked before anything changes.
-    pub fn step_slots(
-        &mut self,
-        row_to_slot: &[usize],
-        feed: Option<(&[i64], &[usize])>,
-    ) -> Result<()> {
-        self.check_row_map(row_to_slot)?;
-        if let Some((tokens, slots)) = feed {
-            self.check_feed(tokens, Some(slots))?;
-        }
-        self.sync_sources(false)?;
-        if let Some((tokens, slots)) = feed {
-            self.push_feed(tokens, Some(slots));
-        }
-        if self.pending.is_empty() {
-            self.work_none();
-        } else {
-            let mut u = BatchUpdate::new(self.capacity);
-            for (slot, change) in std::mem::take(&mut self.pending) {
-                match change {
-                    Some(c) => u.added.push((slot, c)),
-                    None => u.removed.push(slot),
-                }
-            }
-            self.commit(u);
-        }
-        self.map_rows(row_to_slot)
-    }
-
-    fn check_row_map(&self, row_to_slot: &[usize]) -> Result<()> {
-        let Some(rs) = &self.tables.rows else {
-            return Err(Error::Protocol(
-                "this pipeline was built without stable slots".into(),
-            ));
-        };
-        if row_to_slot.len() > rs.row_to_slot.len() {
-            return Err(Error::TooLarge {
-                field: "row_to_slot",
-                value: row_to_slot.len(),
-                max: rs.row_to_slot.len(),
-            });
-        }
-        if let Some(&s) = row_to_slot.iter().find(|&&s| s >= self.capacity) {
-            return Err(Error::IndexOutOfRange {
-                index: s,
-                field: "row_to_slot",
-                capacity: self.capacity,
-            });
-        }
-        Ok(())
-    }
-
-    /// Stable slots: logits row `r` belongs to slot `row_to_slot[r]` this step. Builds the
-    /// row-space copies of the sparse tables (only rewritten when they change) and the row map
-    /// the dense tables are gathered with.
-    pub fn map_rows(&mut self, row_to_slot: &[usize]) -> Result<()> {
-        self.check_row_map(row_to_slot)?;
-        let cap = self.capacity;
-        let rs = self.tables.rows.as_mut().expect("checked above");
-        for (r, &s) in row_to_slot.iter().enumerate() {
-            if r >= rs.rows || rs.row_to_slot.get(r) != s as i64 {
-                rs.row_to_slot.set(r, s as i64);
-            }
-        }
-        rs.rows = row_to_slot.len();
-        rs.map.clear();
-        rs.map.extend_from_slice(row_to_slot);
-        let Tables {
-            logit_bias,
-            min_tokens,
-            bad_words,
-            thinking,
-            allowed,
-            rows,
-            ..
-        } = &mut self.tables;
-        let rs = rows.as_mut().expect("checked above");
-        let map = &rs.map;
-        if let Some(s) = logit_bias {
-            remap(
-                s.triples(),
-                cap,
-                map,
-                &mut rs.logit_bias,
-                Padding::FirstWithValue(-0.0),
-            );
-        }
-        if let Some(s) = min_tokens {
-            remap(
-                s.triples(),
-                cap,
-                map,
-                &mut rs.min_tokens,
-                Padding::RepeatFirst,
-            );
-        }
-        if let Some(s) = bad_words {
-            remap(
-                s.triples(),
-                cap,
-                map,
-                &mut rs.bad_words,
-                Padding::RepeatFirst,
-            );
-        }
-        if let Some(s) = thinking {
-            remap(
-                s.triples(),
-                cap,
-                map,
-                &mut rs.thinking,
-                Padding::RepeatFirst,
-            );
-        }
-        if let Some(s) = allowed {
-            if remap(s.pairs(), cap, map, &mut rs.allowed, Padding::RepeatFirst) {
-                let restricted: Vec<usize> = (0..map.len())
-                    .filter(|&r| s.is_restricted(map[r]))
-                    .collect();
-                rs.allowed_rows_len = restricted.len();
-                let padded = padded_rows(restricted.len(), rs.allowed_rows.len());
-                for (k, &r) in restricted.iter().enumerate() {
-                    rs.allowed_rows.set(k, r as i64);
-                }
-                if let Some(&first) = restricted.first() {
-                    rs.allowed_rows.fill(restricted.len(), padded, first as i64);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Draft-row masks of MinTokens (vLLM `apply_with_spec_decode`); returns the layout's row
-    /// count. The row count is checked against the configured draft tokens first.
-    pub fn spec_min_tokens(&mut self, num_draft: &[usize]) -> Result<usize> {
-        self.check_draft_layout(num_draft)?;
-        let t = &mut self.tables;
-        match (&t.min_tokens, &mut t.spec_min_tokens) {
-            (Some(s), Some(out)) => s.spec_decode_triples(num_draft, out, &self.store),
-            _ => Err(Error::Protocol(
-                "speculative decoding is not configured for MinTokens".into(),
-            )),
-        }
-    }
-
-    /// Draft-row bans of bad words (vLLM `apply_bad_words_with_drafts`).
-    pub fn spec_bad_words(&mut self, num_draft: &[usize], drafts: &[Vec<i64>]) -> Result<usize> {
-        self.check_draft_layout(num_draft)?;
-        let t = &mut self.tables;
-        match (&t.bad_words, &mut t.spec_bad_words) {
-            (Some(s), Some(out)) => s.spec_decode_triples(num_draft, drafts, out, &self.store),
-            _ => Err(Error::Protocol(
-                "speculative decoding is not configured for bad words".into(),
-            )),
-        }
-    }
-
-    fn check_draft_layout(&self, num_draft: &[usize]) -> Result<()> {
-        if num_draft.len() > self.capacity {
-            return Err(Error::TooLarge {
-                field: "num_draft_tokens",
-                value: num_draft.len(),
-                max: self.capacity,
-            });
-        }
-        if let Some((r, &n)) = num_draft
-            .iter()
-            .enumerate()
-            .find(|(_, &n)| n > self.spec_tokens.max(1))
-        {
-            return Err(Error::invalid(
-                r,
-                "num_draft_tokens",
-                format!(
-                    "{n} draft rows, more than the configured {} speculative tokens",
-                    self.spec_tokens
-                ),
-            ));
-        }
-        Ok(())
-    }
-
     /// Stages what the tables wrote since the last stage into staging copy `k`; returns the
     /// upload to make (see [`Arena::stage`]).
     pub fn stage(&mut self, k: usize, all: bool) -> Result<Option<Upload>> {
@@ -1178,11 +775,6 @@ impl<S: HistorySource> Pipeline<S> {
     /// Forgets what was written (CPU zero-copy path), counting it as an upload would.
     pub fn discard(&mut self) {
         self.arena.discard(&mut self.tables);
-    }
-
-    /// Row map of the last [`map_rows`](Self::map_rows), if any.
-    pub fn row_map(&self) -> Option<&[usize]> {
-        self.tables.rows.as_ref().map(|r| r.map.as_slice())
     }
 
     /// Numbers the Python side reads after a step (see [`Status`]).
@@ -1218,46 +810,6 @@ impl<S: HistorySource> Pipeline<S> {
     }
 }
 
-/// Frees a history (and its source) that no table refers to any more; returns how many
-/// sources went with it (0 or 1).
-fn release<S>(
-    store: &mut HistoryStore,
-    sources: &mut [Option<S>],
-    unresolved: &mut [usize],
-    id: HistoryId,
-) -> usize {
-    store.release(id);
-    unresolved[id.index()] = usize::MAX;
-    usize::from(sources[id.index()].take().is_some())
-}
-
-/// The slots' history ids under the table rule; a history displaced from its slot is released.
-struct OutputOps<'a, S> {
-    slots: &'a mut SlotTable<HistoryId>,
-    store: &'a mut HistoryStore,
-    sources: &'a mut Vec<Option<S>>,
-    unresolved: &'a mut Vec<usize>,
-    listed: &'a mut usize,
-}
-
-impl<S> SlotOps for OutputOps<'_, S> {
-    type Value = HistoryId;
-
-    fn put(&mut self, index: usize, value: Option<HistoryId>) {
-        if let Some(old) = self.slots.replace(index, value) {
-            *self.listed -= release(self.store, self.sources, self.unresolved, old);
-        }
-    }
-
-    fn take(&mut self, index: usize) -> Option<HistoryId> {
-        self.slots.replace(index, None)
-    }
-
-    fn swap(&mut self, a: usize, b: usize) {
-        self.slots.swap(a, b);
-    }
-}
-
 /// What a step left for the device side to read: lengths of the exported triples (padded) and
 /// the counts it skips work by.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1280,45 +832,6 @@ pub struct Status {
     pub row_allowed_rows: usize,
     pub row_thinking: usize,
     pub columns_active: Vec<usize>,
-}
-
-/// Restricted-row padding: repeats of the first up to a power of two.
-fn padded_rows(n: usize, cap: usize) -> usize {
-    if n == 0 {
-        0
-    } else {
-        n.next_power_of_two().min(cap)
-    }
-}
-
-/// Rewrites `out` as the row-space copy of slot-space triples `src`: every row gets the triples
-/// of its slot. Returns whether `out` changed.
-fn remap(
-    src: &SparseRows<f32>,
-    capacity: usize,
-    row_to_slot: &[usize],
-    out: &mut SparseRows<f32>,
-    pad: Padding<f32>,
-) -> bool {
-    // Triples are grouped by slot in ascending order: find each slot's range once.
-    let n = src.len();
-    let mut start = vec![0usize; capacity + 1];
-    for i in 0..n {
-        start[src.rows().get(i) as usize + 1] += 1;
-    }
-    for s in 0..capacity {
-        start[s + 1] += start[s];
-    }
-    let mut entries = Vec::new();
-    for (r, &s) in row_to_slot.iter().enumerate() {
-        for i in start[s]..start[s + 1] {
-            if entries.len() >= out.capacity() {
-                break; // cannot happen: out holds rows × per-request cap
-            }
-            entries.push((r, src.cols().get(i), src.vals().get(i)));
-        }
-    }
-    out.rebuild_if_changed(&entries, pad)
 }
 
 #[cfg(test)]

@@ -1,0 +1,57 @@
+//! Speculative decoding's draft rows on the V1 path (vLLM's rejection-sampler layout).
+
+use super::Pipeline;
+use crate::error::{Error, Result};
+use crate::history::HistorySource;
+
+impl<S: HistorySource> Pipeline<S> {
+    /// Draft-row masks of MinTokens (vLLM `apply_with_spec_decode`); returns the layout's row
+    /// count. The row count is checked against the configured draft tokens first.
+    pub fn spec_min_tokens(&mut self, num_draft: &[usize]) -> Result<usize> {
+        self.check_draft_layout(num_draft)?;
+        let t = &mut self.tables;
+        match (&t.min_tokens, &mut t.spec_min_tokens) {
+            (Some(s), Some(out)) => s.spec_decode_triples(num_draft, out, &self.store),
+            _ => Err(Error::Protocol(
+                "speculative decoding is not configured for MinTokens".into(),
+            )),
+        }
+    }
+
+    /// Draft-row bans of bad words (vLLM `apply_bad_words_with_drafts`).
+    pub fn spec_bad_words(&mut self, num_draft: &[usize], drafts: &[Vec<i64>]) -> Result<usize> {
+        self.check_draft_layout(num_draft)?;
+        let t = &mut self.tables;
+        match (&t.bad_words, &mut t.spec_bad_words) {
+            (Some(s), Some(out)) => s.spec_decode_triples(num_draft, drafts, out, &self.store),
+            _ => Err(Error::Protocol(
+                "speculative decoding is not configured for bad words".into(),
+            )),
+        }
+    }
+
+    pub(super) fn check_draft_layout(&self, num_draft: &[usize]) -> Result<()> {
+        if num_draft.len() > self.capacity {
+            return Err(Error::TooLarge {
+                field: "num_draft_tokens",
+                value: num_draft.len(),
+                max: self.capacity,
+            });
+        }
+        if let Some((r, &n)) = num_draft
+            .iter()
+            .enumerate()
+            .find(|(_, &n)| n > self.spec_tokens.max(1))
+        {
+            return Err(Error::invalid(
+                r,
+                "num_draft_tokens",
+                format!(
+                    "{n} draft rows, more than the configured {} speculative tokens",
+                    self.spec_tokens
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
