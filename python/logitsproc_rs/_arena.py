@@ -16,6 +16,7 @@ With ``is_pin_memory`` the staging copies are registered with CUDA once (page-al
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -67,13 +68,13 @@ class DeviceArena:
                 self.views.append(torch.from_dlpack(core.buffer(i)))
             return
         total = max(core.arena_bytes, 1)
-        with torch.cuda.device(device) if device.type == "cuda" else _nullctx():
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             self.arena = torch.zeros(total, dtype=torch.uint8, device=device)
         for _name, off, nbytes, dtype, length in self.sections:
             self.views.append(self.arena[off : off + nbytes].view(_DTYPES[dtype])[:length])
         # Packed uploads land in a scratch area and are scattered into the arena as int32 words
         # (every section is 256-byte aligned and holds 4- or 8-byte elements).
-        with torch.cuda.device(device) if device.type == "cuda" else _nullctx():
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             self._scratch = torch.empty(total, dtype=torch.uint8, device=device)
         self._words = self.arena.view(torch.int32)
         if self._pin:
@@ -111,7 +112,7 @@ class DeviceArena:
         kind, a, b = upload
         staging = self._staging_tensor(k)
         cuda = self.device.type == "cuda"
-        with torch.cuda.device(self.device) if cuda else _nullctx():
+        with torch.cuda.device(self.device) if cuda else contextlib.nullcontext():
             if kind == "span":
                 self.arena[a:b].copy_(staging[a:b], non_blocking=cuda)
             else:
@@ -164,15 +165,3 @@ class DeviceArena:
     def staging_in_use(self) -> list[int]:
         """Which staging copies exist (allocated, and pinned with ``is_pin_memory``)."""
         return [k for k, t in enumerate(self._staging) if t is not None]
-
-    def wait_last(self) -> None:
-        """Wait for every copy issued (used between chunks of a very large step)."""
-        self.begin_step()
-
-
-class _nullctx:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -277,7 +277,6 @@ class Pipeline:
         row copies and the count additions to the device matrix (more chunks, rarely)."""
         core, cells = self.core, self.cells
         assert cells is not None
-        core.take_penalty_values_changed()
         n_copies = core.take_penalty_copies()
         m = core.next_penalty_chunk()
         if first_upload:
@@ -379,10 +378,6 @@ class Pipeline:
     def rows_of(self, name: str, logits: torch.Tensor, rowspace: bool) -> int:
         """Checks that the logits have as many rows as the batch (or the row map)."""
         rows = self.status[ROWS] if rowspace else self.status[BATCH_SIZE]
-        if not logits.is_floating_point():
-            raise ValueError(
-                f"{name}.apply: logits must be a floating-point tensor, got {logits.dtype}"
-            )
         if logits.dim() != 2 or logits.shape[0] != rows or logits.shape[1] != self.vocab_size:
             what = "the row map" if rowspace else "the batch"
             raise ValueError(

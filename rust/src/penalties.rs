@@ -75,7 +75,6 @@ pub struct PenaltiesState<H> {
     device_ops: bool,
     vocab_size: usize,
     batch_size: usize,
-    values_changed: bool,
     origin: Vec<Origin>,
     is_touched: Vec<bool>,
     /// Some output list ended in an async placeholder (-1) at the last count: the engine may
@@ -106,7 +105,6 @@ impl<H: TokenHistory> PenaltiesState<H> {
             device_ops: true,
             vocab_size,
             batch_size: 0,
-            values_changed: false,
             origin: (0..capacity).map(Origin::Row).collect(),
             is_touched: vec![false; capacity],
             placeholders: false,
@@ -172,11 +170,6 @@ impl<H: TokenHistory> PenaltiesState<H> {
     /// copy applied twice would undo the count additions made after it).
     pub fn take_copies(&mut self) -> usize {
         std::mem::take(&mut self.n_copies)
-    }
-
-    /// True (once) after the per-slot penalty values changed: re-upload them.
-    pub fn take_values_changed(&mut self) -> bool {
-        std::mem::take(&mut self.values_changed)
     }
 
     /// The current chunk of `(row, token, delta)` additions.
@@ -250,7 +243,6 @@ impl<H: TokenHistory> PenaltiesState<H> {
             self.repetition.set(index, v.0);
             self.frequency.set(index, v.1);
             self.presence.set(index, v.2);
-            self.values_changed = true;
         }
     }
 
@@ -614,7 +606,7 @@ mod tests {
                 (1, 4, 1)
             ]
         );
-        assert!(s.take_values_changed());
+        assert_eq!(s.repetition().to_vec(2), vec![1.2, 1.0]); // the values were written
 
         out0.write().unwrap().extend([7, -1]);
         s.update_none(&());
@@ -678,6 +670,6 @@ mod tests {
             .to_string()
             .contains("prompt_tok_ids"));
         assert_eq!(s.active(), 0);
-        assert!(!s.take_values_changed());
+        assert_eq!(s.repetition().to_vec(4), vec![1.0; 4]); // nothing was written
     }
 }

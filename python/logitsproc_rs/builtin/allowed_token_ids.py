@@ -6,8 +6,6 @@ import torch
 
 from ..pipeline import ALLOWED, ALLOWED_ROWS, ROW_OFFSET, PipelineView
 
-DEFAULT_MAX_ALLOWED_TOKEN_IDS = 4096
-
 
 def keep_only_(
     logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, restricted: torch.Tensor

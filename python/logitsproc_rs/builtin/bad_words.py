@@ -10,9 +10,6 @@ from ..pipeline import BAD_WORDS, ROW_OFFSET, PipelineView
 from ._common import put_sparse_
 from .min_tokens import _spec_apply
 
-DEFAULT_MAX_BAD_WORDS = 128
-DEFAULT_MAX_BAD_WORD_LEN = 64
-
 
 class BadWordsLogitsProcessor(PipelineView):
     """Not argmax-invariant. Reads ``params.bad_words_token_ids`` (vLLM's tokenized bad words).

@@ -7,8 +7,6 @@ import torch
 from ..pipeline import LOGIT_BIAS, ROW_OFFSET, PipelineView
 from ._common import add_sparse_
 
-DEFAULT_MAX_LOGIT_BIAS_ENTRIES = 1024
-
 
 class LogitBiasLogitsProcessor(PipelineView):
     """Not argmax-invariant: a bias can change the top token."""

@@ -9,8 +9,6 @@ import torch
 from ..pipeline import MIN_TOKENS, ROW_OFFSET, PipelineView
 from ._common import put_sparse_
 
-DEFAULT_MAX_STOP_TOKEN_IDS = 128
-
 
 class MinTokensLogitsProcessor(PipelineView):
     """Not argmax-invariant. Its state follows each request's output, so a step without a

@@ -130,14 +130,14 @@ impl<S> RequestParams<S> {
 
 /// The tables of one pipeline (what the arena lays out). Outputs are read through
 /// [`HistoryId`]s into the pipeline's [`HistoryStore`].
-pub struct Tables<H = HistoryId> {
+pub struct Tables {
     pub min_p: Option<MinPState>,
     pub logit_bias: Option<LogitBiasState>,
-    pub min_tokens: Option<MinTokensState<H>>,
-    pub penalties: Option<PenaltiesState<H>>,
-    pub bad_words: Option<BadWordsState<H>>,
+    pub min_tokens: Option<MinTokensState<HistoryId>>,
+    pub penalties: Option<PenaltiesState<HistoryId>>,
+    pub bad_words: Option<BadWordsState<HistoryId>>,
     pub allowed: Option<AllowedState>,
-    pub thinking: Option<ThinkingState<H>>,
+    pub thinking: Option<ThinkingState<HistoryId>>,
     pub columns: Vec<Column>,
     /// Draft-row masks of MinTokens and bad words under speculative decoding.
     pub spec_min_tokens: Option<SparseRows<f32>>,
@@ -145,7 +145,7 @@ pub struct Tables<H = HistoryId> {
     rows: Option<RowSpace>,
 }
 
-impl<H> HasBuffers for Tables<H> {
+impl HasBuffers for Tables {
     fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
         // Small, often-written buffers first, so a typical step's span is short.
         if let Some(t) = &mut self.min_p {
@@ -242,17 +242,16 @@ impl<H> HasBuffers for Tables<H> {
 }
 
 /// Checked payloads of one added request, one per enabled table.
-struct Checked<S, H = HistoryId> {
+struct Checked {
     min_p: f32,
     logit_bias: Option<Vec<(i32, f32)>>,
-    min_tokens: Option<crate::min_tokens::Entry<H>>,
-    penalties: Option<crate::penalties::Entry<H>>,
-    bad_words: Option<crate::bad_words::Entry<H>>,
+    min_tokens: Option<crate::min_tokens::Entry<HistoryId>>,
+    penalties: Option<crate::penalties::Entry<HistoryId>>,
+    bad_words: Option<crate::bad_words::Entry<HistoryId>>,
     allowed: Option<Vec<i32>>,
-    thinking: Option<crate::thinking::Entry<H>>,
+    thinking: Option<crate::thinking::Entry<HistoryId>>,
     columns: Vec<Option<crate::columns::Row>>,
     id: HistoryId,
-    _source: std::marker::PhantomData<fn() -> S>,
 }
 
 /// One pipeline: its tables, its arena, the requests' output histories, and the batch it was
@@ -278,7 +277,7 @@ pub struct Pipeline<S> {
     batch_size: usize,
     steps: u64,
     /// Stable slots: checked changes waiting for the next step, in call order.
-    pending: Vec<(usize, Option<Checked<S>>)>,
+    pending: Vec<(usize, Option<Checked>)>,
 }
 
 impl<S: HistorySource> Pipeline<S> {
@@ -465,7 +464,7 @@ impl<S: HistorySource> Pipeline<S> {
         p: RequestParams<S>,
         id: HistoryId,
         output_len: usize,
-    ) -> Result<Checked<S>> {
+    ) -> Result<Checked> {
         let t = &self.tables;
         let min_p = if t.min_p.is_some() {
             MinPState::check(index, p.min_p)?
@@ -553,7 +552,6 @@ impl<S: HistorySource> Pipeline<S> {
             thinking,
             columns,
             id,
-            _source: std::marker::PhantomData,
         })
     }
 
@@ -563,7 +561,7 @@ impl<S: HistorySource> Pipeline<S> {
         self.step(Some(update), None)
     }
 
-    fn commit(&mut self, u: BatchUpdate<Checked<S>>) {
+    fn commit(&mut self, u: BatchUpdate<Checked>) {
         let t = &mut self.tables;
         // Each table gets the same shape with its own payload; moving the payloads out once.
         let BatchUpdate {

@@ -21,7 +21,7 @@ impl<S: HistorySource> Pipeline<S> {
 
     /// Installs a new request's history and checks it against every table; on an error the
     /// history is released again, so nothing is left behind.
-    pub(super) fn admit(&mut self, index: usize, mut p: RequestParams<S>) -> Result<Checked<S>> {
+    pub(super) fn admit(&mut self, index: usize, mut p: RequestParams<S>) -> Result<Checked> {
         let tokens = std::mem::take(&mut p.output.tokens);
         let output_len = tokens.len();
         let unresolved = tokens.iter().position(|&t| t < 0).unwrap_or(usize::MAX);

@@ -530,12 +530,6 @@ impl Pipeline {
         self.penalties_mut().map_or(0, |s| s.next_chunk())
     }
 
-    /// True once after the per-slot penalty values changed.
-    fn take_penalty_values_changed(&mut self) -> bool {
-        self.penalties_mut()
-            .is_some_and(|s| s.take_values_changed())
-    }
-
     #[getter]
     fn prompt_flag(&self) -> i32 {
         crate::penalties::PROMPT_FLAG
