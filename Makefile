@@ -8,7 +8,9 @@ STAMP := $(VENV)/.deps-stamp
 RUN := PYTHONPATH=$(CURDIR)/python $(PY)
 DEPS := "maturin>=1.9.4,<2" "pytest>=8" "hypothesis>=6" "ruff>=0.6" "mypy>=1.10" "numpy>=1.22" "torch>=2.4" "matplotlib>=3.5"
 
-.PHONY: help venv build gpu-build test test-rust test-python demo bench bench-rust bench-python lint fmt clean
+EXTRAS_STAMP := $(VENV)/.extras-stamp
+
+.PHONY: help venv extras build gpu-build test test-rust test-python demo bench bench-rust bench-python lint fmt clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -20,6 +22,12 @@ $(STAMP): pyproject.toml Makefile
 	@touch $@
 
 venv: $(STAMP)  ## create the Python environment (torch, maturin, pytest, ruff)
+
+$(EXTRAS_STAMP): $(STAMP) $(wildcard tests/extras/*.sh)
+	@for s in tests/extras/*.sh; do [ -e "$$s" ] || continue; echo "extras: $$s"; VENV=$(VENV) PY=$(PY) bash "$$s" || exit 1; done
+	@touch $@
+
+extras: $(EXTRAS_STAMP)  ## test extras: vLLM's own modules (no deps, never a second torch), transformers
 
 build: $(STAMP)  ## build the Rust extension (release) into python/logitsproc_rs/
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --release --skip-install -q
@@ -35,7 +43,7 @@ test: test-rust test-python  ## cargo test + pytest (what CI runs)
 test-rust:  ## Rust unit and property tests (no Python needed)
 	cargo test --workspace -q
 
-test-python: build  ## pytest: differential churn vs the reference, bad input, API, CUDA (skipped without a GPU)
+test-python: build extras  ## pytest: differential churn vs the reference, bad input, API, CUDA (skipped without a GPU)
 	$(RUN) -m pytest -q
 
 demo: build  ## the main job: a simulated engine loop, ours vs the reference, per-step costs
