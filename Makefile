@@ -29,14 +29,12 @@ $(EXTRAS_STAMP): $(STAMP) $(wildcard tests/extras/*.sh)
 
 extras: $(EXTRAS_STAMP)  ## test extras: vLLM's own modules (no deps, never a second torch), transformers
 
-build: $(STAMP)  ## build the Rust extension (release) into python/logitsproc_rs/
+build: $(STAMP)  ## build the Rust extension (release, abi3: what ships) into python/logitsproc_rs/
+	@# a per-version build left from before abi3 would shadow the new one on import
+	rm -f python/logitsproc_rs/_core.cpython-*.so
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --release --skip-install -q
 
-gpu-build: $(STAMP)  ## an abi3 build of the extension to carry to the GPU machine (benches/gpu_check.sh)
-	rm -rf target/gpu-wheel
-	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin build --release --features abi3 -o target/gpu-wheel -q
-	cd target/gpu-wheel && $(PY) -m zipfile -e *.whl unpacked
-	cp target/gpu-wheel/unpacked/logitsproc_rs/_core.abi3.so python/logitsproc_rs/
+gpu-build: build  ## the abi3 extension to carry to the GPU machine (benches/gpu_check.sh)
 
 test: test-rust test-python  ## cargo test + pytest (what CI runs)
 

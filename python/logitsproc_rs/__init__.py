@@ -47,13 +47,29 @@ from .pipeline import Pipeline, PipelineView
 from .sampler import LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata
 from .state import BatchUpdateBuilder, LogitsProcessors
 
-__version__ = "0.1.0"
+# One version source: rust/Cargo.toml, compiled into the extension (and copied into the
+# wheel's metadata by maturin).
+__version__: str = _core.__version__
 
-if _core.__version__ != __version__:
-    raise ImportError(
-        f"logitsproc_rs: native module version {_core.__version__} does not match the "
-        f"package version {__version__}; rebuild the extension (make build)"
-    )
+
+def _check_source_build() -> None:
+    """In a source checkout, refuse an extension built from another version of the crate
+    (a stale build would otherwise run silently against newer Python code)."""
+    import re
+    from pathlib import Path
+
+    cargo = Path(__file__).resolve().parents[2] / "rust" / "Cargo.toml"
+    if not cargo.is_file():
+        return  # an installed wheel: the extension and the Python code shipped together
+    found = re.search(r'^version\s*=\s*"([^"]+)"', cargo.read_text(), re.MULTILINE)
+    if found and found.group(1) != __version__:
+        raise ImportError(
+            f"logitsproc_rs: the native module is version {__version__} but {cargo} says "
+            f"{found.group(1)}; rebuild the extension (make build)"
+        )
+
+
+_check_source_build()
 
 __all__ = [
     "BUILTIN_LOGITS_PROCESSORS",
