@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from . import kernels
+
 _BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -72,6 +74,10 @@ def apply_token_bitmask_(
         return logits  # nothing to mask (and an empty reshape below would be ambiguous)
     width = min(vocab, 32 * bitmask.shape[1])
     words = bitmask.to(logits.device, non_blocking=True)
+    if kernels.use_triton(logits, any_float=True):
+        # Store-only: −inf where a bit is clear, no logit read (out-of-range device indices
+        # write nothing, where the torch path raises).
+        return kernels.ops().token_bitmask_(logits, words.contiguous(), idx, width)
     bits = (words.unsqueeze(-1) >> _shifts(logits.device)) & 1
     blocked = (bits == 0).view(words.shape[0], -1)[:, :width]
     if idx is None:

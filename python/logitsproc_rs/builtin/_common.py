@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .. import kernels
+
 
 def host_kernel_ok(logits: torch.Tensor, allow_float64: bool = False) -> bool:
     """Whether Rust may process ``logits`` in place on the host: float32 (or float64 where the
@@ -29,17 +31,30 @@ def host_kernel_ok(logits: torch.Tensor, allow_float64: bool = False) -> bool:
 
 
 def put_sparse_(
-    logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    vals: torch.Tensor,
+    choice: str | None = None,
 ) -> torch.Tensor:
-    """In place: ``logits[rows[k], cols[k]] = vals[k]`` (duplicates write the same value)."""
+    """In place: ``logits[rows[k], cols[k]] = vals[k]`` (duplicates write the same value).
+    ``choice``: the kernels backend (see ``logitsproc_rs.kernels``)."""
+    if kernels.use_triton(logits, choice):
+        return kernels.ops().sparse_(logits, rows, cols, vals, add=False)
     return logits.index_put_((rows, cols), vals)
 
 
 def add_sparse_(
-    logits: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    vals: torch.Tensor,
+    choice: str | None = None,
 ) -> torch.Tensor:
     """In place: ``logits[rows[k], cols[k]] += vals[k]``.
 
     Pairs are unique except the padding, whose value is −0.0 (``x + −0.0 == x`` exactly).
     """
+    if kernels.use_triton(logits, choice):
+        return kernels.ops().sparse_(logits, rows, cols, vals, add=True)
     return logits.index_put_((rows, cols), vals, accumulate=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import kernels
 from ..pipeline import ALLOWED, ALLOWED_ROWS, ROW_OFFSET, PipelineView
 
 
@@ -22,6 +23,7 @@ class AllowedTokenIdsLogitsProcessor(PipelineView):
     condense move leaves no stale set behind (the state moves with its request)."""
 
     TABLES = ("allowed",)
+    _bits: torch.Tensor | None = None  # Triton path: zeroed [rows, ceil(V / 32)] int32 scratch
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -35,4 +37,20 @@ class AllowedTokenIdsLogitsProcessor(PipelineView):
         pipe.rows_of("AllowedTokenIdsLogitsProcessor", logits, rowspace)
         rows, cols, _ = pipe.triples("allowed", n, rowspace)
         name = "rows.allowed.restricted_rows" if rowspace else "allowed.restricted_rows"
-        return keep_only_(logits, rows, cols, pipe.dense(name, r, False).view(-1))
+        restricted = pipe.dense(name, r, False).view(-1)
+        if kernels.use_triton(logits, kernels.pipeline_choice(pipe)):
+            # The pairs become a bitmask (allowed = set bit), applied as the grammar's is:
+            # store-only, no gather or scatter of logits.
+            return kernels.ops().keep_only_(logits, rows, cols, restricted, self._scratch(logits))
+        return keep_only_(logits, rows, cols, restricted)
+
+    def _scratch(self, logits: torch.Tensor) -> torch.Tensor:
+        """One bit per logit of a row (V / 8 bytes a row), allocated zeroed on first use; the
+        kernel leaves it zeroed again."""
+        rows, vocab = logits.shape
+        bits = self._bits
+        if bits is None or bits.shape[0] < rows or bits.device != logits.device:
+            n = max(rows, self._pipe.capacity)
+            bits = torch.zeros((n, (vocab + 31) // 32), dtype=torch.int32, device=logits.device)
+            self._bits = bits
+        return bits

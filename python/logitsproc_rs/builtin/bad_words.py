@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..kernels import pipeline_choice
 from ..pipeline import BAD_WORDS, ROW_OFFSET, PipelineView
 from ._common import put_sparse_
 from .min_tokens import _spec_apply
@@ -28,7 +29,7 @@ class BadWordsLogitsProcessor(PipelineView):
         if not n:
             return logits
         pipe.rows_of("BadWordsLogitsProcessor", logits, rowspace)
-        return put_sparse_(logits, *pipe.triples("bad_words", n, rowspace))
+        return put_sparse_(logits, *pipe.triples("bad_words", n, rowspace), pipeline_choice(pipe))
 
     def apply_with_spec_decode(
         self,

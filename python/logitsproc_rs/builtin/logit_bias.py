@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels import pipeline_choice
 from ..pipeline import LOGIT_BIAS, ROW_OFFSET, PipelineView
 from ._common import add_sparse_
 
@@ -22,4 +23,4 @@ class LogitBiasLogitsProcessor(PipelineView):
         if not n:
             return logits
         pipe.rows_of("LogitBiasLogitsProcessor", logits, rowspace)
-        return add_sparse_(logits, *pipe.triples("logit_bias", n, rowspace))
+        return add_sparse_(logits, *pipe.triples("logit_bias", n, rowspace), pipeline_choice(pipe))

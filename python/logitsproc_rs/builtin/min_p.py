@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import kernels
 from ..pipeline import MIN_P_COUNT, PipelineView
 from ._common import host_kernel_ok
 
@@ -39,6 +40,10 @@ class MinPLogitsProcessor(PipelineView):
                 logits.data_ptr(), rows, logits.shape[1], logits.stride(0), rowspace
             )
             return logits
+        if kernels.use_triton(logits, kernels.pipeline_choice(pipe)):
+            # One kernel: the row max, then the mask; rows without a min_p are not read.
+            row_map = pipe.row_map(rows) if rowspace else None
+            return kernels.ops().min_p_(logits, pipe.section("min_p.log_min_p"), row_map)
         return min_p_mask_(logits, pipe.dense("min_p.log_min_p", rows, rowspace))
 
     def get_min_p_by_index(self, index: int) -> float:

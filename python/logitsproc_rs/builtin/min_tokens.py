@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..kernels import pipeline_choice
 from ..pipeline import MIN_TOKENS, ROW_OFFSET, PipelineView
 from ._common import put_sparse_
 
@@ -25,7 +26,7 @@ class MinTokensLogitsProcessor(PipelineView):
         if not n:
             return logits
         pipe.rows_of("MinTokensLogitsProcessor", logits, rowspace)
-        return put_sparse_(logits, *pipe.triples("min_tokens", n, rowspace))
+        return put_sparse_(logits, *pipe.triples("min_tokens", n, rowspace), pipeline_choice(pipe))
 
     def apply_with_spec_decode(
         self, logits: torch.Tensor, num_draft_tokens: Sequence[int]
@@ -47,4 +48,4 @@ def _spec_apply(pipe, name: str, table: str, logits: torch.Tensor, rows: int, n:
     pipe.arena.upload_in_apply()
     if not n:
         return logits
-    return put_sparse_(logits, *pipe.triples(table, n))
+    return put_sparse_(logits, *pipe.triples(table, n), pipeline_choice(pipe))

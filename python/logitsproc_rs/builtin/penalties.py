@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import kernels
 from ..pipeline import PENALTIES, PipelineView
 from ._common import host_kernel_ok
 
@@ -25,19 +26,23 @@ def apply_penalties_(
     frequency: torch.Tensor,
     presence: torch.Tensor,
     prompt_flag: int,
+    divide: bool | None = None,
 ) -> torch.Tensor:
     """In place, vLLM's order: repetition on prompt ∪ output (divide positive logits, multiply
     the rest; on the CPU the positive ones are multiplied by the reciprocal, as vLLM), then
     ``frequency × count``, then ``presence × [count > 0]`` (output only).
 
     ``cells`` is ``[rows, V]`` int32 (count | prompt_flag); the penalties are ``[rows, 1]``.
-    Rows with neutral values (1, 0, 0) come out bit-identical.
+    Rows with neutral values (1, +0.0, +0.0) come out bit-identical. ``divide`` picks the form
+    of the positive case (default: divide on CUDA).
     """
     counts = cells & (prompt_flag - 1)
     in_output = counts > 0
     # vLLM divides on CUDA (its kernel) and multiplies by the float32 reciprocal elsewhere (its
     # torch fallback); the two differ by up to 1 ulp, so each device gets vLLM's own form.
-    up = logits / repetition if logits.device.type == "cuda" else logits * (1.0 / repetition)
+    if divide is None:
+        divide = logits.device.type == "cuda"
+    up = logits / repetition if divide else logits * (1.0 / repetition)
     penalized = torch.where(logits > 0, up, logits * repetition)
     torch.where(cells != 0, penalized, logits, out=logits)
     logits.sub_(frequency * counts)
@@ -86,6 +91,17 @@ class PenaltiesLogitsProcessor(PipelineView):
             return logits.copy_(work)
         cells = pipe.cells
         assert cells is not None
+        if kernels.use_triton(logits, kernels.pipeline_choice(pipe)):
+            # One fused pass: reads the count rows in place (through the row map in row
+            # space), no [rows, V] temporaries, neutral rows untouched.
+            return kernels.ops().penalties_(
+                logits,
+                cells,
+                *(pipe.section(f"penalties.{k}") for k in ("repetition", "frequency", "presence")),
+                core.prompt_flag,
+                pipe.row_map(rows) if rowspace else None,
+                divide=logits.device.type == "cuda",
+            )
         cells = cells.index_select(0, pipe.row_map(rows)) if rowspace else cells[:rows]
         rep, freq, pres = (
             pipe.dense(f"penalties.{k}", rows, rowspace)

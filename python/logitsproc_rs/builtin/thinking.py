@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels import pipeline_choice
 from ..pipeline import ROW_OFFSET, THINKING, PipelineView
 from ._common import put_sparse_
 
@@ -34,4 +35,4 @@ class ThinkingBudgetLogitsProcessor(PipelineView):
         if not n:
             return logits
         pipe.rows_of("ThinkingBudgetLogitsProcessor", logits, rowspace)
-        return put_sparse_(logits, *pipe.triples("thinking", n, rowspace))
+        return put_sparse_(logits, *pipe.triples("thinking", n, rowspace), pipeline_choice(pipe))
