@@ -90,6 +90,20 @@ def test_penalties_host_kernel_on_non_contiguous_logits():
     base = torch.arange(32, dtype=torch.float32).view(8, 4).t() - 10  # [4, 8], not contiguous
     expected = slow.apply(base[:2].contiguous())
     view = base[:2]
-    got = fast.apply(view)
-    assert got is view and not view.is_contiguous()
+    assert not view.is_contiguous()
+    # Rows that are not contiguous are refused (issue 9: a clear error, never a kernel that
+    # walks a row as one array), and the logits are left untouched.
+    before = view.clone()
+    with pytest.raises(ValueError, match="rows must be contiguous"):
+        fast.apply(view)
+    assert torch.equal(view, before)
+    got = fast.apply(view.contiguous())
     assert torch.equal(got, expected)
+    # Rows apart but each contiguous (vLLM slices a padded vocabulary) go through the kernel.
+    padded = torch.full((2, 12), 99.0)
+    padded[:, :8] = base[:2]
+    sliced = padded[:, :8]
+    assert not sliced.is_contiguous() and sliced.stride(1) == 1
+    got = fast.apply(sliced)
+    assert got is sliced and torch.equal(got, expected)
+    assert bool((padded[:, 8:] == 99.0).all())

@@ -12,6 +12,11 @@ from ``update_state``) waits on the events of the copies the last step issued; t
 upload uses staging copy 0 and any upload from ``apply`` (async placeholders, draft rows) uses
 copies 1 to 3, which are free by then, so ``apply`` never waits on an event or on the host.
 With ``is_pin_memory`` the staging copies are registered with CUDA once (page-aligned).
+
+Every device operation runs under the processors' device (``torch.cuda.device``) and on its
+current stream, and each event is recorded on that stream, so a pipeline on ``cuda:1`` works
+while device 0 is current. When ``apply`` runs on another stream than the step did, that stream
+waits on the device for the step's last operation (``order_current_stream``): never the host.
 """
 
 from __future__ import annotations
@@ -60,6 +65,9 @@ class DeviceArena:
         self._events: list[Any] = [None, None, None, None]
         self._staging: list[torch.Tensor | None] = [None, None, None, None]
         self._apply_next = 0
+        # The step's last device operation, and the stream it ran on (CUDA only).
+        self._step_event: Any = None
+        self._step_stream: Any = None
         self._pin = is_pin_memory and device.type == "cuda"
         self._pinned: list[int] = []
         self.views: list[torch.Tensor] = []
@@ -160,6 +168,25 @@ class DeviceArena:
         if span is not None:
             self._apply_next += 1
             self._copy(k, span)
+
+    def mark_step_done(self) -> None:
+        """After a step's device work (upload, penalty counts): remember where it ran, so an
+        ``apply`` on another stream can be ordered after it."""
+        if self.device.type != "cuda":
+            return
+        stream = torch.cuda.current_stream(self.device)
+        ev = self._step_event = torch.cuda.Event()
+        ev.record(stream)
+        self._step_stream = stream
+
+    def order_current_stream(self) -> None:
+        """Before ``apply``: if the current stream is not the one the step ran on, make it
+        wait (on the device) for the step's work; the same stream is ordered already."""
+        if self._step_event is None:
+            return
+        stream = torch.cuda.current_stream(self.device)
+        if stream != self._step_stream:
+            stream.wait_event(self._step_event)
 
     @property
     def staging_in_use(self) -> list[int]:

@@ -8,6 +8,7 @@ construction with vLLM's ranges; a bad one raises ``ValueError`` naming the fiel
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from types import SimpleNamespace
@@ -261,6 +262,22 @@ class EngineConfig:
             reasoning_start_token_ids=self.reasoning_start_token_ids,
             reasoning_end_token_ids=self.reasoning_end_token_ids,
         )
+
+
+def as_engine_config(config: Any) -> Any:
+    """A config as the processors read it: a mapping of ``EngineConfig`` fields becomes an
+    ``EngineConfig`` (unknown keys are a ``ValueError`` naming them); anything else (ours, or
+    vLLM's ``VllmConfig``) is returned as it is."""
+    if not isinstance(config, Mapping):
+        return config
+    known = EngineConfig.__dataclass_fields__
+    unknown = sorted(str(k) for k in config if k not in known)
+    if unknown:
+        raise ValueError(
+            f"config: unknown field(s) {unknown}; a config mapping takes EngineConfig's fields "
+            f"({', '.join(known)})"
+        )
+    return EngineConfig(**config)
 
 
 def config_max_num_seqs(config: Any) -> int:

@@ -27,7 +27,13 @@ import torch
 from . import _core
 from ._arena import DeviceArena
 from .interface import BatchUpdate, LogitsProcessor
-from .params import config_cap, config_max_num_seqs, config_spec_tokens, config_vocab_size
+from .params import (
+    as_engine_config,
+    config_cap,
+    config_max_num_seqs,
+    config_spec_tokens,
+    config_vocab_size,
+)
 
 # Indices into ``Pipeline.status`` (the core's ``Status``).
 BATCH_SIZE, MIN_P_COUNT, LOGIT_BIAS, MIN_TOKENS, BAD_WORDS, ALLOWED, ALLOWED_ROWS = range(7)
@@ -84,6 +90,7 @@ class Pipeline:
         emulate_device: bool = False,
         max_rows: int | None = None,
     ) -> None:
+        vllm_config = as_engine_config(vllm_config)
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -229,6 +236,7 @@ class Pipeline:
             self._sync_penalties(first_upload=True)
         else:
             self.arena.upload_step()
+        self.arena.mark_step_done()
         self.core.status_into(self.status)
         self._pending_restep = bool(self.status[PLACEHOLDERS])
 
@@ -256,9 +264,46 @@ class Pipeline:
             )
         view._pipe_epoch = epoch
 
+    def check_logits(self, view: Any, logits: Any, rowspace: bool) -> torch.Tensor:
+        """Every processor refuses the same inputs, whether or not it has work this step:
+        a floating-point ``[rows, vocab_size]`` tensor on the processors' device whose rows
+        are contiguous. float16 and bfloat16 are cast to float32 (as the ``Sampler`` casts
+        before the processors); the cast is returned, so use ``apply``'s return value."""
+        name = type(view).__name__
+        if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+            what = getattr(logits, "dtype", type(logits).__name__)
+            raise ValueError(f"{name}.apply: logits must be a floating-point tensor, got {what}")
+        rows = self.status[ROWS] if rowspace else self.status[BATCH_SIZE]
+        if logits.dim() != 2 or logits.shape[0] != rows or logits.shape[1] != self.vocab_size:
+            what = "the row map" if rowspace else "the batch"
+            raise ValueError(
+                f"{name}.apply: logits of shape {list(logits.shape)} do not match {what}: "
+                f"expected [{rows}, {self.vocab_size}] (batch_size from the last step, "
+                "vocab_size from the config)"
+            )
+        if logits.device != self.device and not (
+            self.device.type == "cpu" and logits.device.type == "cpu"
+        ):
+            raise ValueError(
+                f"{name}.apply: logits on {logits.device}, but the processors were built for "
+                f"{self.device}"
+            )
+        if rows and logits.stride(1) != 1:
+            # Rows may be apart (vLLM slices a padded vocabulary: row stride > vocab_size), but
+            # each row must be contiguous: kernels and host code walk a row as one array.
+            raise ValueError(
+                f"{name}.apply: logits rows must be contiguous (stride {list(logits.stride())}); "
+                "pass logits.contiguous()"
+            )
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.to(torch.float32)
+        return logits
+
     def before_apply(self) -> None:
-        """Async placeholders: outputs that ended in −1 at the step may be filled in now; look
-        again (an extra upload from a free staging copy, no waiting)."""
+        """Before a processor's ``apply``: the device must see the step's work, and async
+        placeholders filled in since the step are read (an extra upload from a free staging
+        copy, no waiting)."""
+        self.arena.order_current_stream()
         if not self.status[PLACEHOLDERS] or self._resteped:
             return
         self._resteped = True  # once per step: the engine fills placeholders before sampling
@@ -332,6 +377,8 @@ class Pipeline:
             None if slots is None else _host_ints(slots),
         )
         self._after_step()
+        self._epoch += 1
+        self._all_done = self._epoch
 
     def _need_stable(self, what: str) -> None:
         if not self.stable_slots:
@@ -376,23 +423,8 @@ class Pipeline:
         return v
 
     def rows_of(self, name: str, logits: torch.Tensor, rowspace: bool) -> int:
-        """Checks that the logits have as many rows as the batch (or the row map)."""
-        rows = self.status[ROWS] if rowspace else self.status[BATCH_SIZE]
-        if logits.dim() != 2 or logits.shape[0] != rows or logits.shape[1] != self.vocab_size:
-            what = "the row map" if rowspace else "the batch"
-            raise ValueError(
-                f"{name}.apply: logits of shape {list(logits.shape)} do not match {what}: "
-                f"expected [{rows}, {self.vocab_size}] (batch_size from the last step, "
-                "vocab_size from the config)"
-            )
-        if logits.device != self.device and not (
-            self.device.type == "cpu" and logits.device.type == "cpu"
-        ):
-            raise ValueError(
-                f"{name}.apply: logits on {logits.device}, but the processors were built for "
-                f"{self.device}"
-            )
-        return rows
+        """The logits' row count (``check_logits`` has matched it to the batch or row map)."""
+        return logits.shape[0]
 
     @property
     def bytes_uploaded_last_step(self) -> int:
@@ -415,15 +447,6 @@ class Pipeline:
         for p in processors if processors is not None else self._views:
             logits = p.apply_rows(logits)
         return logits
-
-
-def _floating(view: Any, logits: Any) -> None:
-    """Every processor refuses the same inputs, whether or not it has work this step."""
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        what = getattr(logits, "dtype", type(logits).__name__)
-        raise ValueError(
-            f"{type(view).__name__}.apply: logits must be a floating-point tensor, got {what}"
-        )
 
 
 def _config_int(read: Any, config: Any, field: str, least: int = 1) -> int:
@@ -501,13 +524,13 @@ class PipelineView(LogitsProcessor):
         self._pipe.update_from_view(self, batch_update)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        _floating(self, logits)
+        logits = self._pipe.check_logits(self, logits, False)
         self._pipe.before_apply()
         return self._apply(logits, False)
 
     def apply_rows(self, logits: torch.Tensor) -> torch.Tensor:
         """Stable slots: apply with rows lined up through the pipeline's last row map."""
-        _floating(self, logits)
+        logits = self._pipe.check_logits(self, logits, True)
         self._pipe.before_apply()
         return self._apply(logits, True)
 

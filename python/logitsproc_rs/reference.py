@@ -19,7 +19,7 @@ request's history on every step (penalty counts, bad-word matches), as vLLM 0.25
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -482,22 +482,38 @@ def _top_k_row(row: torch.Tensor, k: int) -> torch.Tensor:
     return row.masked_fill_(row < kth, -math.inf)
 
 
-def _top_k_top_p_row(row: torch.Tensor, k: int | None, p: float) -> torch.Tensor:
-    """Top-k then top-p on one row, as ``apply_top_k_top_p_pytorch``
+def _top_k_top_p_rows(
+    logits: torch.Tensor, ks: Sequence[int | None], ps: Sequence[float]
+) -> torch.Tensor:
+    """Top-k then top-p, row by row, as ``apply_top_k_top_p_pytorch``
     (``topk_topp_sampler.py``): sort ascending; mask sorted values below the k-th largest;
     softmax the sorted row, mask the low tail whose cumulative probability is <= 1 - p, always
     keep the top token; scatter back. Equal logits at the top-p boundary are dropped in
-    ``torch.sort``'s order, as in vLLM."""
-    values, order = torch.sort(row, descending=False)
-    if k is not None:
-        kth = values[values.shape[0] - k]
-        values = values.masked_fill(values < kth, -math.inf)
-    cumulative = torch.softmax(values, dim=-1).cumsum(dim=-1)
-    drop = cumulative <= 1 - torch.tensor(p, dtype=torch.float32)
-    drop[-1] = False
-    values = values.masked_fill(drop, -math.inf)
-    row[order] = values
-    return row
+    ``torch.sort``'s order, as in vLLM.
+
+    The one batched step is the cumulative sum: on CUDA its rounding depends on the tensor's
+    shape (one row goes through CUB's device scan, several rows through a block scan whose
+    width depends on the row count), so the rows are scanned together in vLLM's ``[B, V]``
+    shape. Each row's scan is still independent of the others' values."""
+    num_rows = logits.shape[0]
+    sorted_rows, orders, probs = [], [], []
+    for i in range(num_rows):
+        values, order = torch.sort(logits[i], descending=False)
+        k = ks[i]
+        if k is not None:
+            kth = values[values.shape[0] - k]
+            values = values.masked_fill(values < kth, -math.inf)
+        sorted_rows.append(values)
+        orders.append(order)
+        probs.append(torch.softmax(values, dim=-1))
+    if not num_rows:
+        return logits
+    cumulative = torch.stack(probs).cumsum(dim=-1)
+    for i in range(num_rows):
+        drop = cumulative[i] <= 1 - torch.tensor(ps[i], dtype=torch.float32)
+        drop[-1] = False
+        logits[i][orders[i]] = sorted_rows[i].masked_fill(drop, -math.inf)
+    return logits
 
 
 def _log_softmax_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -534,6 +550,7 @@ class ReferenceSampler:
         bitmask_indices: Any = None,
     ) -> SamplerOutput:
         md = metadata
+        md.check(logits)
         mode = self.logprobs_mode
         if grammar_bitmask is not None:  # the runner, before the sampler (section 8.2)
             ref_apply_token_bitmask(logits, grammar_bitmask, bitmask_indices)
@@ -569,12 +586,14 @@ class ReferenceSampler:
         assert md.temperature is not None
         temps = [float(t) for t in md.temperature]
 
-        # Temperature; greedy rows are divided by 1 (227-237).
+        # Temperature; greedy rows are divided by 1 (227-237). By a float32 tensor on the
+        # logits' device, as vLLM divides: on CUDA torch turns division by a Python scalar into
+        # multiplication by its reciprocal, which differs in the last bit.
         for i in range(num_rows):
             t = temps[i]
             if not md.all_random and t < _SAMPLING_EPS:
                 t = 1.0
-            logits[i] = logits[i] / t
+            logits[i] = logits[i] / torch.tensor(t, dtype=torch.float32, device=logits.device)
 
         for p in self.logitsprocs.argmax_invariant:  # 282-283
             logits = p.apply(logits)
@@ -582,14 +601,16 @@ class ReferenceSampler:
         # Top-k, then top-p. vLLM applies top-p to every row once any row uses it, so rows with
         # p = 1 still lose tokens whose probability underflows to 0; the same here.
         vocab = logits.shape[1]
+        ks: list[int | None] = []
         for i in range(num_rows):
             k = int(md.top_k[i]) if md.top_k is not None else None
-            if k is not None and k >= vocab:
-                k = None
-            if md.top_p is not None:
-                _top_k_top_p_row(logits[i], k, float(md.top_p[i]))
-            elif k is not None:
-                _top_k_row(logits[i], k)
+            ks.append(None if k is not None and k >= vocab else k)
+        if md.top_p is not None:
+            _top_k_top_p_rows(logits, ks, [float(p) for p in md.top_p])
+        else:
+            for i, k in enumerate(ks):
+                if k is not None:
+                    _top_k_row(logits[i], k)
 
         # Exponential race: argmax(probs / q), q ~ Exp(1); seeded rows draw q from their own
         # generator. Drawn as logitsproc_rs.sampler.random_sample does.

@@ -36,6 +36,34 @@ class SamplingMetadata:
     generators: dict[int, torch.Generator] = field(default_factory=dict)
     max_num_logprobs: int | None = None
 
+    def check(self, logits: torch.Tensor) -> None:
+        """One entry per logits row, on the logits' device: a shorter tensor would broadcast
+        (or index past the end) silently. ``ValueError`` naming the field otherwise."""
+        rows = logits.shape[0]
+        for name in ("temperature", "top_p", "top_k"):
+            t = getattr(self, name)
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != rows:
+                shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(
+                    f"SamplingMetadata.{name}: expected one entry per logits row ([{rows}]), "
+                    f"got {shape}"
+                )
+            if t.device != logits.device:
+                raise ValueError(
+                    f"SamplingMetadata.{name}: on {t.device}, the logits on {logits.device}"
+                )
+        if self.all_greedy and self.all_random and rows:
+            raise ValueError("SamplingMetadata: all_greedy and all_random are both set")
+        if not self.all_greedy and self.temperature is None:
+            raise ValueError("SamplingMetadata.temperature: needed unless all_greedy")
+        bad = [i for i in self.generators if not (0 <= i < rows)]
+        if bad:
+            raise ValueError(
+                f"SamplingMetadata.generators: rows {bad[:8]} outside the {rows} logits rows"
+            )
+
     @classmethod
     def from_params(
         cls,
@@ -187,6 +215,7 @@ class Sampler:
     ) -> SamplerOutput:
         """Sample one token per row. ``grammar_bitmask`` (xgrammar layout, see ``bitmask.py``)
         is applied first, in place on the raw logits, as vLLM's runner does."""
+        metadata.check(logits)
         if grammar_bitmask is not None:
             apply_token_bitmask_(logits, grammar_bitmask, bitmask_indices)
         n_logprobs = metadata.max_num_logprobs
