@@ -40,6 +40,11 @@ def _check(name: Any, where: str) -> str:
     return value
 
 
+def validate_backend(name: Any) -> str:
+    """``name`` as a backend (``"auto"``, ``"triton"``, ``"torch"``), or a ``ValueError``."""
+    return _check(name, "kernels")
+
+
 def default_backend() -> str:
     """The process-wide choice: ``set_default_backend``'s, else ``LOGITSPROC_KERNELS``."""
     global _default
@@ -79,7 +84,7 @@ def use_triton(logits: torch.Tensor, choice: str | None = None, any_float: bool 
     A forced ``triton`` that cannot run (no triton; CPU tensors outside the interpreter) is a
     ``RuntimeError``, never a silent fallback, so a test that forces it tests the kernels.
     """
-    choice = default_backend() if choice is None else _check(choice, "kernels")
+    choice = default_backend() if choice is None else validate_backend(choice)
     if choice == "torch":
         return False
     if choice == "auto" and logits.device.type != "cuda":
