@@ -6,8 +6,8 @@ only the tokens each request has seen (its counts live in the Rust state). On a 
 pipeline holds one int32 matrix ``cells[capacity + 1, V]``: the output count of each (slot,
 token), plus ``PROMPT_FLAG`` for prompt tokens; row ``capacity`` stays zero. Rust hands back row
 copies (moved requests take their counts along, new ones copy the zero row) and ``(row, token,
-delta)`` additions, which the pipeline applies after the step's upload; the apply is a few
-dense torch ops.
+delta)`` additions, which the pipeline applies after the step's upload; the apply is one fused
+Triton pass over the logits and the count rows (``kernels``), or a few dense torch ops.
 """
 
 from __future__ import annotations
