@@ -27,12 +27,15 @@ from .columns import (
     TokensColumn,
 )
 from .interface import (
+    AdapterLogitsProcessor,
     AddedRequest,
     BatchUpdate,
     LogitsProcessor,
     MoveDirectionality,
     MovedRequest,
     RemovedRequest,
+    RequestLogitsProcessor,
+    process_dict_updates,
 )
 from .loader import (
     STR_POOLING_REJECTS_LOGITSPROCS,
@@ -78,6 +81,7 @@ __all__ = [
     "STR_POOLING_REJECTS_LOGITSPROCS",
     "STR_SPEC_DEC_REJECTS_LOGITSPROCS",
     "STR_SPEC_DEC_REJECTS_MIN_P_LOGIT_BIAS",
+    "AdapterLogitsProcessor",
     "AddedRequest",
     "AllowedTokenIdsLogitsProcessor",
     "ArrayColumn",
@@ -101,6 +105,7 @@ __all__ = [
     "Pipeline",
     "PipelineView",
     "RemovedRequest",
+    "RequestLogitsProcessor",
     "Sampler",
     "SamplerOutput",
     "SamplingMetadata",
@@ -111,6 +116,7 @@ __all__ = [
     "__version__",
     "apply_token_bitmask_",
     "build_logitsprocs",
+    "process_dict_updates",
     "validate_logits_processors_parameters",
     "validate_sampling_params",
 ]

@@ -4,8 +4,11 @@ with vLLM 0.25.1's rules (``__init__.py`` §4 of the semantics note)."""
 from __future__ import annotations
 
 import importlib
+import logging
+import sys
 from collections.abc import Iterable, Sequence
 from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -25,17 +28,46 @@ STR_POOLING_REJECTS_LOGITSPROCS = "Pooling models do not support custom logits p
 STR_SPEC_DEC_REJECTS_LOGITSPROCS = (
     "Custom logits processors are not supported when speculative decoding is enabled."
 )
+STR_SPEC_DEC_WARNS_MIN_P_LOGIT_BIAS = (
+    "min_p and logit_bias parameters won't work with speculative decoding."
+)
 # Our own entry-point group, plus vLLM's so its plugins load here unchanged.
 LOGITSPROCS_GROUPS = ("logitsproc_rs.logits_processors", "vllm.logits_processors")
+# Where vLLM's own ``LogitsProcessor`` lives: classes derived from it are accepted too.
+VLLM_INTERFACE = "vllm.v1.sample.logits_processor.interface"
+
+logger = logging.getLogger("logitsproc_rs")
+
+
+def vllm_interface(cls: Any) -> ModuleType | None:
+    """vLLM's interface module if ``cls`` derives from vLLM's own ``LogitsProcessor``.
+
+    Found through the MRO, so a class that is not from vLLM never makes us import it (a class
+    that is has already imported it)."""
+    for base in getattr(cls, "__mro__", ()):
+        if base.__name__ == "LogitsProcessor" and base.__module__ == VLLM_INTERFACE:
+            return sys.modules.get(VLLM_INTERFACE)
+    return None
+
+
+def _is_processor_class(cls: type) -> bool:
+    return issubclass(cls, LogitsProcessor) or vllm_interface(cls) is not None
 
 
 def _load_plugins() -> list[type[LogitsProcessor]]:
     classes = []
     for group in LOGITSPROCS_GROUPS:
-        for ep in entry_points(group=group):
+        eps = entry_points(group=group)
+        if not eps:
+            logger.debug("No logitsprocs plugins installed (group %s).", group)
+            continue
+        logger.debug("Loading installed logitsprocs plugins (group %s):", group)
+        for ep in eps:
+            logger.debug("- Loading logitproc plugin entrypoint=%s target=%s", ep.name, ep.value)
             try:
                 classes.append(ep.load())
             except Exception as e:
+                logger.error("Failed to load LogitsProcessor plugin %s: %s", ep, e)
                 raise RuntimeError(f"Failed to load LogitsProcessor plugin {ep}") from e
     return classes
 
@@ -44,7 +76,8 @@ def _load_by_names(lps: Sequence[str | type] | None) -> list[type[LogitsProcesso
     classes: list[type[LogitsProcessor]] = []
     for ldx, lp in enumerate(lps or ()):
         if isinstance(lp, type):
-            if not issubclass(lp, LogitsProcessor):
+            logger.debug(" - Already-loaded logit processor: %s", lp.__name__)
+            if not _is_processor_class(lp):
                 raise ValueError(f"{lp.__name__} is not a subclass of LogitsProcessor")
             classes.append(lp)
             continue
@@ -52,19 +85,56 @@ def _load_by_names(lps: Sequence[str | type] | None) -> list[type[LogitsProcesso
             raise ValueError(
                 f"Invalid logits processor FQCN '{lp}'. Expected format: '<module>:<type>'"
             )
+        logger.debug("- Loading logits processor %s", lp)
         module_path, qualname = lp.split(":")
         try:
             obj: Any = importlib.import_module(module_path)
         except Exception as e:
+            logger.error("Failed to load %sth LogitsProcessor plugin %s: %s", ldx, lp, e)
             raise RuntimeError(f"Failed to load {ldx}th LogitsProcessor plugin {lp}") from e
         for attr in qualname.split("."):
             obj = getattr(obj, attr)
         if not isinstance(obj, type):
             raise ValueError("Loaded logit processor must be a type.")
-        if not issubclass(obj, LogitsProcessor):
+        if not _is_processor_class(obj):
             raise ValueError(f"{obj.__name__} must be a subclass of LogitsProcessor")
         classes.append(obj)
     return classes
+
+
+def _vllm_batch_update(module: ModuleType, update: Any) -> Any:
+    """``update`` in the types of vLLM's interface ``module`` (its ``BatchUpdate`` and its
+    ``MoveDirectionality``, which vLLM's processors compare by identity)."""
+    if update is None or isinstance(update, module.BatchUpdate):
+        return update
+    direction = module.MoveDirectionality
+    moved = []
+    for a, b, d in update.moved:
+        name = getattr(d, "name", None)
+        if name not in ("SWAP", "UNIDIRECTIONAL"):
+            raise ValueError(
+                f"batch update: field 'moved': direction must be SWAP or UNIDIRECTIONAL, got {d!r}"
+            )
+        moved.append((a, b, direction[name]))
+    return module.BatchUpdate(
+        batch_size=update.batch_size, removed=update.removed, added=update.added, moved=moved
+    )
+
+
+def speak_vllm(proc: Any) -> Any:
+    """A processor derived from vLLM's class gets every update in vLLM's types (its
+    ``update_state`` is wrapped on the instance, so its type stays the user's own). Our bridges
+    (``logitsproc_rs.vllm.v1``) read either kind and are left alone."""
+    module = vllm_interface(type(proc))
+    if module is None or getattr(proc, "ACCEPTS_ANY_BATCH_UPDATE", False):
+        return proc
+    own = proc.update_state
+
+    def update_state(batch_update: Any) -> None:
+        own(_vllm_batch_update(module, batch_update))
+
+    proc.update_state = update_state
+    return proc
 
 
 def build_logitsprocs(
@@ -108,7 +178,9 @@ def build_logitsprocs(
         after.append(ThinkingBudgetLogitsProcessor)
     if getattr(vllm_config, "speculative_config", None):
         if custom:
+            logger.error("%s Rejected: %s", STR_SPEC_DEC_REJECTS_LOGITSPROCS, custom)
             raise ValueError(STR_SPEC_DEC_REJECTS_LOGITSPROCS)
+        logger.warning(STR_SPEC_DEC_WARNS_MIN_P_LOGIT_BIAS)
         classes = [*before, MinTokensLogitsProcessor, *after]
     else:
         classes = [
@@ -137,7 +209,7 @@ def build_logitsprocs(
     procs = [
         ctor(vllm_config, device, is_pin_memory, pipeline=pipeline)
         if isinstance(ctor, type) and issubclass(ctor, PipelineView)
-        else ctor(vllm_config, device, is_pin_memory)
+        else speak_vllm(ctor(vllm_config, device, is_pin_memory))
         for ctor in classes
     ]
     return LogitsProcessors(procs, pipeline=pipeline)
