@@ -27,6 +27,7 @@ from logitsproc_rs import (
     EngineConfig,
     LogitsProcessors,
     MoveDirectionality,
+    SamplingMetadata,
     SamplingParams,
     build_logitsprocs,
 )
@@ -422,3 +423,168 @@ def test_update_while_copy_in_flight_is_correct(full: bool) -> None:
         torch.cuda.synchronize()
         assert_match(got_a, want_a, exact=not full, what="step A")
         assert_match(got_b, want_b, exact=not full, what="step B")
+
+
+# --- streams, devices, graphs, the whole sampler (issue 9) -----------------------------------
+
+THINK_CFG = EngineConfig(
+    max_num_seqs=32,
+    vocab_size=V,
+    max_logit_bias_entries=8,
+    max_stop_token_ids=8,
+    reasoning_start_token_ids=[7],
+    reasoning_end_token_ids=[8, 9],
+)
+
+
+def _think_params(rng: random.Random) -> SamplingParams:
+    sp = make_params(rng)
+    object.__setattr__(sp, "thinking_token_budget", rng.choice([None, 0, 2, 5]))
+    return sp
+
+
+def _churn_pair(cfg: EngineConfig, device: str, steps: int, seed: int) -> Iterator[Any]:
+    """The same churn on the CPU and on ``device``: yields (cpu procs, device procs, rows)."""
+    cpu = build_logitsprocs(cfg, "cpu", False)
+    dev = build_logitsprocs(cfg, device, True)
+    sim = ChurnSimulator(cfg.max_num_seqs, V, seed, _think_params)
+    for _ in range(steps):
+        update = sim.step()
+        cpu.update_state(update)
+        dev.update_state(update)
+        yield cpu, dev, len(sim.batch.rows())
+
+
+def test_thinking_budget_on_cuda_matches_cpu() -> None:
+    g = torch.Generator().manual_seed(3)
+    for cpu, gpu, rows in _churn_pair(THINK_CFG, "cuda", 40, 11):
+        x = torch.randn(rows, V, generator=g)
+        want = apply_all(cpu, x.clone())
+        assert_match(apply_all(gpu, x.cuda()), want, exact=False)
+
+
+def test_apply_on_another_stream_waits_for_the_step_on_the_device() -> None:
+    """update_state uploads on the default stream behind a long kernel; apply runs on a side
+    stream whose logits are ready at once. Without the device-side wait the side stream would
+    read the arena before the copy lands. No host wait happens in apply."""
+    g = torch.Generator().manual_seed(4)
+    side = torch.cuda.Stream()
+    cpu = build_logitsprocs(CFG, "cpu", False)
+    gpu = build_logitsprocs(CFG, "cuda", True)
+    sim = ChurnSimulator(CFG.max_num_seqs, V, 5, _think_params)
+    for step in range(12):
+        update = sim.step()
+        torch.cuda._sleep(50_000_000)  # the default stream is busy; the upload queues after it
+        cpu.update_state(update)
+        gpu.update_state(update)
+        rows = len(sim.batch.rows())
+        x = torch.randn(rows, V, generator=g)
+        want = apply_all(cpu, x.clone())
+        with torch.cuda.stream(side):
+            xd = x.cuda()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = apply_all(gpu, xd)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        side.synchronize()
+        assert_match(got, want, exact=False, what=f"step {step}")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_processors_on_cuda1_while_device0_is_current() -> None:
+    torch.cuda.set_device(0)
+    g = torch.Generator().manual_seed(6)
+    for cpu, gpu, rows in _churn_pair(CFG, "cuda:1", 10, 7):
+        assert torch.cuda.current_device() == 0
+        x = torch.randn(rows, V, generator=g)
+        want = apply_all(cpu, x.clone())
+        assert_match(apply_all(gpu, x.to("cuda:1")), want, exact=False)
+    assert gpu.pipeline.device == torch.device("cuda", 1)
+    assert gpu.pipeline.arena.arena.device == torch.device("cuda", 1)
+
+
+def test_cuda_device_without_index_is_the_current_one() -> None:
+    procs = build_logitsprocs(CFG, "cuda", True)
+    assert procs.pipeline.device == torch.device("cuda", torch.cuda.current_device())
+
+
+def test_whole_sampler_many_steps_without_a_sync() -> None:
+    """The Sampler and every processor (penalties, thinking, bad words, allowed ids) over many
+    churn steps: no host-device sync in apply or sampling, and the tokens equal the CPU's for
+    greedy rows (random rows draw from per-device generators)."""
+    from logitsproc_rs import Sampler
+
+    cpu = build_logitsprocs(THINK_CFG, "cpu", False)
+    gpu = build_logitsprocs(THINK_CFG, "cuda", True)
+    s_cpu, s_gpu = Sampler(cpu), Sampler(gpu)
+    sim = ChurnSimulator(THINK_CFG.max_num_seqs, V, 9, _think_params)
+    g = torch.Generator().manual_seed(9)
+    for step in range(60):
+        update = sim.step()
+        cpu.update_state(update)
+        gpu.update_state(update)
+        rows = sim.batch.rows()
+        if not rows:
+            continue
+        params = [r.params for r in rows]
+        md_cpu = SamplingMetadata.from_params(params, V)
+        md_gpu = SamplingMetadata.from_params(params, V, device="cuda")
+        x = torch.randn(len(rows), V, generator=g)
+        xd = x.cuda()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = s_gpu(xd, md_gpu)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        want = s_cpu(x, md_cpu)
+        greedy = torch.tensor([p.temperature == 0.0 for p in params])
+        got = out.sampled_token_ids.cpu()
+        assert torch.equal(got[greedy], want.sampled_token_ids[greedy]), f"step {step}"
+
+
+def test_apply_of_a_steady_batch_can_be_captured_and_replayed() -> None:
+    """A CUDA graph of every processor's apply, captured once, replays correctly on later steps
+    with the same ``graph_key`` (outputs grow: penalty counts change in place on the device)."""
+    n = 16
+    cpu = build("cpu", False, full=True)
+    gpu = build("cuda", True, full=True)
+    outs_cpu: list[list[int]] = [[] for _ in range(n)]
+    outs_gpu: list[list[int]] = [[] for _ in range(n)]
+    _populate(cpu, n, outs_cpu)
+    _populate(gpu, n, outs_gpu)
+
+    def capture() -> tuple[Any, torch.Tensor, torch.Tensor, tuple[int, ...]]:
+        # Warm up on a side stream (as torch.cuda.graphs asks), then capture.
+        work = torch.zeros(n, V, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            apply_all(gpu, work.clone())
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = apply_all(gpu, work)
+        return graph, work, out, gpu.pipeline.graph_key
+
+    graph, work, static_out, key = capture()
+    captures, replays = 1, 0
+    g = torch.Generator().manual_seed(10)
+    for step in range(12):
+        for oc, og in zip(outs_cpu, outs_gpu, strict=True):
+            t = random.Random(step).randrange(20, V)
+            oc.append(t)
+            og.append(t)
+        cpu.update_state(None)
+        gpu.update_state(None)
+        if gpu.pipeline.graph_key != key:  # e.g. min_tokens reached: recapture
+            graph, work, static_out, key = capture()
+            captures += 1
+        x = torch.randn(n, V, generator=g)
+        work.copy_(x.cuda())
+        graph.replay()
+        replays += 1
+        torch.cuda.synchronize()
+        assert_match(static_out, apply_all(cpu, x.clone()), exact=False, what=f"step {step}")
+    assert captures < replays  # most steps replayed a graph captured on an earlier step

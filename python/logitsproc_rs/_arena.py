@@ -182,7 +182,9 @@ class DeviceArena:
     def order_current_stream(self) -> None:
         """Before ``apply``: if the current stream is not the one the step ran on, make it
         wait (on the device) for the step's work; the same stream is ordered already."""
-        if self._step_event is None:
+        if self._step_event is None or torch.cuda.is_current_stream_capturing():
+            # Under CUDA-graph capture the graph's replays are ordered by the engine (an event
+            # recorded outside the capture cannot be waited on inside it).
             return
         stream = torch.cuda.current_stream(self.device)
         if stream != self._step_stream:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from . import _core
+from . import kernels as _kernels
 from ._arena import DeviceArena
 from .interface import BatchUpdate, LogitsProcessor
 from .params import (
@@ -74,7 +75,9 @@ class Pipeline:
     request's output history and take the sampled token ids per step instead of re-reading
     the engine's lists. ``stable_slots=True`` adds the row-space buffers of the stable-slot
     front-end; ``max_rows`` bounds the rows of one stable-slot step (default
-    ``max_num_seqs × (1 + num_speculative_tokens)``).
+    ``max_num_seqs × (1 + num_speculative_tokens)``). ``kernels`` chooses the device applies:
+    ``"triton"``, ``"torch"`` or ``"auto"`` (Triton for float32 CUDA logits where it imports);
+    ``None`` follows ``LOGITSPROC_KERNELS``.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class Pipeline:
         stable_slots: bool = False,
         emulate_device: bool = False,
         max_rows: int | None = None,
+        kernels: str | None = None,
     ) -> None:
         vllm_config = as_engine_config(vllm_config)
         self.device = torch.device(device)
@@ -160,6 +164,8 @@ class Pipeline:
         self.arena = DeviceArena(self.core, self.device, is_pin_memory, emulate_device)
         # On the CPU (without device emulation) MinP and penalties run in Rust on the logits.
         self.host_kernels = self.arena.zero_copy
+        # Device-side applies: "auto" / "triton" / "torch"; None follows LOGITSPROC_KERNELS.
+        self.kernels = None if kernels is None else _kernels.validate_backend(kernels)
         self._by_name: dict[str, list[int]] = {}
         for i, (name, *_rest) in enumerate(self.arena.sections):
             self._by_name.setdefault(name, []).append(i)
@@ -425,6 +431,15 @@ class Pipeline:
     def rows_of(self, name: str, logits: torch.Tensor, rowspace: bool) -> int:
         """The logits' row count (``check_logits`` has matched it to the batch or row map)."""
         return logits.shape[0]
+
+    @property
+    def graph_key(self) -> tuple[int, ...]:
+        """What a captured ``apply`` depends on besides the (fixed-address) device tables: the
+        batch size and every table's active count. A CUDA graph of the processors' ``apply``
+        captured under one key replays correctly on any later step with the same key (values
+        and counts may change in place: penalties counts, biases, masks); recapture when it
+        changes."""
+        return tuple(self.status)
 
     @property
     def bytes_uploaded_last_step(self) -> int:
