@@ -46,6 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_python as bp
+import floor
 
 from logitsproc_rs import EngineConfig, LogitsProcessors, build_logitsprocs
 from logitsproc_rs.__main__ import (
@@ -971,6 +972,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--out", default=str(ROOT / "bench-report.md"), help="the markdown report")
     ap.add_argument("--no-appendix", action="store_true", help="skip bench_python.py (c), (d)")
+    ap.add_argument("--no-floor", action="store_true", help="skip section 4 (benches/floor.py)")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     if args.threads is not None:
@@ -1006,10 +1008,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_appendix:
         progress("  appendix: bench_python.py sections (c), (d), quick")
         appendix = run_appendix(dev)
+    floor_md = None
+    if not args.no_floor:
+        progress("  every processor on every row vs the bandwidth floor (benches/floor.py)")
+        floor_md = floor.section(dev, quick)
     plot_line = plot(res, png, dev)
     text = write_report(
         res, args, dev, vllm_line, plot_line, appendix, time.perf_counter() - t0, cfg
     )
+    if floor_md is not None:
+        text += "\n" + floor_md
     out.write_text(text)
     print(text)
     progress(f"wrote {out} and {png} ({time.perf_counter() - t0:.0f} s)")
