@@ -1,0 +1,327 @@
+"""Our processors for vLLM's Model Runner V2 (vLLM >= 0.33), on the stable-slot front-end.
+
+MRV2's interface (``vllm.v1.worker.gpu.sample.logits_processor``): each processor is built as
+``cls(vllm_config, req_states)``; ``add_request(req_idx, sp)`` fills slot ``req_idx`` (slots
+are recycled through a free list and a processor is never told that a request finished: the
+next ``add_request`` on the slot overwrites it); ``apply_staged_writes()`` runs once per step
+after the runner flushed its own request state; ``apply(logits, ctx)`` runs once per step on
+rows that ``ctx.expanded_idx_mapping`` maps to slots (a slot owns several rows under
+speculative decoding). Committed tokens live only in ``req_states``: ``all_token_ids[slot]``
+holds the prompt (``prompt_len``), then the output, up to ``total_len``.
+
+How that maps onto one ``Pipeline`` (``stable_slots=True, token_feed=True``):
+
+* Every processor of this module built on the same ``req_states`` joins one group, and the
+  group builds one pipeline (one core, one upload per step) for all of them at its first use,
+  with the tables of every member.
+* ``add_request``: the first member called for a slot checks the request for every table at
+  once (``ValueError`` naming the processor, the request and the field; the slot is then left
+  empty) and the others join that add. Each returns whether it acts on the request.
+* ``apply_staged_writes``: the requests added since the last step are installed with their
+  prompt and output so far, read back from ``req_states`` (one copy, steps with arrivals only).
+* ``apply``: the first member called with a step's ``ctx`` runs the step: the tokens each
+  request committed since we last looked (``all_token_ids[known:total_len]``, one gathered
+  copy to the host) go in through the token feed, then the row map; each member then applies
+  its transform through the map.
+
+Importing this module imports vLLM's interface module (import-light: no torch or triton).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.v1.worker.gpu.sample.logits_processor.interface import (
+    LogitsProcessor as _V2LogitsProcessor,
+)
+
+from .. import builtin
+from ..columns import ColumnLogitsProcessor
+from ..pipeline import Pipeline, PipelineView
+
+# Which sampling-params fields each built-in table reads: a rejected request's error names
+# the processor that owns the field.
+_TABLE_FIELDS = {
+    "min_p": ("min_p",),
+    "logit_bias": ("logit_bias",),
+    "min_tokens": ("min_tokens", "stop_token_ids", "all_stop_token_ids"),
+    "penalties": ("repetition_penalty", "frequency_penalty", "presence_penalty"),
+    "bad_words": ("bad_words_token_ids",),
+    "allowed": ("allowed_token_ids",),
+    "thinking": ("thinking_token_budget",),
+}
+# Tables that read a request's output history: only those requests' tokens are fed.
+_HISTORY_TABLES = frozenset({"min_tokens", "penalties", "bad_words", "thinking"})
+
+# One group per runner: keyed by the runner's token buffer (``req_states.all_token_ids``),
+# weakly, so a group lives exactly as long as its runner's state.
+_GROUPS: weakref.WeakKeyDictionary[Any, _Group] = weakref.WeakKeyDictionary()
+
+
+class _SlotConfig:
+    """The engine config as the pipeline reads it, sized by the runner's slots."""
+
+    def __init__(self, vllm_config: Any, req_states: Any) -> None:
+        self._config = vllm_config
+        self.scheduler_config = _Namespace(max_num_seqs=int(req_states.max_num_reqs))
+        vocab = int(req_states.vocab_size)
+        self.model_config = _Namespace(get_vocab_size=lambda: vocab)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+class _Namespace:
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+class _Group:
+    """The processors of one runner and their shared pipeline (built at first use)."""
+
+    def __init__(self, vllm_config: Any, req_states: Any) -> None:
+        self.config = vllm_config
+        self.req_states = req_states
+        self.members: list[_Bridge] = []
+        self.pipeline: Pipeline | None = None
+        self.reads_history = False
+        # Requests added since the last apply_staged_writes: slot -> (params, joined members).
+        self.pending: dict[int, tuple[Any, set[int]]] = {}
+        # Slots whose request has a fed history, and how many of its tokens we have fed
+        # (prompt included: the same count as the runner's total_len).
+        self.known = np.full(int(req_states.max_num_reqs), -1, dtype=np.int64)
+        self.ctx: Any = None
+
+    def build(self) -> Pipeline:
+        if self.pipeline is not None:
+            return self.pipeline
+        rs = self.req_states
+        device = torch.device(rs.device)
+        tables = {t for m in self.members for t in m.INNER.TABLES}
+        columns = [c for m in self.members for c in m.INNER.COLUMNS]
+        config = _SlotConfig(self.config, rs)
+        pipe = Pipeline(
+            config,
+            device,
+            device.type == "cuda",
+            tables=tables,
+            columns=columns,
+            token_feed=True,
+            stable_slots=True,
+        )
+        for m in self.members:
+            m._inner = m.INNER(config, device, device.type == "cuda", pipeline=pipe)
+        self.reads_history = bool(tables & _HISTORY_TABLES)
+        self.pipeline = pipe
+        return pipe
+
+    # --- add_request ----------------------------------------------------------------------
+
+    def add(self, member: _Bridge, slot: int, params: Any) -> None:
+        pipe = self.build()
+        pending = self.pending.get(slot)
+        if pending is not None and pending[0] is params and id(member) not in pending[1]:
+            pending[1].add(id(member))  # joins the add another member made for this slot
+            return
+        self.pending.pop(slot, None)
+        self.known[slot] = -1
+        try:
+            # Checked now for every table; installed with its tokens by apply_staged_writes.
+            pipe.add_request(slot, params, None, [])
+        except ValueError as e:
+            pipe.remove_request(slot)  # the slot must not keep its previous occupant
+            raise ValueError(
+                f"{self.owner(str(e), member)}.add_request(req_idx={slot}): {e}"
+            ) from e
+        self.pending[slot] = (params, {id(member)})
+
+    def owner(self, message: str, member: _Bridge) -> str:
+        """The member whose field a core error names (else the one that was called)."""
+        for m in self.members:
+            fields = [f for t in m.INNER.TABLES for f in _TABLE_FIELDS[t]]
+            fields += [c.name for c in m.INNER.COLUMNS]
+            if any(f"'{f}'" in message or message.startswith(f"{f} ") for f in fields):
+                return type(m).__name__
+        return type(member).__name__
+
+    # --- apply_staged_writes --------------------------------------------------------------
+
+    def install_pending(self) -> None:
+        """The requests added since the last step, with their prompt and output so far (the
+        runner has flushed them to ``all_token_ids`` by now). Later changes of a slot in the
+        core replace earlier ones, so re-adding what add_request checked is safe."""
+        if not self.pending:
+            return
+        pipe, rs = self.build(), self.req_states
+        slots = list(self.pending)
+        prompt_len = np.asarray(rs.prompt_len.np)[slots].astype(np.int64)
+        prefill_len = np.asarray(rs.prefill_len.np)[slots].astype(np.int64)
+        width = int(prefill_len.max())
+        tokens = None
+        if self.reads_history:
+            idx = torch.tensor(slots, device=rs.all_token_ids.gpu.device)
+            tokens = rs.all_token_ids.gpu[idx, :width].to("cpu", torch.int64).numpy()
+        for k, slot in enumerate(slots):
+            params = self.pending.pop(slot)[0]
+            if tokens is None:
+                continue  # no table reads tokens: the add made in add_request stands
+            row = tokens[k].tolist()
+            p, n = int(prompt_len[k]), int(prefill_len[k])
+            pipe.add_request(slot, params, row[:p], row[p:n])
+            self.known[slot] = n
+
+    # --- apply ----------------------------------------------------------------------------
+
+    def step(self, logits: torch.Tensor, ctx: Any) -> None:
+        """Once per step (the first member called with this ``ctx``): feed the committed
+        tokens, then the row map."""
+        pipe = self.build()
+        self.install_pending()  # normally done already, by apply_staged_writes
+        slots_np = np.asarray(ctx.idx_mapping_np, dtype=np.int64)
+        if logits.shape[0] == slots_np.shape[0]:
+            row_to_slot: Any = slots_np  # one row per request, in batch order: no copy needed
+        else:
+            row_to_slot = ctx.expanded_idx_mapping  # draft rows: the layout is on the device
+        tokens, feed_slots, done = self.committed(slots_np, ctx)
+        pipe.step_slots(row_to_slot, tokens, feed_slots)
+        for slot, n in done:
+            self.known[slot] = n  # only once the step was accepted
+        self.ctx = ctx
+
+    def committed(self, slots: np.ndarray, ctx: Any) -> tuple[Any, Any, list[tuple[int, int]]]:
+        """Tokens committed since we last looked, for the batch's requests with a history:
+        ``all_token_ids[slot, known:total_len]``, read with one gathered copy. The window is
+        bounded by ``ctx.seq_lens_upper_bound_np`` (the host's bound on each request's
+        length), widened if ``total_len`` says more (a step that skipped our apply)."""
+        rs = self.req_states
+        known = self.known[slots]
+        mine = known >= 0
+        if not mine.any():
+            return None, None, []
+        slots, known = slots[mine], known[mine]
+        bound = np.asarray(ctx.seq_lens_upper_bound_np, dtype=np.int64)[mine]
+        width = max(int((bound - known).max()), 1)
+        max_len = rs.all_token_ids.gpu.shape[1]
+        while True:
+            idx = torch.from_numpy(slots)
+            cols = (torch.from_numpy(known)[:, None] + torch.arange(width)).clamp_(max=max_len - 1)
+            dev = rs.all_token_ids.gpu.device
+            window = rs.all_token_ids.gpu[idx.to(dev)[:, None], cols.to(dev)]
+            total = rs.total_len.gpu[idx.to(dev)]
+            host = torch.cat([total[:, None].to(window.dtype), window], 1).to("cpu", torch.int64)
+            total_np = host[:, 0].numpy()
+            need = total_np - known
+            if int(need.max()) <= width:
+                break
+            width = int(need.max())
+        toks: list[int] = []
+        feed: list[int] = []
+        done = []
+        for k, slot in enumerate(slots.tolist()):
+            n = int(need[k])
+            if n > 0:
+                toks.extend(host[k, 1 : 1 + n].tolist())
+                feed.extend([slot] * n)
+                done.append((slot, int(total_np[k])))
+        return (toks or None), (feed or None), done
+
+
+class _Bridge(_V2LogitsProcessor):
+    """One of our processors (``INNER``) as an MRV2 ``LogitsProcessor``."""
+
+    INNER: type[PipelineView] = PipelineView
+
+    def __init__(self, vllm_config: Any, req_states: Any) -> None:
+        group = _GROUPS.get(req_states.all_token_ids)
+        if group is None or group.pipeline is not None:
+            # A processor built after the group's first use starts a group of its own.
+            group = _GROUPS[req_states.all_token_ids] = _Group(vllm_config, req_states)
+        group.members.append(self)
+        self._group = group
+        self._inner: PipelineView | None = None
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self._group.build()
+
+    def add_request(self, req_idx: int, sampling_params: Any) -> bool:
+        self._group.add(self, req_idx, sampling_params)
+        return self.acts_on(sampling_params)
+
+    def acts_on(self, sp: Any) -> bool:
+        """Whether this processor may change a request's logits (MRV2 skips ``apply`` for
+        batches where no processor acts). Conservative: True unless its fields are unset."""
+        fields = [f for t in self.INNER.TABLES for f in _TABLE_FIELDS[t]]
+        if not fields or self.INNER.COLUMNS:
+            return True
+        return any(_set(f, getattr(sp, f, None)) for f in fields)
+
+    def apply_staged_writes(self) -> None:
+        self._group.install_pending()
+
+    def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
+        group = self._group
+        if ctx is not group.ctx:
+            group.step(logits, ctx)
+        assert self._inner is not None
+        try:
+            return self._inner.apply_rows(logits)
+        except Exception as e:
+            if isinstance(self._inner, ColumnLogitsProcessor):
+                # A custom transform's failure, named (the pipeline is unaffected).
+                raise RuntimeError(f"{type(self).__name__}.apply raised {e!r}") from e
+            raise
+
+
+def _set(field: str, value: Any) -> bool:
+    if field == "repetition_penalty":
+        return value is not None and value != 1.0
+    if field == "thinking_token_budget":
+        return value is not None
+    return bool(value)
+
+
+def bridge(cls: type[PipelineView], name: str | None = None) -> type[_Bridge]:
+    """An MRV2 processor class for one of ours: a built-in or a ``ColumnLogitsProcessor``
+    subclass. Load it as any MRV2 processor (a class in ``logits_processors``, or a
+    ``"module:Name"`` where the module defines ``Name = bridge(MyColumns)``)."""
+    if not (isinstance(cls, type) and issubclass(cls, PipelineView)):
+        raise TypeError(f"{cls!r} is not a processor built on a Pipeline (a PipelineView)")
+    return type(name or cls.__name__, (_Bridge,), {"INNER": cls, "__module__": __name__})
+
+
+MinPLogitsProcessor = bridge(builtin.MinPLogitsProcessor)
+LogitBiasLogitsProcessor = bridge(builtin.LogitBiasLogitsProcessor)
+MinTokensLogitsProcessor = bridge(builtin.MinTokensLogitsProcessor)
+PenaltiesLogitsProcessor = bridge(builtin.PenaltiesLogitsProcessor)
+BadWordsLogitsProcessor = bridge(builtin.BadWordsLogitsProcessor)
+AllowedTokenIdsLogitsProcessor = bridge(builtin.AllowedTokenIdsLogitsProcessor)
+ThinkingBudgetLogitsProcessor = bridge(builtin.ThinkingBudgetLogitsProcessor)
+
+# vLLM 0.25.1's order with the sampler transforms (allowed ids and bad words first, penalties
+# and the thinking budget last, MinP after the non-invariant ones): pass as ``logits_processors``.
+ALL: Sequence[type[_Bridge]] = (
+    AllowedTokenIdsLogitsProcessor,
+    BadWordsLogitsProcessor,
+    MinTokensLogitsProcessor,
+    LogitBiasLogitsProcessor,
+    PenaltiesLogitsProcessor,
+    ThinkingBudgetLogitsProcessor,
+    MinPLogitsProcessor,
+)
+
+__all__ = [
+    "ALL",
+    "AllowedTokenIdsLogitsProcessor",
+    "BadWordsLogitsProcessor",
+    "LogitBiasLogitsProcessor",
+    "MinPLogitsProcessor",
+    "MinTokensLogitsProcessor",
+    "PenaltiesLogitsProcessor",
+    "ThinkingBudgetLogitsProcessor",
+    "bridge",
+]

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# vLLM 0.33.0's own modules for tests/test_vllm_v2.py (Model Runner V2's logits-processor
+# interface and loader). Idempotent. The wheel goes into its own --target folder with --no-deps
+# (never a second torch; 0.25.1 lives in a folder of its own), and tests import it only in
+# subprocesses with PYTHONPATH=<that folder>. Every pip call holds the shared lock: other
+# scripts install into the same venv concurrently.
+set -euo pipefail
+: "${VENV:=$HOME/.cache/logitsproc_rs/venv}"
+: "${PY:=$VENV/bin/python}"
+CACHE="$HOME/.cache/logitsproc_rs"
+TARGET="$CACHE/vllm-0.33.0"
+LOCK="$CACHE/pip.lock"
+mkdir -p "$CACHE"
+
+if [ ! -f "$TARGET/vllm/v1/worker/gpu/sample/logits_processor/interface.py" ]; then
+    rm -rf "$TARGET.partial"
+    flock "$LOCK" "$PY" -m pip install -q --no-deps --no-compile \
+        --target "$TARGET.partial" vllm==0.33.0
+    rm -rf "$TARGET"
+    mv "$TARGET.partial" "$TARGET"  # only a complete install counts as installed
+fi

@@ -1,0 +1,115 @@
+"""Our processors inside vLLM 0.33.0's Model Runner V2 interface, against our V1 path.
+
+Usage: ``v2_churn.py SEED MAX_NUM_SEQS VOCAB STEPS DRAFTS`` (run by tests/test_vllm_v2.py in
+a subprocess). The same seeded churn (arrivals, finishes, growing outputs, thinking markers)
+drives:
+
+* the V1 path: ``build_logitsprocs`` + ``LogitsProcessors.update_state`` with the batch
+  updates of a persistent batch (list feed), both phases applied in V1 row order;
+* MRV2: the classes of ``logitsproc_rs.vllm.v2`` loaded by vLLM's own loader from
+  ``module:Class`` names, a runner state whose free list recycles slots (the processors are
+  never told of a finish), committed tokens only in ``all_token_ids``/``total_len``, rows
+  shuffled every step, with ``DRAFTS`` > 0 up to that many draft rows per request repeating
+  its slot, and now and then a request preempted and resumed with its output so far.
+
+Every row of every step must equal the V1 row of its request, exactly. Prints one
+``RESULT {json}`` line with counts of what was exercised.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+import v2_harness as h
+from test_differential import random_logits
+from test_pipeline import config, make_sim, phases
+
+from logitsproc_rs import EngineConfig, build_logitsprocs
+
+
+def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int) -> None:
+    cfg = config(max_num_seqs, vocab)
+    v1 = build_logitsprocs(cfg, "cpu", False)
+    order = [type(p).__name__ for p in (*v1.non_argmax_invariant, *v1.argmax_invariant)]
+    fields = {k: getattr(cfg, k) for k in EngineConfig.__dataclass_fields__}
+    v2_cfg = EngineConfig(**{**fields, "num_speculative_tokens": max_drafts or None})
+    rs = h.RunnerState(max_num_seqs, 4096, vocab)
+    procs = h.build(v2_cfg, rs, [f"logitsproc_rs.vllm.v2:{n}" for n in order])
+    assert [type(p).__name__ for p in procs] == order
+    pipes = {id(p.pipeline) for p in procs}
+    needs = np.zeros(max_num_seqs, dtype=bool)
+
+    sim = make_sim(seed, max_num_seqs, vocab, placeholders=False)
+    rng = random.Random(seed + 1)
+    g = torch.Generator().manual_seed(seed)
+    slot_of: dict[int, int] = {}
+    stats = dict.fromkeys(("rows", "draft_rows", "recycled", "resumed", "skipped", "fed"), 0)
+    used: set[int] = set()
+    preempted: list[int] = []
+    refresh = sim.batch.refresh
+
+    def refresh_preempting() -> Any:
+        """Now and then a request is preempted and resumed with its output so far, within the
+        step's update: V1 sees it added again at its index (its processors start again from
+        the output list); MRV2 frees its slot and adds it again with prefill = prompt +
+        output (the free list hands back the same slot: an overwrite). Only a request that
+        no move of this step touches, so the add's index is its index after the moves."""
+        b = sim.batch.builder
+        touched = {i for m in b.moved for i in m[:2]} | {a[0] for a in b.added}
+        free = [i for i in range(sim.batch.num_reqs) if i not in touched]
+        if free and rng.random() < 0.1:
+            req = sim.batch.slots[rng.choice(free)]
+            b.added.append(
+                (sim.batch.slots.index(req), req.params, req.prompt_token_ids, req.output_token_ids)
+            )
+            preempted.append(req.req_id)
+        return refresh()
+
+    sim.batch.refresh = refresh_preempting
+    for _ in range(steps):
+        preempted.clear()
+        update = sim.step()
+        rows = sim.batch.rows()
+        v1.update_state(update)
+        logits = random_logits(rng, g, len(rows), vocab)
+        want = phases(v1, logits)[1]
+
+        # MRV2: finished requests free their slots (no processor call), the last step's
+        # tokens are committed, new (and resumed) requests are added, staged writes flushed.
+        live = {r.req_id: r for r in rows}
+        for rid in [rid for rid in slot_of if rid not in live or rid in preempted]:
+            rs.remove_request(slot_of.pop(rid))
+        stats["resumed"] += sum(bool(live[rid].output_token_ids) for rid in preempted)
+        for rid, slot in slot_of.items():
+            rs.commit(slot, live[rid].output_token_ids)
+        for r in rows:
+            if r.req_id not in slot_of:
+                slot = rs.add_request(list(r.prompt_token_ids or ()), list(r.output_token_ids))
+                stats["recycled"] += slot in used
+                used.add(slot)
+                slot_of[r.req_id] = slot
+                h.add_to_sampler(procs, needs, slot, r.params)
+        h.apply_staged_writes(procs)
+
+        perm = list(range(len(rows)))
+        rng.shuffle(perm)
+        drafts = [rng.randint(0, max_drafts) for _ in perm]
+        ctx = h.context(rs, [slot_of[rows[i].req_id] for i in perm], drafts)
+        v1_rows = [i for i, d in zip(perm, drafts, strict=True) for _ in range(1 + d)]
+        got = h.sample_apply(procs, needs, logits[v1_rows], ctx)
+        if not np.any(needs[ctx.idx_mapping_np]):
+            stats["skipped"] += 1
+        assert torch.equal(got, want[v1_rows]), f"step {sim.steps}: V2 differs from V1"
+        stats["rows"] += len(rows)
+        stats["draft_rows"] += len(v1_rows) - len(rows)
+    stats["fed"] = int(sum(len(r.output_token_ids) for r in sim.batch.rows()))
+    stats["pipelines"] = len(pipes)
+    h.report(stats)
+
+
+if __name__ == "__main__":
+    main(*map(int, sys.argv[1:6]))

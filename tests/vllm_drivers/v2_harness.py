@@ -1,0 +1,176 @@
+"""Shared by the v2_* drivers: vLLM 0.33.0's own MRV2 logits-processor modules, a simulated
+runner state, and one engine step as MRV2's model runner and sampler make it.
+
+Run only in a subprocess with ``PYTHONPATH=<vllm-0.33.0 target>:<repo>/python`` (two vLLM
+versions exist; the pytest process imports neither).
+
+The one shim: ``vllm.v1.sample.logits_processor`` (vLLM's V1 sampler package) is replaced by a
+module holding only ``STR_POOLING_REJECTS_LOGITSPROCS``, the one name MRV2's loader takes from
+it. Its real ``__init__`` imports the V1 sampler stack and ``vllm.sampling_params`` →
+``vllm.config`` → aiohttp, transformers, zmq, ... (nothing MRV2's processors use). The constant's
+text is read from the installed wheel's own file. Everything else is vLLM's own code: the
+interface module (``LogitsProcessor``, ``LogitsContext``, ``LogitsProcRequestState``) and the
+loader (``build_custom_logits_processors``, plugins, ``module:Class`` names).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(TESTS))  # the churn helpers of the pytest suite
+
+
+def _install_shim() -> None:
+    import vllm  # noqa: F401  (the real package; the shim is one submodule below it)
+
+    spec = importlib.util.find_spec("vllm.v1.sample")
+    assert spec is not None and spec.submodule_search_locations
+    init = Path(next(iter(spec.submodule_search_locations))) / "logits_processor" / "__init__.py"
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == "STR_POOLING_REJECTS_LOGITSPROCS" for t in node.targets
+        ):
+            value = ast.literal_eval(node.value)
+            break
+    else:
+        raise RuntimeError(f"STR_POOLING_REJECTS_LOGITSPROCS not found in {init}")
+    shim = types.ModuleType("vllm.v1.sample.logits_processor")
+    shim.STR_POOLING_REJECTS_LOGITSPROCS = value
+    shim.__file__ = "<shim: see tests/vllm_drivers/v2_harness.py>"
+    sys.modules[shim.__name__] = shim
+
+
+_install_shim()
+
+import vllm  # noqa: E402
+from vllm.v1.worker.gpu.sample.logits_processor import (  # noqa: E402
+    LogitsContext,
+    LogitsProcRequestState,
+    build_custom_logits_processors,
+)
+
+assert vllm.__file__ and "vllm-0.33.0" in vllm.__file__, vllm.__file__
+
+
+class _Host:
+    """A host array with a device mirror (vLLM's ``UvaBackedTensor``: ``.np`` and ``.gpu``)."""
+
+    def __init__(self, n: int) -> None:
+        self.np = np.zeros(n, dtype=np.int32)
+        self.gpu = torch.from_numpy(self.np)  # on the CPU the "device" view is the same memory
+
+
+class _Device:
+    """A device tensor (vLLM's ``StagedWriteTensor``: ``.gpu``)."""
+
+    def __init__(self, *shape: int) -> None:
+        self.gpu = torch.zeros(shape, dtype=torch.int32)
+
+
+class RunnerState:
+    """What MRV2's ``RequestState`` exposes to processors, and its slot free list: a freed
+    slot goes to the end of the list and ``pop()`` takes from the end (recycled first)."""
+
+    def __init__(self, max_num_reqs: int, max_model_len: int, vocab_size: int) -> None:
+        self.device = torch.device("cpu")
+        self.max_num_reqs = max_num_reqs
+        self.vocab_size = vocab_size
+        self.all_token_ids = _Device(max_num_reqs, max_model_len)
+        self.prompt_len = _Host(max_num_reqs)
+        self.prefill_len = _Host(max_num_reqs)
+        self.total_len = _Device(max_num_reqs)
+        self.free_indices = list(range(max_num_reqs))
+
+    def add_request(self, prompt: list[int], output: list[int]) -> int:
+        slot = self.free_indices.pop()
+        tokens = prompt + output
+        self.prompt_len.np[slot] = len(prompt)
+        self.prefill_len.np[slot] = len(tokens)
+        self.all_token_ids.gpu[slot].fill_(-7)  # stale garbage beyond the request's tokens
+        self.all_token_ids.gpu[slot, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
+        self.total_len.gpu[slot] = len(tokens)
+        return slot
+
+    def commit(self, slot: int, output: list[int]) -> None:
+        """MRV2's post_update: the tokens sampled for ``slot`` land in ``all_token_ids``."""
+        p = int(self.prompt_len.np[slot])
+        n = p + len(output)
+        old = int(self.total_len.gpu[slot])
+        if n > old:
+            self.all_token_ids.gpu[slot, old:n] = torch.tensor(output[old - p :], dtype=torch.int32)
+            self.total_len.gpu[slot] = n
+
+    def remove_request(self, slot: int) -> None:
+        self.free_indices.append(slot)
+
+
+def build(config: Any, rs: RunnerState, names: list[Any]) -> list[Any]:
+    """MRV2's loader, as the model runner calls it."""
+    return build_custom_logits_processors(config, rs, False, names)
+
+
+def lp_state(rs: RunnerState) -> Any:
+    return LogitsProcRequestState.from_request_state(rs)
+
+
+def add_to_sampler(procs: list[Any], needs: np.ndarray, slot: int, params: Any) -> None:
+    """``Sampler.add_request``: every processor in turn; the slot needs processing when any
+    acts on it."""
+    acts = False
+    for p in procs:
+        acts |= bool(p.add_request(slot, params))
+    needs[slot] = acts
+
+
+def apply_staged_writes(procs: list[Any]) -> None:
+    for p in procs:
+        p.apply_staged_writes()
+
+
+def context(rs: RunnerState, slots: list[int], drafts: list[int]) -> LogitsContext:
+    """One step's layout: request ``k`` (slot ``slots[k]``) owns ``1 + drafts[k]``
+    consecutive rows."""
+    expanded, local, pos, inputs, bound = [], [], [], [], []
+    for s, d in zip(slots, drafts, strict=True):
+        total = int(rs.total_len.gpu[s])
+        for j in range(1 + d):
+            expanded.append(s)
+            local.append(j)
+            pos.append(total - 1 + j)
+            inputs.append(int(rs.all_token_ids.gpu[s, total - 1]) if j == 0 else 0)
+        bound.append(total + d)
+    idx = np.asarray(slots, dtype=np.int32)
+    return LogitsContext(
+        expanded_idx_mapping=torch.tensor(expanded, dtype=torch.int32),
+        idx_mapping=torch.from_numpy(idx.copy()),
+        idx_mapping_np=idx,
+        expanded_local_pos=torch.tensor(local, dtype=torch.int32),
+        input_ids=torch.tensor(inputs, dtype=torch.int32),
+        pos=torch.tensor(pos, dtype=torch.int64),
+        seq_lens_upper_bound_np=np.asarray(bound, dtype=np.int32),
+    )
+
+
+def sample_apply(procs: list[Any], needs: np.ndarray, logits: torch.Tensor, ctx: Any):
+    """``Sampler.apply_sampling_params``' processor part: skipped when no request of the
+    batch needs processing, else every processor in order on a float32 copy."""
+    if not np.any(needs[ctx.idx_mapping_np]):
+        return logits
+    logits = torch.empty_like(logits, dtype=torch.float32).copy_(logits)
+    for p in procs:
+        logits = p.apply(logits, ctx)
+    return logits
+
+
+def report(result: dict[str, Any]) -> None:
+    print("RESULT " + json.dumps(result))
