@@ -5,6 +5,7 @@ generation starting fresh, and the rejections (beam search, bad per-row params).
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -80,11 +81,11 @@ def manual_greedy(model, ids: torch.Tensor, params: list[SamplingParams]) -> tor
             reasoning_start_token_ids=THINK_START,
             reasoning_end_token_ids=THINK_END,
         ),
-        "cpu",
-        False,
+        ids.device,
+        ids.device.type == "cuda",
     )
     sampler = Sampler(procs)
-    md = SamplingMetadata.from_params(params, VOCAB)
+    md = SamplingMetadata.from_params(params, VOCAB, ids.device)
     outs: list[list[int]] = [[] for _ in range(rows)]
     update = BatchUpdate(
         rows, [], [(i, p, ids[i].tolist(), outs[i]) for i, p in enumerate(params)], []
@@ -100,11 +101,16 @@ def manual_greedy(model, ids: torch.Tensor, params: list[SamplingParams]) -> tor
             for i, t in enumerate(tok.tolist()):
                 outs[i].append(t)
             x = tok[:, None]
-    return torch.tensor(outs)
+    return torch.tensor(outs, device=ids.device)
 
 
-def test_every_feature_matches_the_native_path(model) -> None:
-    ids = prompts(8, 6, seed=1)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_every_feature_matches_the_native_path(model, device) -> None:
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            pytest.skip("no CUDA device")
+        model = copy.deepcopy(model).to(device)
+    ids = prompts(8, 6, seed=1).to(device)
     ids[6, -1] = THINK_START[0]  # row 6 opens a thinking section in its prompt
     base = hf_generate(model, ids)
     b = base.tolist()
@@ -217,7 +223,7 @@ def test_sampling_rows_get_vllms_distribution(model) -> None:
     toks = res.sequences[:, ids.shape[1] :]
     expect = replay(list(res.logits), toks, ids.tolist(), params)
     masked_by_min_p = 0
-    for t, (scores, out) in enumerate(zip(res.scores, expect)):
+    for t, (scores, out) in enumerate(zip(res.scores, expect, strict=True)):
         assert torch.equal(scores[1:], out.logits[1:])  # random rows: the same distribution
         assert torch.isfinite(scores[0]).sum() == 1
         assert int(toks[0, t]) == int(out.sampled_token_ids[0])  # the greedy row
@@ -277,7 +283,7 @@ def test_beam_search_and_bad_params_are_rejected(model) -> None:
     params = [SamplingParams(temperature=0.0)] * 2
     with pytest.raises(ValueError, match="num_beams"):
         hf_generate(model, ids, HFLogitsProcessor(params), num_beams=2)
-    with pytest.raises(ValueError, match="2 rows .* for 3 SamplingParams"):
+    with pytest.raises(ValueError, match=r"2 rows .* for 3 SamplingParams"):
         hf_generate(model, ids, HFLogitsProcessor(params + params[:1]))
     bad = [params[0], SamplingParams(temperature=0.0, logit_bias={VOCAB + 5: 1.0})]
     with pytest.raises(ValueError, match="row 1: field 'logit_bias'"):

@@ -245,7 +245,9 @@ class HFLogitsProcessor:
         ids = input_ids.tolist()
         keep = mask.tolist() if mask is not None else None
         for i, p in enumerate(self.params):
-            prompt = ids[i] if keep is None else [t for t, m in zip(ids[i], keep[i]) if m]
+            prompt = (
+                ids[i] if keep is None else [t for t, m in zip(ids[i], keep[i], strict=True) if m]
+            )
             added.append((i, p, prompt, []))
         try:
             self.procs.update_state(BatchUpdate(rows, [], added, []))
