@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import copy
 import os
+import runpy
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -319,3 +321,8 @@ def test_import_is_cheap() -> None:
     code = "import sys, logitsproc_rs.hf; print('transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_example_runs(capsys) -> None:
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "hf_generate.py"))
+    assert "row 2: " in capsys.readouterr().out

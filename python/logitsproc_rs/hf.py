@@ -233,7 +233,9 @@ class HFLogitsProcessor:
                 "to reset() (or to generate())"
             )
         # A fresh pipeline per generation (a few ms): nothing of the last one can leak in.
-        cfg = dataclasses.replace(self.engine_config, max_num_seqs=rows, vocab_size=vocab)
+        cfg = dataclasses.replace(
+            self.engine_config, max_num_seqs=rows, vocab_size=vocab, num_speculative_tokens=None
+        )
         dev = scores.device
         self.procs = build_logitsprocs(cfg, dev, dev.type == "cuda", token_feed=True)
         self._sampler = Sampler(self.procs)
