@@ -30,7 +30,8 @@ before ours (the penalty kind) or after ours (the sampling warpers), so they wou
 ``neutral_generate_kwargs()`` turns all of them off; ``generate()`` passes it.
 
 Beam search (``num_beams > 1``) reorders rows between steps and is rejected: the row count then
-differs from ``len(params)``, a ``ValueError`` says so. ``num_return_sequences > 1`` works when
+differs from ``len(params)``, a ``ValueError`` says so (as does a step whose rows' earlier
+tokens changed, had params been given per beam). ``num_return_sequences > 1`` works when
 ``params`` has one entry per returned sequence (rows are ``repeat_interleave``-d).
 
 ``transformers`` is imported on the first construction, not at import time; when it is
