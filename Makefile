@@ -41,8 +41,8 @@ test: test-rust test-python  ## cargo test + pytest (what CI runs)
 test-rust:  ## Rust unit and property tests (no Python needed)
 	cargo test --workspace -q
 
-test-python: build extras  ## pytest: differential churn vs the reference, bad input, API, CUDA (skipped without a GPU)
-	$(RUN) -m pytest -q
+test-python: build extras  ## pytest: differential churn vs the reference, bad input, API, bridges, CUDA (skipped without a GPU)
+	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q
 
 demo: build  ## the main job: a simulated engine loop, ours vs the reference, per-step costs
 	$(RUN) -m logitsproc_rs demo $(ARGS)
