@@ -1,8 +1,8 @@
 """Our processors inside vLLM 0.33.0's Model Runner V2 interface, against our V1 path.
 
-Usage: ``v2_churn.py SEED MAX_NUM_SEQS VOCAB STEPS DRAFTS`` (run by tests/test_vllm_v2.py in
-a subprocess). The same seeded churn (arrivals, finishes, growing outputs, thinking markers)
-drives:
+Usage: ``v2_churn.py SEED MAX_NUM_SEQS VOCAB STEPS DRAFTS FAULTS`` (run by
+tests/test_vllm_v2.py in a subprocess). The same seeded churn (arrivals, finishes, growing
+outputs, thinking markers) drives:
 
 * the V1 path: ``build_logitsprocs`` + ``LogitsProcessors.update_state`` with the batch
   updates of a persistent batch (list feed), both phases applied in V1 row order;
@@ -11,6 +11,13 @@ drives:
   never told of a finish), committed tokens only in ``all_token_ids``/``total_len``, rows
   shuffled every step, with ``DRAFTS`` > 0 up to that many draft rows per request repeating
   its slot, and now and then a request preempted and resumed with its output so far.
+
+With ``FAULTS`` = 1 both also run ``Boost``, a custom column processor (bridged with
+``logitsproc_rs.vllm.v2.bridge`` and passed to vLLM's loader as a class), and MRV2 alone gets
+faults: requests whose params make Boost's column reader raise or carry an out-of-vocabulary
+logit-bias key (each must be a ``ValueError`` naming the processor, the slot and the field;
+the engine then drops the request), and steps where Boost's transform raises (a
+``RuntimeError`` naming Boost; that step's logits are lost). Every other step must still match.
 
 Every row of every step must equal the V1 row of its request, exactly. Prints one
 ``RESULT {json}`` line with counts of what was exercised.
@@ -28,26 +35,70 @@ import v2_harness as h
 from test_differential import random_logits
 from test_pipeline import config, make_sim, phases
 
-from logitsproc_rs import EngineConfig, build_logitsprocs
+from logitsproc_rs import (
+    ColumnLogitsProcessor,
+    EngineConfig,
+    FloatColumn,
+    SamplingParams,
+    build_logitsprocs,
+)
+from logitsproc_rs.vllm.v2 import bridge
 
 
-def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int) -> None:
+def read_boost(sp: Any) -> Any:
+    extra = sp.extra_args or {}
+    if extra.get("boom"):
+        raise KeyError("boom")
+    return extra.get("boost")
+
+
+class Boost(ColumnLogitsProcessor):
+    """Adds ``extra_args["boost"]`` to token 0; ``FAIL`` makes the transform raise."""
+
+    COLUMNS = (FloatColumn("boost", default=0.0, read=read_boost),)
+    FAIL = False
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def transform(self, logits: torch.Tensor, cols: Any, num_active: int) -> torch.Tensor:
+        if Boost.FAIL:
+            raise KeyError("transform failed on purpose")
+        if num_active:
+            logits[:, :1] += cols["boost"]
+        return logits
+
+
+def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, faults: int):
     cfg = config(max_num_seqs, vocab)
-    v1 = build_logitsprocs(cfg, "cpu", False)
+    v1 = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=[Boost] if faults else ())
     order = [type(p).__name__ for p in (*v1.non_argmax_invariant, *v1.argmax_invariant)]
     fields = {k: getattr(cfg, k) for k in EngineConfig.__dataclass_fields__}
     v2_cfg = EngineConfig(**{**fields, "num_speculative_tokens": max_drafts or None})
     rs = h.RunnerState(max_num_seqs, 4096, vocab)
-    procs = h.build(v2_cfg, rs, [f"logitsproc_rs.vllm.v2:{n}" for n in order])
+    names = [bridge(Boost) if n == "Boost" else f"logitsproc_rs.vllm.v2:{n}" for n in order]
+    procs = h.build(v2_cfg, rs, names)
     assert [type(p).__name__ for p in procs] == order
     pipes = {id(p.pipeline) for p in procs}
     needs = np.zeros(max_num_seqs, dtype=bool)
 
     sim = make_sim(seed, max_num_seqs, vocab, placeholders=False)
     rng = random.Random(seed + 1)
+    if faults:
+        make_params = sim.make_params
+
+        def boosted(r: random.Random) -> Any:
+            sp = make_params(r)
+            if rng.random() < 0.5:
+                sp.extra_args = {**(sp.extra_args or {}), "boost": rng.choice((-3.0, 0.5, 40.0))}
+            return sp
+
+        sim.make_params = boosted
     g = torch.Generator().manual_seed(seed)
     slot_of: dict[int, int] = {}
-    stats = dict.fromkeys(("rows", "draft_rows", "recycled", "resumed", "skipped", "fed"), 0)
+    stats = dict.fromkeys(
+        ("rows", "draft_rows", "recycled", "resumed", "skipped", "fed", "bad_params", "failed"), 0
+    )
     used: set[int] = set()
     preempted: list[int] = []
     refresh = sim.batch.refresh
@@ -93,6 +144,9 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int) 
                 used.add(slot)
                 slot_of[r.req_id] = slot
                 h.add_to_sampler(procs, needs, slot, r.params)
+        if faults and rs.free_indices and rng.random() < 0.15:
+            bad_request(rs, procs, needs, vocab, rng)
+            stats["bad_params"] += 1
         h.apply_staged_writes(procs)
 
         perm = list(range(len(rows)))
@@ -100,6 +154,17 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int) 
         drafts = [rng.randint(0, max_drafts) for _ in perm]
         ctx = h.context(rs, [slot_of[rows[i].req_id] for i in perm], drafts)
         v1_rows = [i for i, d in zip(perm, drafts, strict=True) for _ in range(1 + d)]
+        if faults and rng.random() < 0.08:
+            Boost.FAIL = True
+            try:
+                h.sample_apply(procs, needs, logits[v1_rows], ctx)
+                raise AssertionError("Boost's transform raised, apply did not")
+            except RuntimeError as e:
+                assert "Boost.apply" in str(e) and "on purpose" in str(e), e
+            finally:
+                Boost.FAIL = False
+            stats["failed"] += 1
+            continue
         got = h.sample_apply(procs, needs, logits[v1_rows], ctx)
         if not np.any(needs[ctx.idx_mapping_np]):
             stats["skipped"] += 1
@@ -111,5 +176,40 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int) 
     h.report(stats)
 
 
+def bad_request(rs: Any, procs: list[Any], needs: Any, vocab: int, rng: random.Random) -> None:
+    """MRV2 only: a request rejected in add_request; the engine frees its slot again."""
+    if rng.random() < 0.5:
+        sp, owner, field = SamplingParams(extra_args={"boom": True}), "Boost", "'boost'"
+        sp.min_p, sp.repetition_penalty = 0.2, 1.5  # fields of tables that must stay unset
+    else:
+        sp = SamplingParams(logit_bias={vocab + 3: 1.0}, min_tokens=2)
+        owner, field = "LogitBiasLogitsProcessor", "'logit_bias'"
+    slot = rs.add_request([1, 2, 3], [])
+    try:
+        h.add_to_sampler(procs, needs, slot, sp)
+        raise AssertionError("a bad request was accepted")
+    except ValueError as e:
+        msg = str(e)
+        assert msg.startswith(f"{owner}.add_request(req_idx={slot})"), msg
+        assert f"request at index {slot}" in msg and field in msg, msg
+    needs[slot] = False
+    rs.remove_request(slot)
+
+
+def sabotage(mode: str) -> None:
+    """Tests of this test: a bridge that drops the token feed, or that never installs a
+    request's prompt and output so far, must be caught."""
+    from logitsproc_rs.vllm import v2
+
+    if mode == "no_feed":
+        v2._Group.committed = lambda self, slots, ctx: (None, None, [])
+    elif mode == "no_install":
+        v2._Group.install_pending = lambda self: self.pending.clear()
+    else:
+        raise SystemExit(f"unknown sabotage {mode!r}")
+
+
 if __name__ == "__main__":
-    main(*map(int, sys.argv[1:6]))
+    if len(sys.argv) > 7:
+        sabotage(sys.argv[7])
+    main(*map(int, sys.argv[1:7]))

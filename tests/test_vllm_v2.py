@@ -1,0 +1,94 @@
+"""Our processors inside vLLM's Model Runner V2 (``logitsproc_rs.vllm.v2``), checked with
+vLLM 0.33.0's own interface and loader modules.
+
+vLLM is imported only in subprocesses (``tests/vllm_drivers/v2_*.py``, with
+``PYTHONPATH=<vllm-0.33.0 target>:python``): another vLLM version serves other tests, and
+the pytest process imports neither. ``tests/extras/vllm_v2.sh`` (``make extras``) installs
+it; without it these tests skip, or fail when ``LOGITSPROC_REQUIRE_EXTRAS=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DRIVERS = ROOT / "tests" / "vllm_drivers"
+TARGET = Path(
+    os.environ.get("LOGITSPROC_VLLM_V2_DIR", Path.home() / ".cache/logitsproc_rs/vllm-0.33.0")
+)
+INTERFACE = TARGET / "vllm/v1/worker/gpu/sample/logits_processor/interface.py"
+
+
+@pytest.fixture(scope="module")
+def vllm_dir() -> Path:
+    if not INTERFACE.is_file():
+        why = f"vLLM 0.33.0 not installed in {TARGET} (run make extras: tests/extras/vllm_v2.sh)"
+        if os.environ.get("LOGITSPROC_REQUIRE_EXTRAS") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    return TARGET
+
+
+def run(vllm_dir: Path, script: str, *args: object) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": f"{vllm_dir}{os.pathsep}{ROOT / 'python'}"}
+    env.setdefault("OMP_NUM_THREADS", "1")  # small tensors; the machine is shared
+    return subprocess.run(
+        [sys.executable, str(DRIVERS / script), *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def result(proc: subprocess.CompletedProcess[str]) -> dict:
+    assert proc.returncode == 0, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert len(lines) == 1, proc.stdout[-3000:]
+    return json.loads(lines[0][len("RESULT ") :])
+
+
+@pytest.mark.parametrize(
+    ("seed", "max_num_seqs", "vocab", "steps", "drafts", "faults"),
+    [(0, 8, 64, 300, 0, 0), (1, 32, 128, 120, 2, 0), (2, 32, 128, 150, 1, 1)],
+)
+def test_v2_matches_v1_under_churn(vllm_dir, seed, max_num_seqs, vocab, steps, drafts, faults):
+    st = result(run(vllm_dir, "v2_churn.py", seed, max_num_seqs, vocab, steps, drafts, faults))
+    assert st["pipelines"] == 1  # every processor loaded together shares one pipeline
+    assert st["rows"] > steps * max_num_seqs // 4
+    assert st["recycled"] > 10 and st["resumed"] > 3
+    assert (st["draft_rows"] > steps) == bool(drafts)
+    if faults:
+        assert st["bad_params"] >= 3 and st["failed"] >= 3
+
+
+@pytest.mark.parametrize("mode", ["no_feed", "no_install"])
+def test_churn_driver_catches_a_broken_bridge(vllm_dir, mode):
+    proc = run(vllm_dir, "v2_churn.py", 0, 8, 64, 300, 0, 0, mode)
+    assert proc.returncode != 0 and "V2 differs from V1" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_vllm_loader_with_our_classes(vllm_dir):
+    out = result(run(vllm_dir, "v2_loader.py"))
+    assert out["loaded"][0] == "AllowedTokenIdsLogitsProcessor"
+    assert out["tables"] == [
+        "allowed",
+        "bad_words",
+        "logit_bias",
+        "min_p",
+        "min_tokens",
+        "penalties",
+    ]
+    assert out["v1_class"].startswith("MinPLogitsProcessor is not a subclass of vllm.v1.worker")
+    assert "Expected format" in out["bad_name"]
+    assert out["pooling"] == "Pooling models do not support custom logits processors."
+    assert "not a processor built on a Pipeline" in out["not_ours"]
+    assert out["acts_min_p_only"] == ["MinPLogitsProcessor"]
+    assert out["min_p_kept"] == 1

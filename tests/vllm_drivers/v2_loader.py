@@ -1,0 +1,71 @@
+"""vLLM 0.33.0's own MRV2 loader with our classes: what loads, what is refused, and which
+processors share a pipeline. Prints one ``RESULT {json}`` line (run by tests/test_vllm_v2.py in
+a subprocess)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import v2_harness as h
+from vllm.v1.worker.gpu.sample.logits_processor import (
+    LogitsProcessor,
+    build_custom_logits_processors_params_validator,
+)
+
+from logitsproc_rs import EngineConfig, SamplingParams
+from logitsproc_rs.vllm import v2
+
+V2 = "logitsproc_rs.vllm.v2"
+
+
+def expect(exc: type[Exception], fn, *args) -> str:
+    try:
+        fn(*args)
+    except exc as e:
+        return str(e)
+    raise AssertionError(f"{fn.__name__}{args!r} did not raise {exc.__name__}")
+
+
+def main() -> None:
+    cfg = EngineConfig(max_num_seqs=4, vocab_size=32)
+    rs = h.RunnerState(4, 64, 32)
+    names = [f"{V2}:{c.__name__}" for c in v2.ALL if c is not v2.ThinkingBudgetLogitsProcessor]
+    procs = h.build(cfg, rs, names)
+    out: dict[str, object] = {"loaded": [type(p).__name__ for p in procs]}
+    assert all(isinstance(p, LogitsProcessor) for p in procs)
+    # One loader call: one pipeline, with every member's tables.
+    assert len({id(p.pipeline) for p in procs}) == 1
+    out["tables"] = sorted(procs[0].pipeline.tables)
+    # Another runner state: a pipeline of its own.
+    other = h.build(cfg, h.RunnerState(4, 64, 32), [f"{V2}:MinPLogitsProcessor"])
+    assert other[0].pipeline is not procs[0].pipeline
+    assert other[0].pipeline.tables == {"min_p"}
+
+    # What vLLM's loader refuses: a V1-interface class, a bad name, custom ones for pooling.
+    out["v1_class"] = expect(ValueError, h.build, cfg, rs, ["logitsproc_rs:MinPLogitsProcessor"])
+    out["bad_name"] = expect(ValueError, h.build, cfg, rs, ["logitsproc_rs.vllm.v2.MinP"])
+    out["pooling"] = expect(
+        ValueError, h.build_custom_logits_processors, cfg, rs, True, [f"{V2}:ALL"]
+    )
+    out["not_ours"] = expect(TypeError, v2.bridge, SamplingParams)
+
+    # The front end's validator loads the same classes and runs their validate_params.
+    validate = build_custom_logits_processors_params_validator(names)
+    validate(SamplingParams(min_p=0.5))
+
+    # A request acted on by some processors only: each says whether it acts.
+    needs = np.zeros(4, dtype=bool)
+    slot = rs.add_request([3, 4], [])
+    acts = {type(p).__name__: bool(p.add_request(slot, SamplingParams(min_p=0.5))) for p in procs}
+    out["acts_min_p_only"] = sorted(k for k, v in acts.items() if v)
+    needs[slot] = any(acts.values())
+    h.apply_staged_writes(procs)
+    ctx = h.context(rs, [slot], [0])
+    x = torch.tensor([[0.0, 5.0] + [4.0] * 30])
+    y = h.sample_apply(procs, needs, x, ctx)
+    out["min_p_kept"] = int(torch.isfinite(y).sum())
+    h.report(out)
+
+
+if __name__ == "__main__":
+    main()
