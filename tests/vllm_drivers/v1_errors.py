@@ -1,0 +1,159 @@
+"""A bridged processor that raises, inside vLLM 0.25.1's ``build_logitsprocs`` and loop.
+
+- In ``update_state`` (a column reader raising, a bad namespaced field): the exception names
+  the processor whose field failed (whichever bridge ran the step), the request and the field;
+  no table of the shared pipeline changed (the built-ins still match the native path on the old
+  batch), and the engine's next step (the request admitted again, fixed) matches it too.
+- In ``apply`` (a transform raising): the exception names the processor; once the request is
+  gone the next step works.
+- ``validate_params`` (vLLM's front-end check) refuses the same bad fields up front.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import v1_harness  # noqa: F401  (paths, threads)
+from v1_harness import apply_all, import_vllm, result
+
+from logitsproc_rs import (
+    BatchUpdate,
+    ColumnLogitsProcessor,
+    EngineConfig,
+    FloatColumn,
+    SamplingParams,
+    build_logitsprocs,
+)
+from logitsproc_rs.vllm import v1
+
+lp = import_vllm()
+from vllm.sampling_params import SamplingParams as VllmSamplingParams  # noqa: E402
+
+V = 32
+cfg = EngineConfig(max_num_seqs=8, vocab_size=V)
+
+
+def _boom(sp: Any) -> Any:
+    extra = sp.extra_args or {}
+    if extra.get("boom_update"):
+        raise KeyError("boom_update")
+    return extra.get("boom")
+
+
+class ExplodingLogitsProcessor(ColumnLogitsProcessor):
+    COLUMNS = (FloatColumn("boom", default=0.0, read=_boom),)
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def transform(self, logits: torch.Tensor, cols: Any, num_active: int) -> torch.Tensor:
+        if num_active:
+            raise RuntimeError("kaboom")
+        return logits
+
+
+Exploding = v1.bridge(ExplodingLogitsProcessor, name="Exploding")
+theirs = lp.build_logitsprocs(
+    cfg, torch.device("cpu"), False, False, [v1.MinP, v1.LogitBias, v1.Penalties, Exploding]
+)
+native = build_logitsprocs(
+    cfg, "cpu", False, sampler_transforms=True, custom_logitsprocs=[ExplodingLogitsProcessor]
+)
+bridges = [p for p in theirs.all if isinstance(p, v1._Bridge)]
+assert len({id(p.pipeline) for p in bridges}) == 1
+
+
+def pair(ns: dict | None = None, **extra: Any) -> tuple[Any, SamplingParams]:
+    routed = dict(extra, **{v1.NAMESPACE: ns}) if ns is not None else extra
+    theirs_p = VllmSamplingParams(temperature=1.0, extra_args=routed or None)
+    ours_p = SamplingParams(max_tokens=None, extra_args=extra or None, **(ns or {}))
+    return theirs_p, ours_p
+
+
+outputs = [[] for _ in range(8)]
+builder = lp.BatchUpdateBuilder()
+gen = torch.Generator().manual_seed(3)
+checked = 0
+
+
+def step(adds: list, removed: tuple = (), size: int = 0) -> None:
+    """One engine step through vLLM's builder and loop, and the native path."""
+    for i in removed:
+        builder.removed_append(i)
+    native_added = []
+    for i, (t, o) in adds:
+        builder.added.append((i, t, [1, 2], outputs[i]))
+        native_added.append((i, o, [1, 2], outputs[i]))
+    update = builder.get_and_reset(size)
+    native_update = BatchUpdate(size, list(removed), native_added, [])
+    for p in theirs.all:
+        p.update_state(update)
+    native.update_state(native_update)
+
+
+def compare(n: int) -> None:
+    global checked
+    logits = torch.randn(n, V, generator=gen)
+    a = apply_all(theirs, logits.clone())
+    b = apply_all(native, logits.clone())
+    assert torch.equal(a, b), (a, b)
+    assert not torch.equal(a, logits)  # the built-ins had work to do
+    checked += 1
+
+
+def expect(exc: type, call: Any, *words: str) -> str:
+    try:
+        call()
+    except exc as e:
+        msg = str(e)
+        for w in words:
+            assert w in msg, (w, msg)
+        return msg
+    raise AssertionError(f"no {exc.__name__}")
+
+
+good = [
+    pair({"min_p": 0.2, "logit_bias": {5: 3.0}}),
+    pair({"repetition_penalty": 1.5}),
+    pair({"logit_bias": {7: -2.0, 9: 4.0}, "presence_penalty": 1.0}),
+    pair(),
+]
+for i in range(len(good)):
+    outputs[i].extend([5, 9, i])
+step(list(enumerate(good)), size=4)
+compare(4)
+
+# 1. A column reader raises in update_state: named, nothing changed, the retry matches.
+msg = expect(
+    ValueError, lambda: step([(4, pair({"min_p": 0.1}, boom_update=True))], size=5),
+    "Exploding", "request at index 4", "'boom'",
+)  # fmt: skip
+compare(4)  # the batch as before the rejected step, in every table
+step([(4, pair({"min_p": 0.1}))], size=5)  # the engine admits it again, fixed
+compare(5)
+
+# 2. A bad namespaced field: named after the processor that reads it.
+nan_bias = VllmSamplingParams(extra_args={v1.NAMESPACE: {"logit_bias": {3: float("nan")}}})
+msg2 = expect(
+    ValueError, lambda: step([(5, (nan_bias, None))], size=6),  # vLLM's loop raises first
+    "LogitBias", "request at index 5", "logit_bias",
+)  # fmt: skip
+step([(5, pair({"logit_bias": {3: 1.0}}))], size=6)
+compare(6)
+
+# 3. apply raises: named; after the request leaves, the next step works.
+step([(6, pair(boom=1.5))], size=7)
+expect(RuntimeError, lambda: apply_all(theirs, torch.randn(7, V)), "Exploding.apply", "kaboom")
+step([], removed=(6,), size=6)
+compare(6)
+
+# 4. vLLM's front-end check refuses the same fields before they reach a batch.
+bad = VllmSamplingParams(extra_args={v1.NAMESPACE: {"min_p": 2.0}})
+expect(ValueError, lambda: v1.MinP.validate_params(bad), "min_p")
+expect(ValueError, lambda: lp.validate_logits_processors_parameters([v1.MinP], bad), "min_p")
+typo = VllmSamplingParams(extra_args={v1.NAMESPACE: {"min_pp": 0.1}})
+expect(ValueError, lambda: v1.LogitBias.validate_params(typo), "min_pp")
+v1.MinP.validate_params(good[0][0])
+
+result(checked=checked, update_error=msg, field_error=msg2)
