@@ -63,7 +63,7 @@ def _load_plugins() -> list[type[LogitsProcessor]]:
             continue
         logger.debug("Loading installed logitsprocs plugins (group %s):", group)
         for ep in eps:
-            logger.debug("- Loading logitproc plugin entrypoint=%s target=%s", ep.name, ep.value)
+            logger.debug("- Loading logitproc plugin entrypoint %s", ep)
             try:
                 classes.append(ep.load())
             except Exception as e:
