@@ -3,6 +3,10 @@
 ``bitmask`` is int32 ``[rows, words]``: bit ``j`` (LSB first) of word ``w`` is token
 ``32 * w + j``; a set bit allows the token, a clear bit sets its logit to −inf. A row of all
 ones (−1) masks nothing. Only columns below ``min(V, 32 * words)`` are touched.
+
+``kernel`` chooses who applies it: ``"builtin"`` (ours: a store-only Triton kernel on CUDA, torch
+ops elsewhere) or ``"xgrammar"`` (xgrammar's ``apply_token_bitmask_inplace``, what vLLM's runner
+calls, where xgrammar is installed). Both give the same logits (``tests/test_bitmask_backends.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 from . import kernels
 
 _BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+GRAMMAR_KERNELS = ("builtin", "xgrammar")
 
 
 def _shifts(device: torch.device) -> torch.Tensor:
@@ -28,6 +33,7 @@ def apply_token_bitmask_(
     logits: torch.Tensor,
     bitmask: torch.Tensor | np.ndarray,
     indices: Sequence[int] | np.ndarray | torch.Tensor | None = None,
+    kernel: str = "builtin",
 ) -> torch.Tensor:
     """Mask ``logits`` (``[B, V]``, any float dtype) in place with an xgrammar bitmask.
 
@@ -35,6 +41,8 @@ def apply_token_bitmask_(
     it the bitmask has one row per logits row. Raises ``ValueError`` for a bitmask of the wrong
     dtype or shape, or host-side indices out of range. Never synchronises with the device.
     """
+    if kernel not in GRAMMAR_KERNELS:
+        raise ValueError(f"kernel must be one of {GRAMMAR_KERNELS}, got {kernel!r}")
     if isinstance(bitmask, np.ndarray):
         if bitmask.dtype != np.int32:
             raise ValueError(f"bitmask must be int32, got numpy {bitmask.dtype}")
@@ -74,6 +82,8 @@ def apply_token_bitmask_(
         return logits  # nothing to mask (and an empty reshape below would be ambiguous)
     width = min(vocab, 32 * bitmask.shape[1])
     words = bitmask.to(logits.device, non_blocking=True)
+    if kernel == "xgrammar":
+        return _xgrammar_apply(logits, words.contiguous(), idx, width)
     if kernels.use_triton(logits, any_float=True):
         # Store-only: −inf where a bit is clear, no logit read (out-of-range device indices
         # write nothing, where the torch path raises).
@@ -85,4 +95,30 @@ def apply_token_bitmask_(
     else:
         sub = logits[idx, :width].masked_fill_(blocked, float("-inf"))
         logits[idx, :width] = sub
+    return logits
+
+
+def _xgrammar_apply(
+    logits: torch.Tensor, words: torch.Tensor, idx: torch.Tensor | None, width: int
+) -> torch.Tensor:
+    """xgrammar's kernel. Its ``indices`` select logits rows and read the bitmask row of the
+    same number (vLLM's runner scatters its rows first), where ours pair bitmask row ``k`` with
+    ``indices[k]``: scatter into an all-ones ``[B, words]`` mask first (one device op)."""
+    try:
+        import xgrammar
+    except ImportError as e:
+        raise ValueError("kernel='xgrammar' needs xgrammar installed (pip install xgrammar)") from e
+    rows = None
+    if idx is not None:
+        full = torch.full(
+            (logits.shape[0], words.shape[1]), -1, dtype=torch.int32, device=logits.device
+        )
+        full.index_copy_(0, idx, words)
+        words = full
+        # xgrammar takes host row numbers; ours live on the device after the checks above, so
+        # apply to every row (an all-ones row masks nothing): no device-to-host read.
+    target = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
+    xgrammar.apply_token_bitmask_inplace(target, words, vocab_size=width, indices=rows)
+    if target is not logits:
+        logits.copy_(target)  # vLLM's runner converts non-float32 logits the same way
     return logits

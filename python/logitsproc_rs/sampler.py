@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .bitmask import apply_token_bitmask_
+from .bitmask import GRAMMAR_KERNELS, apply_token_bitmask_
 from .params import _SAMPLING_EPS, SamplingParams, SamplingType
 from .state import LogitsProcessors
 
@@ -192,13 +192,25 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 class Sampler:
     """Runs the processors in two phases and samples one token per row."""
 
-    def __init__(self, logitsprocs: LogitsProcessors, logprobs_mode: str = "raw_logprobs") -> None:
+    def __init__(
+        self,
+        logitsprocs: LogitsProcessors,
+        logprobs_mode: str = "raw_logprobs",
+        grammar_kernel: str = "builtin",
+    ) -> None:
+        """``grammar_kernel``: who applies the grammar bitmask, ``"builtin"`` (ours, no
+        dependency) or ``"xgrammar"`` (xgrammar's kernel, as vLLM's runner; needs xgrammar)."""
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(
                 f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
             )
+        if grammar_kernel not in GRAMMAR_KERNELS:
+            raise ValueError(
+                f"grammar_kernel must be one of {GRAMMAR_KERNELS}, got {grammar_kernel!r}"
+            )
         self.logitsprocs = logitsprocs
         self.logprobs_mode = logprobs_mode
+        self.grammar_kernel = grammar_kernel
 
     def apply_logits_processors(self, logits: torch.Tensor) -> torch.Tensor:
         """Phase 1: the processors that may change the argmax, on every row."""
@@ -217,7 +229,7 @@ class Sampler:
         is applied first, in place on the raw logits, as vLLM's runner does."""
         metadata.check(logits)
         if grammar_bitmask is not None:
-            apply_token_bitmask_(logits, grammar_bitmask, bitmask_indices)
+            apply_token_bitmask_(logits, grammar_bitmask, bitmask_indices, self.grammar_kernel)
         n_logprobs = metadata.max_num_logprobs
         raw = None
         if n_logprobs is not None and self.logprobs_mode.startswith("raw"):
