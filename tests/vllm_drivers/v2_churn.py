@@ -198,13 +198,16 @@ def bad_request(rs: Any, procs: list[Any], needs: Any, vocab: int, rng: random.R
 
 def sabotage(mode: str) -> None:
     """Tests of this test: a bridge that drops the token feed, or that never installs a
-    request's prompt and output so far, must be caught."""
+    request's prompt and output so far, must be caught. (``no_prefetch`` is the other
+    route: the committed tokens read in apply, not prefetched by apply_staged_writes.)"""
     from logitsproc_rs.vllm import v2
 
     if mode == "no_feed":
-        v2._Group.committed = lambda self, slots, ctx: (None, None, [])
+        v2._Group.committed = lambda self, slots: (None, None, [])
     elif mode == "no_install":
         v2._Group.install_pending = lambda self: self.pending.clear()
+    elif mode == "no_prefetch":  # not a sabotage: every step reads in apply instead
+        v2._Group.prefetch = lambda self: None
     else:
         raise SystemExit(f"unknown sabotage {mode!r}")
 

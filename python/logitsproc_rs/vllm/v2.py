@@ -41,6 +41,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 
 from .. import builtin
 from ..columns import ColumnLogitsProcessor
+from ..params import config_spec_tokens
 from ..pipeline import Pipeline, PipelineView
 
 # Which sampling-params fields each built-in table reads: a rejected request's error names
@@ -94,6 +95,11 @@ class _Group:
         # Slots whose request has a fed history, and how many of its tokens we have fed
         # (prompt included: the same count as the runner's total_len).
         self.known = np.full(int(req_states.max_num_reqs), -1, dtype=np.int64)
+        self.fresh: set[int] = set()  # installed this step, from a total_len read just now
+        # Tokens one step can commit for a request: the sampled one plus accepted drafts.
+        self.window = 1 + max(0, config_spec_tokens(vllm_config) if vllm_config else 0)
+        self.last_slots: list[int] = []  # the last batch: who may have committed tokens
+        self.snapshot: Any = None  # what prefetch read: (slot -> row, starts, host, event)
         self.ctx: Any = None
 
     def build(self) -> Pipeline:
@@ -150,29 +156,74 @@ class _Group:
 
     # --- apply_staged_writes --------------------------------------------------------------
 
+    def staged_writes(self, member: _Bridge) -> None:
+        """Once per step: every member gets the call, in load order, every step (also when
+        no apply follows); the first does the work."""
+        if member is not self.members[0]:
+            return
+        self.install_pending()
+        self.prefetch()
+
     def install_pending(self) -> None:
-        """The requests added since the last step, with their prompt and output so far (the
-        runner has flushed them to ``all_token_ids`` by now). Later changes of a slot in the
-        core replace earlier ones, so re-adding what add_request checked is safe."""
+        """The requests added since the last step, with their prompt and output so far: the
+        runner has flushed them to ``all_token_ids`` by now. One gathered read (a wait, on
+        steps with arrivals only). The core replaces a slot's pending change with a later
+        one, so re-adding what add_request checked is safe."""
         if not self.pending:
             return
-        pipe, rs = self.build(), self.req_states
-        slots = list(self.pending)
+        pipe = self.build()
+        slots = np.fromiter(self.pending, dtype=np.int64)
+        params = [self.pending[s][0] for s in slots.tolist()]
+        self.pending.clear()
+        if not self.reads_history:
+            return  # no table reads tokens: the adds made in add_request stand
+        rs = self.req_states
         prompt_len = np.asarray(rs.prompt_len.np)[slots].astype(np.int64)
-        prefill_len = np.asarray(rs.prefill_len.np)[slots].astype(np.int64)
-        width = int(prefill_len.max())
-        tokens = None
-        if self.reads_history:
-            idx = torch.tensor(slots, device=rs.all_token_ids.gpu.device)
-            tokens = rs.all_token_ids.gpu[idx, :width].to("cpu", torch.int64).numpy()
-        for k, slot in enumerate(slots):
-            params = self.pending.pop(slot)[0]
-            if tokens is None:
-                continue  # no table reads tokens: the add made in add_request stands
-            row = tokens[k].tolist()
-            p, n = int(prompt_len[k]), int(prefill_len[k])
-            pipe.add_request(slot, params, row[:p], row[p:n])
+        # MRV2 commits a request's first sampled token after its first step, so total_len
+        # is the prefill length now; the window reads a little more, to be sure.
+        width = int(np.asarray(rs.prefill_len.np)[slots].max()) + self.window
+        host = self.gather(slots, np.zeros_like(slots), width).numpy()
+        for k, slot in enumerate(slots.tolist()):
+            p, n = int(prompt_len[k]), int(host[k, 0])
+            if n > width:
+                raise RuntimeError(f"req_idx={slot}: total_len {n} beyond its prefill length")
+            row = host[k, 1 : 1 + n].tolist()
+            pipe.add_request(slot, params[k], row[:p], row[p:])
             self.known[slot] = n
+            self.fresh.add(slot)
+
+    def prefetch(self) -> None:
+        """Starts reading what the requests of the last batch may commit before this step's
+        apply: ``total_len`` and ``all_token_ids[known : known + 1 + draft tokens]``. On a
+        GPU the copy is non-blocking into pinned memory and ordered before the forward pass,
+        so ``apply`` finds it done instead of waiting for the forward pass to finish."""
+        slots = np.asarray([s for s in self.last_slots if self.known[s] >= 0], dtype=np.int64)
+        self.snapshot = None
+        if not slots.size:
+            return
+        starts = self.known[slots].copy()
+        host = self.gather(slots, starts, self.window, pinned=True)
+        event = None
+        if host.device.type == "cpu" and self.req_states.all_token_ids.gpu.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        rows = {s: k for k, s in enumerate(slots.tolist())}
+        self.snapshot = (rows, starts, host, event)
+
+    def gather(self, slots: np.ndarray, starts: np.ndarray, width: int, pinned: bool = False):
+        """``[total_len, all_token_ids[start : start + width]]`` of each slot, on the host: one
+        gather on the device and one copy (non-blocking into pinned memory when ``pinned``)."""
+        rs = self.req_states
+        tokens = rs.all_token_ids.gpu
+        dev = tokens.device
+        idx = torch.from_numpy(slots).to(dev)
+        cols = torch.from_numpy(starts).to(dev)[:, None] + torch.arange(width, device=dev)
+        window = tokens[idx[:, None], cols.clamp_(max=tokens.shape[1] - 1)]
+        both = torch.cat([rs.total_len.gpu[idx][:, None].to(window.dtype), window], 1)
+        if dev.type != "cuda":
+            return both.to(torch.int64)
+        host = torch.empty(both.shape, dtype=both.dtype, pin_memory=pinned)
+        return host.copy_(both, non_blocking=pinned)
 
     # --- apply ----------------------------------------------------------------------------
 
@@ -186,47 +237,55 @@ class _Group:
             row_to_slot: Any = slots_np  # one row per request, in batch order: no copy needed
         else:
             row_to_slot = ctx.expanded_idx_mapping  # draft rows: the layout is on the device
-        tokens, feed_slots, done = self.committed(slots_np, ctx)
+        tokens, feed_slots, done = self.committed(slots_np)
         pipe.step_slots(row_to_slot, tokens, feed_slots)
         for slot, n in done:
             self.known[slot] = n  # only once the step was accepted
         self.ctx = ctx
+        self.last_slots = slots_np.tolist()
+        self.fresh.clear()
+        self.snapshot = None
 
-    def committed(self, slots: np.ndarray, ctx: Any) -> tuple[Any, Any, list[tuple[int, int]]]:
-        """Tokens committed since we last looked, for the batch's requests with a history:
-        ``all_token_ids[slot, known:total_len]``, read with one gathered copy. The window is
-        bounded by ``ctx.seq_lens_upper_bound_np`` (the host's bound on each request's
-        length), widened if ``total_len`` says more (a step that skipped our apply)."""
-        rs = self.req_states
+    def committed(self, slots: np.ndarray) -> tuple[Any, Any, list[tuple[int, int]]]:
+        """Tokens the batch's requests committed since we last looked:
+        ``all_token_ids[slot, known:total_len]``, from the prefetched copy, or read now for
+        what it lacks (a request whose apply was skipped, or more tokens than its window)."""
         known = self.known[slots]
-        mine = known >= 0
-        if not mine.any():
+        slots = slots[(known >= 0) & ~np.isin(slots, list(self.fresh))]
+        if not slots.size:
             return None, None, []
-        slots, known = slots[mine], known[mine]
-        bound = np.asarray(ctx.seq_lens_upper_bound_np, dtype=np.int64)[mine]
-        width = max(int((bound - known).max()), 1)
-        max_len = rs.all_token_ids.gpu.shape[1]
-        while True:
-            idx = torch.from_numpy(slots)
-            cols = (torch.from_numpy(known)[:, None] + torch.arange(width)).clamp_(max=max_len - 1)
-            dev = rs.all_token_ids.gpu.device
-            window = rs.all_token_ids.gpu[idx.to(dev)[:, None], cols.to(dev)]
-            total = rs.total_len.gpu[idx.to(dev)]
-            host = torch.cat([total[:, None].to(window.dtype), window], 1).to("cpu", torch.int64)
-            total_np = host[:, 0].numpy()
-            need = total_np - known
-            if int(need.max()) <= width:
-                break
-            width = int(need.max())
+        got: dict[int, tuple[int, Any]] = {}
+        if self.snapshot is not None:
+            rows, starts, host, event = self.snapshot
+            if event is not None:
+                event.synchronize()  # recorded before the forward pass: already done
+            for slot in slots.tolist():
+                k = rows.get(slot)
+                if k is not None and starts[k] == self.known[slot]:
+                    n = int(host[k, 0]) - int(starts[k])
+                    if n <= self.window:
+                        got[slot] = (n, host[k, 1 : 1 + max(n, 0)])
+        missing = np.asarray([s for s in slots.tolist() if s not in got], dtype=np.int64)
+        if missing.size:
+            starts = self.known[missing]
+            width = self.window
+            while True:
+                host = self.gather(missing, starts, width)
+                need = host[:, 0].numpy() - starts
+                if int(need.max()) <= width:
+                    break
+                width = int(need.max())
+            for k, slot in enumerate(missing.tolist()):
+                got[slot] = (int(need[k]), host[k, 1 : 1 + max(int(need[k]), 0)])
         toks: list[int] = []
         feed: list[int] = []
         done = []
-        for k, slot in enumerate(slots.tolist()):
-            n = int(need[k])
+        for slot in slots.tolist():
+            n, row = got[slot]
             if n > 0:
-                toks.extend(host[k, 1 : 1 + n].tolist())
+                toks.extend(row.tolist())
                 feed.extend([slot] * n)
-                done.append((slot, int(total_np[k])))
+                done.append((slot, int(self.known[slot]) + n))
         return (toks or None), (feed or None), done
 
 
@@ -261,7 +320,7 @@ class _Bridge(_V2LogitsProcessor):
         return any(_set(f, getattr(sp, f, None)) for f in fields)
 
     def apply_staged_writes(self) -> None:
-        self._group.install_pending()
+        self._group.staged_writes(self)
 
     def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
         group = self._group
