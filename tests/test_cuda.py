@@ -588,3 +588,48 @@ def test_apply_of_a_steady_batch_can_be_captured_and_replayed() -> None:
         torch.cuda.synchronize()
         assert_match(static_out, apply_all(cpu, x.clone()), exact=False, what=f"step {step}")
     assert captures < replays  # most steps replayed a graph captured on an earlier step
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_spec_decode_draft_rows_on_cuda_match_cpu(seed: int) -> None:
+    """MinTokens and bad words over draft rows (vLLM's rejection-sampler path) on the GPU."""
+    spec_cfg = EngineConfig(max_num_seqs=6, vocab_size=V, num_speculative_tokens=3)
+    rng = random.Random(seed)
+    sides = {}
+    for dev in ("cpu", "cuda"):
+        procs = build_logitsprocs(spec_cfg, dev, dev == "cuda")
+        sides[dev] = {type(p).__name__: p for p in procs.all}
+    batch = 6
+    outputs = {dev: [[rng.randrange(4)] for _ in range(batch)] for dev in sides}
+    added_params = [
+        SamplingParams(
+            max_tokens=None,
+            min_tokens=rng.choice((0, 2, 5, 8)),
+            stop_token_ids=rng.sample(range(10, 14), 2),
+            eos_token_id=15,
+            bad_words_token_ids=[[rng.randrange(4) for _ in range(rng.randint(1, 3))]],
+        )
+        for _ in range(batch)
+    ]
+    for dev, by_name in sides.items():
+        update = BatchUpdate(
+            batch, [], [(r, added_params[r], None, outputs[dev][r]) for r in range(batch)], []
+        )
+        for p in by_name.values():
+            p.update_state(update)
+    for _ in range(4):
+        num_draft = [rng.randint(0, 3) for _ in range(batch)]
+        drafts = [[rng.randrange(4) for _ in range(n)] for n in num_draft]
+        x = torch.randn(sum(num_draft), V, generator=torch.Generator().manual_seed(seed))
+        got = {}
+        for dev, by_name in sides.items():
+            mt, bw = by_name["MinTokensLogitsProcessor"], by_name["BadWordsLogitsProcessor"]
+            y = mt.apply_with_spec_decode(x.clone().to(dev), num_draft)
+            got[dev] = bw.apply_with_spec_decode(y, num_draft, drafts)
+        assert torch.equal(got["cuda"].cpu(), got["cpu"])
+        t = rng.randrange(4)
+        for dev, by_name in sides.items():
+            for o in outputs[dev]:
+                o.append(t)
+            for p in by_name.values():
+                p.update_state(None)
