@@ -182,3 +182,15 @@ def test_a_config_mapping_with_an_unknown_field_names_it() -> None:
 def test_a_config_without_the_fields_names_the_field() -> None:
     with pytest.raises(ValueError, match="config field 'vocab_size'"):
         LogitBiasLogitsProcessor(object(), "cpu", False)
+
+
+def test_build_logitsprocs_takes_a_config_mapping_and_a_kernel_choice() -> None:
+    procs = build_logitsprocs({"max_num_seqs": 2, "vocab_size": V}, "cpu", False, kernels="torch")
+    assert procs.pipeline.kernels == "torch"
+    procs.update_state(_bias_update(1))
+    bias = next(p for p in procs.all if isinstance(p, LogitBiasLogitsProcessor))
+    assert bias.apply(torch.zeros(1, V))[0, 3].item() == 5.0
+    with pytest.raises(ValueError, match="unknown field"):
+        build_logitsprocs({"vocab": V}, "cpu", False)
+    with pytest.raises(ValueError, match="kernels"):
+        build_logitsprocs(CFG, "cpu", False, kernels="cuda")

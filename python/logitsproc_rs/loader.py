@@ -21,6 +21,7 @@ from .builtin import (
     ThinkingBudgetLogitsProcessor,
 )
 from .interface import LogitsProcessor
+from .params import as_engine_config
 from .pipeline import Pipeline, PipelineView
 from .state import LogitsProcessors
 
@@ -149,6 +150,7 @@ def build_logitsprocs(
     stable_slots: bool = False,
     emulate_device: bool = False,
     max_rows: int | None = None,
+    kernels: str | None = None,
 ) -> LogitsProcessors:
     """Every processor of the pipeline, in vLLM's application order.
 
@@ -164,8 +166,12 @@ def build_logitsprocs(
     ids per step (``LogitsProcessors.update_state(update, sampled_token_ids=...)``) instead of
     re-reading the engine's output lists; ``stable_slots=True`` adds the stable-slot front-end
     (``Pipeline.add_request`` / ``apply(logits, row_to_slot)``); ``emulate_device=True`` keeps a
-    separate device-side arena even on the CPU (tests of the upload path).
+    separate device-side arena even on the CPU (tests of the upload path); ``kernels``
+    (``"auto"``, ``"triton"``, ``"torch"``) chooses the device applies (default: the
+    ``LOGITSPROC_KERNELS`` environment variable, else ``"auto"``). A mapping of
+    ``EngineConfig`` fields is accepted as the config.
     """
+    vllm_config = as_engine_config(vllm_config)
     custom = tuple(custom_logitsprocs)
     device = torch.device(device)
     if is_pooling_model:
@@ -205,6 +211,7 @@ def build_logitsprocs(
             stable_slots=stable_slots,
             emulate_device=emulate_device,
             max_rows=max_rows,
+            kernels=kernels,
         )
     procs = [
         ctor(vllm_config, device, is_pin_memory, pipeline=pipeline)
