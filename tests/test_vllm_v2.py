@@ -99,3 +99,8 @@ def test_vllm_loader_with_our_classes(vllm_dir):
     assert "not a processor built on a Pipeline" in out["not_ours"]
     assert out["acts_min_p_only"] == ["MinPLogitsProcessor"]
     assert out["min_p_kept"] == 1
+    # With vLLM 0.33.0's own V1 package importable (tests/extras/vllm_v1.sh installs what it
+    # needs), its SamplingParams go through the same processors as ours.
+    if out["real_v1_package"] or os.environ.get("LOGITSPROC_REQUIRE_EXTRAS") == "1":
+        assert out["real_v1_package"], "vLLM 0.33.0's vllm.sampling_params does not import"
+        assert out["vllm_params"] > 20  # allowed ids alone drop 24 of 32

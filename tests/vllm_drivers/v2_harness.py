@@ -4,13 +4,16 @@ runner state, and one engine step as MRV2's model runner and sampler make it.
 Run only in a subprocess with ``PYTHONPATH=<vllm-0.33.0 target>:<repo>/python`` (two vLLM
 versions exist; the pytest process imports neither).
 
-The one shim: ``vllm.v1.sample.logits_processor`` (vLLM's V1 sampler package) is replaced by a
-module holding only ``STR_POOLING_REJECTS_LOGITSPROCS``, the one name MRV2's loader takes from
-it. Its real ``__init__`` imports the V1 sampler stack and ``vllm.sampling_params`` →
-``vllm.config`` → aiohttp, transformers, zmq, ... (nothing MRV2's processors use). The constant's
-text is read from the installed wheel's own file. Everything else is vLLM's own code: the
-interface module (``LogitsProcessor``, ``LogitsContext``, ``LogitsProcRequestState``) and the
-loader (``build_custom_logits_processors``, plugins, ``module:Class`` names).
+One shim, where wanted: MRV2's loader takes one name, ``STR_POOLING_REJECTS_LOGITSPROCS``, from
+``vllm.v1.sample.logits_processor`` (vLLM's V1 sampler package), whose ``__init__`` imports
+the V1 sampler stack and ``vllm.sampling_params`` → ``vllm.config`` → aiohttp, zmq,
+transformers, ... (3.5 s; nothing MRV2's processors use; tests/extras/vllm_v1.sh installs
+them for the 0.25.1 tests). ``v1_package(real=False)`` puts a module holding only that
+constant in its place, its text read from the installed wheel's own file; with
+``real=True`` vLLM's own package is used when it imports. Everything else is vLLM's own
+code: the interface module (``LogitsProcessor``, ``LogitsContext``,
+``LogitsProcRequestState``) and the loader (``build_custom_logits_processors``, plugins,
+``module:Class`` names).
 """
 
 from __future__ import annotations
@@ -28,6 +31,20 @@ import torch
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))  # the churn helpers of the pytest suite
+
+
+def v1_package(real: bool) -> bool:
+    """Makes ``vllm.v1.sample.logits_processor`` importable: vLLM's own (``real``, when its
+    imports are installed) or the shim. Returns whether it is vLLM's own."""
+    if real:
+        try:
+            import vllm.v1.sample.logits_processor  # noqa: F401
+
+            return True
+        except ImportError:
+            pass
+    _install_shim()
+    return False
 
 
 def _install_shim() -> None:
@@ -50,8 +67,6 @@ def _install_shim() -> None:
     sys.modules[shim.__name__] = shim
 
 
-_install_shim()
-
 import vllm  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor import (  # noqa: E402
     LogitsContext,
@@ -60,6 +75,8 @@ from vllm.v1.worker.gpu.sample.logits_processor import (  # noqa: E402
 )
 
 assert vllm.__file__ and "vllm-0.33.0" in vllm.__file__, vllm.__file__
+# The MRV2 modules are import-light: importing them did not import the V1 package.
+assert "vllm.v1.sample.logits_processor" not in sys.modules
 
 
 class _Host:

@@ -27,6 +27,7 @@ def expect(exc: type[Exception], fn, *args) -> str:
 
 
 def main() -> None:
+    real = h.v1_package(real=True)
     cfg = EngineConfig(max_num_seqs=4, vocab_size=32)
     rs = h.RunnerState(4, 64, 32)
     names = [f"{V2}:{c.__name__}" for c in v2.ALL if c is not v2.ThinkingBudgetLogitsProcessor]
@@ -64,7 +65,43 @@ def main() -> None:
     x = torch.tensor([[0.0, 5.0] + [4.0] * 30])
     y = h.sample_apply(procs, needs, x, ctx)
     out["min_p_kept"] = int(torch.isfinite(y).sum())
+
+    out["real_v1_package"] = real
+    if real:
+        out["vllm_params"] = vllm_params(cfg, names)
     h.report(out)
+
+
+def vllm_params(cfg: EngineConfig, names: list[str]) -> int:
+    """vLLM 0.33.0's own ``SamplingParams`` give the same logits as ours with the same fields
+    (two slots, one request each, the same logits row). Returns the entries they changed."""
+    from vllm.sampling_params import SamplingParams as VllmParams
+
+    fields = dict(
+        min_p=0.2,
+        logit_bias={3: 2.0, 9: -1.5},
+        allowed_token_ids=[1, 2, 3, 4, 5, 7, 9, 11],
+        min_tokens=4,
+        stop_token_ids=[7],
+        repetition_penalty=1.3,
+        frequency_penalty=0.5,
+        presence_penalty=-0.25,
+    )
+    rs = h.RunnerState(4, 64, 32)
+    procs = h.build(cfg, rs, names)
+    needs = np.zeros(4, dtype=bool)
+    slots = []
+    for params in (VllmParams(**fields), SamplingParams(**fields)):
+        slot = rs.add_request([2, 3, 3, 9], [5, 7])
+        h.add_to_sampler(procs, needs, slot, params)
+        slots.append(slot)
+    h.apply_staged_writes(procs)
+    rs.commit(slots[0], [5, 7, 11])
+    rs.commit(slots[1], [5, 7, 11])
+    x = torch.linspace(-2.0, 3.0, 32).repeat(2, 1)
+    y = h.sample_apply(procs, needs, x, h.context(rs, slots, [0, 0]))
+    assert torch.equal(y[0], y[1]), (y[0], y[1])
+    return int((y[0] != x[0]).sum())
 
 
 if __name__ == "__main__":

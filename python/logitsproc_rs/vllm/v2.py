@@ -17,14 +17,23 @@ How that maps onto one ``Pipeline`` (``stable_slots=True, token_feed=True``):
 * ``add_request``: the first member called for a slot checks the request for every table at
   once (``ValueError`` naming the processor, the request and the field; the slot is then left
   empty) and the others join that add. Each returns whether it acts on the request.
-* ``apply_staged_writes``: the requests added since the last step are installed with their
-  prompt and output so far, read back from ``req_states`` (one copy, steps with arrivals only).
+* ``apply_staged_writes`` (every step, before the forward pass): the requests added since
+  the last step are installed with their prompt and output so far, read back from
+  ``req_states`` (one gathered copy, on steps with arrivals only); then the copy of what the
+  last batch's requests may have committed before this step starts (``total_len`` and a
+  window of ``all_token_ids``: one gather, non-blocking into pinned memory on a GPU).
 * ``apply``: the first member called with a step's ``ctx`` runs the step: the tokens each
-  request committed since we last looked (``all_token_ids[known:total_len]``, one gathered
-  copy to the host) go in through the token feed, then the row map; each member then applies
-  its transform through the map.
+  request committed since we last looked (``all_token_ids[known:total_len]``, from that copy,
+  or read then for a request it lacks) go in through the token feed, then the row map (on
+  the host already unless draft rows make it ``ctx.expanded_idx_mapping``, which is then
+  copied); each member then applies its transform through the map.
 
-Importing this module imports vLLM's interface module (import-light: no torch or triton).
+MRV2 applies its own logit bias, allowed ids, min-tokens, penalties, bad words, thinking
+budget and min_p from the same ``SamplingParams`` fields: loading our processor for a field
+applies that field twice. Custom processors run after vLLM's penalties and bad words and
+before temperature, min_p and top-k/top-p.
+
+Importing this module imports vLLM's MRV2 interface module (which is itself import-light).
 """
 
 from __future__ import annotations
@@ -58,8 +67,9 @@ _TABLE_FIELDS = {
 # Tables that read a request's output history: only those requests' tokens are fed.
 _HISTORY_TABLES = frozenset({"min_tokens", "penalties", "bad_words", "thinking"})
 
-# One group per runner: keyed by the runner's token buffer (``req_states.all_token_ids``),
-# weakly, so a group lives exactly as long as its runner's state.
+# The group that processors being built for a runner join, keyed (weakly) by the runner's
+# token buffer (``req_states.all_token_ids``); a group leaves it when it builds its pipeline
+# and then lives as long as its members.
 _GROUPS: weakref.WeakKeyDictionary[Any, _Group] = weakref.WeakKeyDictionary()
 
 
@@ -123,6 +133,8 @@ class _Group:
             m._inner = m.INNER(config, device, device.type == "cuda", pipeline=pipe)
         self.reads_history = bool(tables & _HISTORY_TABLES)
         self.pipeline = pipe
+        if _GROUPS.get(rs.all_token_ids) is self:
+            del _GROUPS[rs.all_token_ids]  # later processors start a group of their own
         return pipe
 
     # --- add_request ----------------------------------------------------------------------
@@ -296,8 +308,7 @@ class _Bridge(_V2LogitsProcessor):
 
     def __init__(self, vllm_config: Any, req_states: Any) -> None:
         group = _GROUPS.get(req_states.all_token_ids)
-        if group is None or group.pipeline is not None:
-            # A processor built after the group's first use starts a group of its own.
+        if group is None:
             group = _GROUPS[req_states.all_token_ids] = _Group(vllm_config, req_states)
         group.members.append(self)
         self._group = group
