@@ -73,8 +73,9 @@ def main() -> None:
 
 
 def vllm_params(cfg: EngineConfig, names: list[str]) -> int:
-    """vLLM 0.33.0's own ``SamplingParams`` give the same logits as ours with the same fields
-    (two slots, one request each, the same logits row). Returns the entries they changed."""
+    """After MRV2's sampler warm-up, vLLM 0.33.0's own ``SamplingParams`` give the same
+    logits as ours with the same fields (two recycled slots, one request each, the same
+    logits row). Returns the entries they changed."""
     from vllm.sampling_params import SamplingParams as VllmParams
 
     fields = dict(
@@ -90,6 +91,13 @@ def vllm_params(cfg: EngineConfig, names: list[str]) -> int:
     rs = h.RunnerState(4, 64, 32)
     procs = h.build(cfg, rs, names)
     needs = np.zeros(4, dtype=bool)
+    # MRV2's sampler warm-up first (_dummy_sampler_run): vLLM's warm-up params on every
+    # slot of a runner that holds no request, one step.
+    warmup = VllmParams.for_sampler_warmup()
+    for slot in range(4):
+        h.add_to_sampler(procs, needs, slot, warmup)
+    h.apply_staged_writes(procs)
+    h.sample_apply(procs, needs, torch.zeros(4, 32), h.context(rs, [0, 1, 2, 3], [0] * 4))
     slots = []
     for params in (VllmParams(**fields), SamplingParams(**fields)):
         slot = rs.add_request([2, 3, 3, 9], [5, 7])

@@ -192,17 +192,17 @@ class _Group:
         rs = self.req_states
         prompt_len = np.asarray(rs.prompt_len.np)[slots].astype(np.int64)
         # MRV2 commits a request's first sampled token after its first step, so total_len
-        # is the prefill length now; the window reads a little more, to be sure.
+        # is the prefill length now; the window reads a little more, to be sure (what lies
+        # beyond it, if anything, comes through the feed at the next step).
         width = int(np.asarray(rs.prefill_len.np)[slots].max()) + self.window
         host = self.gather(slots, np.zeros_like(slots), width).numpy()
         for k, slot in enumerate(slots.tolist()):
-            p, n = int(prompt_len[k]), int(host[k, 0])
-            if n > width:
-                raise RuntimeError(f"req_idx={slot}: total_len {n} beyond its prefill length")
+            p, n = int(prompt_len[k]), min(int(host[k, 0]), width)
             row = host[k, 1 : 1 + n].tolist()
             pipe.add_request(slot, params[k], row[:p], row[p:])
             self.known[slot] = n
-            self.fresh.add(slot)
+            if n == int(host[k, 0]):
+                self.fresh.add(slot)
 
     def prefetch(self) -> None:
         """Starts reading what the requests of the last batch may commit before this step's
