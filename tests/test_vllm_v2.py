@@ -69,10 +69,11 @@ def test_v2_matches_v1_under_churn(vllm_dir, seed, max_num_seqs, vocab, steps, d
         assert st["bad_params"] >= 3 and st["failed"] >= 3
 
 
-def test_v2_without_prefetch(vllm_dir):
-    """The committed tokens read in apply (what a step falls back to when the prefetch of
-    apply_staged_writes lacks a request) give the same logits."""
-    st = result(run(vllm_dir, "v2_churn.py", 3, 16, 64, 150, 1, 0, "no_prefetch"))
+@pytest.mark.parametrize("route", ["no_prefetch", "half_prefetch"])
+def test_v2_without_prefetch(vllm_dir, route):
+    """The committed tokens read in apply (what a step falls back to for the requests the
+    prefetch of apply_staged_writes lacks) give the same logits."""
+    st = result(run(vllm_dir, "v2_churn.py", 3, 16, 64, 150, 1, 0, route))
     assert st["rows"] > 150 and st["resumed"] > 0
 
 

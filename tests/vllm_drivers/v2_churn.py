@@ -199,16 +199,27 @@ def bad_request(rs: Any, procs: list[Any], needs: Any, vocab: int, rng: random.R
 
 def sabotage(mode: str) -> None:
     """Tests of this test: a bridge that drops the token feed, or that never installs a
-    request's prompt and output so far, must be caught. (``no_prefetch`` is the other
-    route: the committed tokens read in apply, not prefetched by apply_staged_writes.)"""
+    request's prompt and output so far, must be caught. (``no_prefetch`` and
+    ``half_prefetch`` are the other routes: the committed tokens read in apply, for every
+    request or for those the prefetch of apply_staged_writes lacks.)"""
     from logitsproc_rs.vllm import v2
 
     if mode == "no_feed":
-        v2._Group.committed = lambda self, slots: (None, None, [])
+        v2._Group.committed = lambda self, slots: (None, None, None)
     elif mode == "no_install":
         v2._Group.install_pending = lambda self: self.pending.clear()
     elif mode == "no_prefetch":  # not a sabotage: every step reads in apply instead
         v2._Group.prefetch = lambda self: None
+    elif mode == "half_prefetch":  # nor this: half from the prefetch, half read in apply
+        prefetch = v2._Group.prefetch
+
+        def half(self: Any) -> None:
+            last = self.last_slots
+            self.last_slots = last[::2]
+            prefetch(self)
+            self.last_slots = last
+
+        v2._Group.prefetch = half
     else:
         raise SystemExit(f"unknown sabotage {mode!r}")
 

@@ -109,7 +109,7 @@ class _Group:
         # Tokens one step can commit for a request: the sampled one plus accepted drafts.
         self.window = 1 + max(0, config_spec_tokens(vllm_config) if vllm_config else 0)
         self.last_slots: list[int] = []  # the last batch: who may have committed tokens
-        self.snapshot: Any = None  # what prefetch read: (slot -> row, starts, host, event)
+        self.snapshot: Any = None  # what prefetch read: (row of each slot, starts, host, event)
         self.ctx: Any = None
 
     def build(self) -> Pipeline:
@@ -219,8 +219,9 @@ class _Group:
         if host.device.type == "cpu" and self.req_states.all_token_ids.gpu.is_cuda:
             event = torch.cuda.Event()
             event.record()
-        rows = {s: k for k, s in enumerate(slots.tolist())}
-        self.snapshot = (rows, starts, host, event)
+        row_of = np.full(self.known.shape, -1, dtype=np.int64)
+        row_of[slots] = np.arange(slots.size)
+        self.snapshot = (row_of, starts, host, event)
 
     def gather(self, slots: np.ndarray, starts: np.ndarray, width: int, pinned: bool = False):
         """``[total_len, all_token_ids[start : start + width]]`` of each slot, on the host: one
@@ -249,56 +250,55 @@ class _Group:
             row_to_slot: Any = slots_np  # one row per request, in batch order: no copy needed
         else:
             row_to_slot = ctx.expanded_idx_mapping  # draft rows: the layout is on the device
-        tokens, feed_slots, done = self.committed(slots_np)
+        tokens, feed_slots, known = self.committed(slots_np)
         pipe.step_slots(row_to_slot, tokens, feed_slots)
-        for slot, n in done:
-            self.known[slot] = n  # only once the step was accepted
+        if known is not None:
+            self.known[known[0]] = known[1]  # only once the step was accepted
         self.ctx = ctx
         self.last_slots = slots_np.tolist()
         self.fresh.clear()
         self.snapshot = None
 
-    def committed(self, slots: np.ndarray) -> tuple[Any, Any, list[tuple[int, int]]]:
-        """Tokens the batch's requests committed since we last looked:
-        ``all_token_ids[slot, known:total_len]``, from the prefetched copy, or read now for
-        what it lacks (a request whose apply was skipped, or more tokens than its window)."""
-        known = self.known[slots]
-        slots = slots[(known >= 0) & ~np.isin(slots, list(self.fresh))]
+    def committed(self, slots: np.ndarray) -> tuple[Any, Any, Any]:
+        """Tokens the batch's requests committed since we last looked,
+        ``all_token_ids[slot, known:total_len]`` in slot order (and the slot of each), from
+        the prefetched copy, or read now for what it lacks (a request whose apply was
+        skipped, or more tokens than its window); and the requests' new ``known``."""
+        slots = slots[(self.known[slots] >= 0) & ~np.isin(slots, list(self.fresh))]
         if not slots.size:
-            return None, None, []
-        got: dict[int, tuple[int, Any]] = {}
+            return None, None, None
+        known = self.known[slots]
+        need = np.full(slots.shape, -1, dtype=np.int64)
+        window = np.zeros((slots.size, self.window), dtype=np.int64)
         if self.snapshot is not None:
-            rows, starts, host, event = self.snapshot
+            row_of, starts, host, event = self.snapshot
             if event is not None:
                 event.synchronize()  # recorded before the forward pass: already done
-            for slot in slots.tolist():
-                k = rows.get(slot)
-                if k is not None and starts[k] == self.known[slot]:
-                    n = int(host[k, 0]) - int(starts[k])
-                    if n <= self.window:
-                        got[slot] = (n, host[k, 1 : 1 + max(n, 0)])
-        missing = np.asarray([s for s in slots.tolist() if s not in got], dtype=np.int64)
+            k = row_of[slots]
+            hit = k >= 0
+            hit[hit] = starts[k[hit]] == known[hit]
+            snap = host.numpy()[k[hit]]
+            n = snap[:, 0] - known[hit]
+            good = n <= self.window
+            idx = np.flatnonzero(hit)[good]
+            need[idx], window[idx] = n[good], snap[good, 1:]
+        missing = np.flatnonzero(need < 0)
         if missing.size:
-            starts = self.known[missing]
             width = self.window
             while True:
-                host = self.gather(missing, starts, width)
-                need = host[:, 0].numpy() - starts
-                if int(need.max()) <= width:
+                host = self.gather(slots[missing], known[missing], width).numpy()
+                n = host[:, 0] - known[missing]
+                if int(n.max()) <= width:
                     break
-                width = int(need.max())
-            for k, slot in enumerate(missing.tolist()):
-                got[slot] = (int(need[k]), host[k, 1 : 1 + max(int(need[k]), 0)])
-        toks: list[int] = []
-        feed: list[int] = []
-        done = []
-        for slot in slots.tolist():
-            n, row = got[slot]
-            if n > 0:
-                toks.extend(row.tolist())
-                feed.extend([slot] * n)
-                done.append((slot, int(self.known[slot]) + n))
-        return (toks or None), (feed or None), done
+                width = int(n.max())
+            if width > window.shape[1]:
+                window = np.pad(window, ((0, 0), (0, width - window.shape[1])))
+            need[missing], window[missing, :width] = n, host[:, 1:]
+        need = np.maximum(need, 0)
+        take = np.arange(window.shape[1]) < need[:, None]
+        if not take.any():
+            return None, None, None
+        return window[take], np.repeat(slots, need), (slots, known + need)
 
 
 class _Bridge(_V2LogitsProcessor):
