@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -78,17 +79,12 @@ class _SlotConfig:
 
     def __init__(self, vllm_config: Any, req_states: Any) -> None:
         self._config = vllm_config
-        self.scheduler_config = _Namespace(max_num_seqs=int(req_states.max_num_reqs))
+        self.scheduler_config = SimpleNamespace(max_num_seqs=int(req_states.max_num_reqs))
         vocab = int(req_states.vocab_size)
-        self.model_config = _Namespace(get_vocab_size=lambda: vocab)
+        self.model_config = SimpleNamespace(get_vocab_size=lambda: vocab)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._config, name)
-
-
-class _Namespace:
-    def __init__(self, **kw: Any) -> None:
-        self.__dict__.update(kw)
 
 
 class _Group:
@@ -355,25 +351,29 @@ def _set(field: str, value: Any) -> bool:
     return bool(value)
 
 
-def bridge(cls: type[PipelineView], name: str | None = None) -> type[_Bridge]:
+def bridge(
+    cls: type[PipelineView], name: str | None = None, module: str | None = None
+) -> type[_Bridge]:
     """An MRV2 processor class for one of ours: a built-in or a ``ColumnLogitsProcessor``
     subclass. Load it as any MRV2 processor (a class in ``logits_processors``, or a
     ``"module:Name"`` where the module defines ``Name = bridge(MyColumns)``)."""
     if not (isinstance(cls, type) and issubclass(cls, PipelineView)):
         raise TypeError(f"{cls!r} is not a processor built on a Pipeline (a PipelineView)")
-    return type(name or cls.__name__, (_Bridge,), {"INNER": cls, "__module__": __name__})
+    attrs = {"INNER": cls, "__module__": module or cls.__module__, "__doc__": cls.__doc__}
+    return type(name or cls.__name__, (_Bridge,), attrs)
 
 
-MinPLogitsProcessor = bridge(builtin.MinPLogitsProcessor)
-LogitBiasLogitsProcessor = bridge(builtin.LogitBiasLogitsProcessor)
-MinTokensLogitsProcessor = bridge(builtin.MinTokensLogitsProcessor)
-PenaltiesLogitsProcessor = bridge(builtin.PenaltiesLogitsProcessor)
-BadWordsLogitsProcessor = bridge(builtin.BadWordsLogitsProcessor)
-AllowedTokenIdsLogitsProcessor = bridge(builtin.AllowedTokenIdsLogitsProcessor)
-ThinkingBudgetLogitsProcessor = bridge(builtin.ThinkingBudgetLogitsProcessor)
+MinPLogitsProcessor = bridge(builtin.MinPLogitsProcessor, module=__name__)
+LogitBiasLogitsProcessor = bridge(builtin.LogitBiasLogitsProcessor, module=__name__)
+MinTokensLogitsProcessor = bridge(builtin.MinTokensLogitsProcessor, module=__name__)
+PenaltiesLogitsProcessor = bridge(builtin.PenaltiesLogitsProcessor, module=__name__)
+BadWordsLogitsProcessor = bridge(builtin.BadWordsLogitsProcessor, module=__name__)
+AllowedTokenIdsLogitsProcessor = bridge(builtin.AllowedTokenIdsLogitsProcessor, module=__name__)
+ThinkingBudgetLogitsProcessor = bridge(builtin.ThinkingBudgetLogitsProcessor, module=__name__)
 
 # vLLM 0.25.1's order with the sampler transforms (allowed ids and bad words first, penalties
-# and the thinking budget last, MinP after the non-invariant ones): pass as ``logits_processors``.
+# and the thinking budget last, MinP after the non-invariant ones), for ``logits_processors``
+# (the thinking budget needs a reasoning config).
 ALL: Sequence[type[_Bridge]] = (
     AllowedTokenIdsLogitsProcessor,
     BadWordsLogitsProcessor,
