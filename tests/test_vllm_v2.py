@@ -35,8 +35,14 @@ def vllm_dir() -> Path:
     return TARGET
 
 
-def run(vllm_dir: Path, script: str, *args: object) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": f"{vllm_dir}{os.pathsep}{ROOT / 'python'}"}
+def run(
+    vllm_dir: Path, script: str, *args: object, fields: str = "namespace"
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{vllm_dir}{os.pathsep}{ROOT / 'python'}",
+        "LOGITSPROC_V2_FIELDS": fields,
+    }
     env.setdefault("OMP_NUM_THREADS", "1")  # small tensors; the machine is shared
     return subprocess.run(
         [sys.executable, str(DRIVERS / script), *map(str, args)],
@@ -60,6 +66,7 @@ def result(proc: subprocess.CompletedProcess[str]) -> dict:
     [(0, 8, 64, 300, 0, 0), (1, 32, 128, 120, 2, 0), (2, 32, 128, 150, 1, 1)],
 )
 def test_v2_matches_v1_under_churn(vllm_dir, seed, max_num_seqs, vocab, steps, drafts, faults):
+    """Namespace mode (the default: each built-in's fields in extra_args["logitsproc_rs"])."""
     st = result(run(vllm_dir, "v2_churn.py", seed, max_num_seqs, vocab, steps, drafts, faults))
     assert st["pipelines"] == 1  # every processor loaded together shares one pipeline
     assert st["rows"] > steps * max_num_seqs // 4
@@ -67,6 +74,13 @@ def test_v2_matches_v1_under_churn(vllm_dir, seed, max_num_seqs, vocab, steps, d
     assert (st["draft_rows"] > steps) == bool(drafts)
     if faults:
         assert st["bad_params"] >= 3 and st["failed"] >= 3
+
+
+def test_v2_plain_fields_match_v1_under_churn(vllm_dir):
+    """Bridges built with namespace=None read the ordinary fields."""
+    proc = run(vllm_dir, "v2_churn.py", 4, 16, 96, 150, 1, 1, fields="plain")
+    st = result(proc)
+    assert st["pipelines"] == 1 and st["rows"] > 150 and st["bad_params"] >= 1
 
 
 @pytest.mark.parametrize("route", ["no_prefetch", "half_prefetch"])
@@ -99,6 +113,13 @@ def test_vllm_loader_with_our_classes(vllm_dir):
     assert out["pooling"] == "Pooling models do not support custom logits processors."
     assert "not a processor built on a Pipeline" in out["not_ours"]
     assert out["acts_min_p_only"] == ["MinPLogitsProcessor"]
+    # min_tokens holds EOS back only when min_tokens is set, but acts_on is conservative
+    # about stop ids; no table of ours acts on vLLM's own (ordinary) min_p or penalties.
+    assert not {"MinPLogitsProcessor", "PenaltiesLogitsProcessor"} & set(
+        out["acts_on_plain_fields"]
+    )
+    assert "extra_args['logitsproc_rs']" in out["bad_namespace"] and "min_p" in out["bad_namespace"]
+    assert "unknown field(s) ['top_k']" in out["unknown_namespace"]
     assert out["min_p_kept"] == 1
     # With vLLM 0.33.0's own V1 package importable (tests/extras/vllm_v1.sh installs what it
     # needs), its SamplingParams go through the same processors as ours.

@@ -41,6 +41,7 @@ from logitsproc_rs import (
     FloatColumn,
     SamplingParams,
     build_logitsprocs,
+    builtin,
 )
 from logitsproc_rs.vllm.v2 import bridge
 
@@ -77,7 +78,12 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
     fields = {k: getattr(cfg, k) for k in EngineConfig.__dataclass_fields__}
     v2_cfg = EngineConfig(**{**fields, "num_speculative_tokens": max_drafts or None})
     rs = h.RunnerState(max_num_seqs, 4096, vocab)
-    names = [bridge(Boost) if n == "Boost" else f"logitsproc_rs.vllm.v2:{n}" for n in order]
+    if h.FIELDS == "namespace":  # the module's classes, as a user loads them by name
+        names = [bridge(Boost) if n == "Boost" else f"logitsproc_rs.vllm.v2:{n}" for n in order]
+    else:  # bridges reading the ordinary fields
+        names = [
+            bridge(Boost if n == "Boost" else getattr(builtin, n), namespace=None) for n in order
+        ]
     procs = h.build(v2_cfg, rs, names)
     assert [type(p).__name__ for p in procs] == order
     pipes = {id(p.pipeline) for p in procs}
@@ -144,7 +150,7 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
                 stats["recycled"] += slot in used
                 used.add(slot)
                 slot_of[r.req_id] = slot
-                h.add_to_sampler(procs, needs, slot, r.params)
+                h.add_to_sampler(procs, needs, slot, h.v2_params(r.params))
         if faults and rs.free_indices and rng.random() < 0.15:
             bad_request(rs, procs, needs, vocab, rng)
             stats["bad_params"] += 1
@@ -187,7 +193,7 @@ def bad_request(rs: Any, procs: list[Any], needs: Any, vocab: int, rng: random.R
         owner, field = "LogitBiasLogitsProcessor", "'logit_bias'"
     slot = rs.add_request([1, 2, 3], [])
     try:
-        h.add_to_sampler(procs, needs, slot, sp)
+        h.add_to_sampler(procs, needs, slot, h.v2_params(sp))
         raise AssertionError("a bad request was accepted")
     except ValueError as e:
         msg = str(e)

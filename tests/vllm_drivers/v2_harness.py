@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import sys
 import types
 from pathlib import Path
@@ -138,6 +139,49 @@ def build(config: Any, rs: RunnerState, names: list[Any]) -> list[Any]:
 
 def lp_state(rs: RunnerState) -> Any:
     return LogitsProcRequestState.from_request_state(rs)
+
+
+# Where the bridged built-ins read their fields: "namespace" (the default, what a request
+# sends to ours under vLLM) or "plain" (bridges built with namespace=None).
+FIELDS = os.environ.get("LOGITSPROC_V2_FIELDS", "namespace")
+
+# Our SamplingParams fields that the namespace carries (vLLM's names).
+_ROUTED = (
+    "min_p",
+    "logit_bias",
+    "min_tokens",
+    "stop_token_ids",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "bad_words_token_ids",
+    "allowed_token_ids",
+    "thinking_token_budget",
+)
+
+
+def namespaced(sp: Any) -> Any:
+    """The same request as it reaches our bridges in namespace mode: the built-ins' fields in
+    ``extra_args["logitsproc_rs"]`` (only those set), the ordinary fields left at vLLM's
+    defaults, the rest (EOS, temperature, column fields in extra_args) unchanged."""
+    from logitsproc_rs import SamplingParams
+
+    plain = SamplingParams()
+    ns = {f: getattr(sp, f) for f in _ROUTED if getattr(sp, f) != getattr(plain, f)}
+    extra = dict(sp.extra_args or {})
+    if ns:
+        extra["logitsproc_rs"] = ns
+    return SamplingParams(
+        temperature=sp.temperature,
+        max_tokens=None,
+        eos_token_id=sp.eos_token_id,
+        ignore_eos=sp.ignore_eos,
+        extra_args=extra or None,
+    )
+
+
+def v2_params(sp: Any) -> Any:
+    return namespaced(sp) if FIELDS == "namespace" else sp
 
 
 def add_to_sampler(procs: list[Any], needs: np.ndarray, slot: int, params: Any) -> None:

@@ -52,12 +52,26 @@ def main() -> None:
 
     # The front end's validator loads the same classes and runs their validate_params.
     validate = build_custom_logits_processors_params_validator(names)
-    validate(SamplingParams(min_p=0.5))
+    validate(h.namespaced(SamplingParams(min_p=0.5)))
+    # The namespace's fields are checked at the front end: our ValueError, which vLLM's
+    # validator re-raises as its own request-validation error.
+    out["bad_namespace"] = expect(
+        Exception, validate, SamplingParams(extra_args={"logitsproc_rs": {"min_p": 2.0}})
+    )
+    out["unknown_namespace"] = expect(
+        Exception, validate, SamplingParams(extra_args={"logitsproc_rs": {"top_k": 2}})
+    )
 
     # A request acted on by some processors only: each says whether it acts.
     needs = np.zeros(4, dtype=bool)
     slot = rs.add_request([3, 4], [])
-    acts = {type(p).__name__: bool(p.add_request(slot, SamplingParams(min_p=0.5))) for p in procs}
+    # Namespace mode: the ordinary min_p is vLLM's business, none of ours acts on it.
+    plain = SamplingParams(min_p=0.5, repetition_penalty=1.5)
+    out["acts_on_plain_fields"] = sorted(
+        type(p).__name__ for p in procs if p.add_request(slot, plain)
+    )
+    sp = h.namespaced(SamplingParams(min_p=0.5))
+    acts = {type(p).__name__: bool(p.add_request(slot, sp)) for p in procs}
     out["acts_min_p_only"] = sorted(k for k, v in acts.items() if v)
     needs[slot] = any(acts.values())
     h.apply_staged_writes(procs)
@@ -74,8 +88,8 @@ def main() -> None:
 
 def vllm_params(cfg: EngineConfig, names: list[str]) -> int:
     """After MRV2's sampler warm-up, vLLM 0.33.0's own ``SamplingParams`` give the same
-    logits as ours with the same fields (two recycled slots, one request each, the same
-    logits row). Returns the entries they changed."""
+    logits as ours with the same fields in the namespace (two recycled slots, one request
+    each, the same logits row). Returns the entries they changed."""
     from vllm.sampling_params import SamplingParams as VllmParams
 
     fields = dict(
@@ -99,7 +113,10 @@ def vllm_params(cfg: EngineConfig, names: list[str]) -> int:
     h.apply_staged_writes(procs)
     h.sample_apply(procs, needs, torch.zeros(4, 32), h.context(rs, [0, 1, 2, 3], [0] * 4))
     slots = []
-    for params in (VllmParams(**fields), SamplingParams(**fields)):
+    for params in (
+        VllmParams(extra_args={"logitsproc_rs": fields}),
+        h.namespaced(SamplingParams(**fields)),
+    ):
         slot = rs.add_request([2, 3, 3, 9], [5, 7])
         h.add_to_sampler(procs, needs, slot, params)
         slots.append(slot)

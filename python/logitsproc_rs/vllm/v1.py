@@ -27,7 +27,6 @@ Importing this module imports vLLM.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -35,81 +34,8 @@ from vllm.v1.sample.logits_processor import LogitsProcessor as VllmLogitsProcess
 
 from .. import builtin
 from ..interface import BatchUpdate
-from ..params import SamplingParams
 from ..pipeline import Pipeline, PipelineView, _update_signature
-
-NAMESPACE = "logitsproc_rs"
-
-# The fields our built-in tables read, the table that reads each, and the name the core gives
-# it in its errors ("request at index i: field 'f': ...").
-_FIELD_TABLE = {
-    "min_p": "min_p",
-    "logit_bias": "logit_bias",
-    "min_tokens": "min_tokens",
-    "stop_token_ids": "min_tokens",
-    "all_stop_token_ids": "min_tokens",
-    "presence_penalty": "penalties",
-    "frequency_penalty": "penalties",
-    "repetition_penalty": "penalties",
-    "bad_words": "bad_words",
-    "bad_words_token_ids": "bad_words",
-    "allowed_token_ids": "allowed",
-    "thinking_token_budget": "thinking",
-}
-# What a request may put in extra_args["logitsproc_rs"]: vLLM's names of those fields.
-_NAMESPACE_FIELDS = frozenset(_FIELD_TABLE) - {"all_stop_token_ids", "bad_words"}
-_NEUTRAL = SamplingParams(max_tokens=None)
-
-
-class _Routed:
-    """A request's parameters as our tables read them in namespace mode: the built-in fields
-    from ``extra_args[namespace]``, everything else (``extra_args`` for columns) from the
-    request itself."""
-
-    __slots__ = ("_ours", "_request", "all_stop_token_ids")
-
-    def __init__(self, request: Any, ours: SamplingParams) -> None:
-        self._request = request
-        self._ours = ours
-        # vLLM stops the request on its own stop ids and EOS anyway: MinTokens holds those
-        # back, plus any extra ones the namespace names.
-        own = getattr(request, "all_stop_token_ids", None) or ()
-        self.all_stop_token_ids = set(ours.stop_token_ids or ()) | set(own)
-
-    def __getattr__(self, name: str) -> Any:
-        if name in _FIELD_TABLE:
-            return getattr(self._ours, name)
-        return getattr(self._request, name)
-
-
-def routed_params(index: int | None, request: Any, namespace: str) -> SamplingParams:
-    """Our checked ``SamplingParams`` from ``request.extra_args[namespace]`` (neutral when
-    unset). A bad value is a ``ValueError`` naming the request and the field."""
-    where = "request" if index is None else f"request at index {index}"
-    extra = getattr(request, "extra_args", None)
-    ns = extra.get(namespace) if isinstance(extra, Mapping) else None
-    if ns is None:
-        return _NEUTRAL
-    field = f"extra_args[{namespace!r}]"
-    if not isinstance(ns, Mapping):
-        raise ValueError(
-            f"{where}: field '{field}': expected a dict of sampling fields, got {type(ns).__name__}"
-        )
-    unknown = sorted(str(k) for k in ns if k not in _NAMESPACE_FIELDS)
-    if unknown:
-        raise ValueError(
-            f"{where}: field '{field}': unknown field(s) {unknown}; expected some of "
-            f"{sorted(_NAMESPACE_FIELDS)}"
-        )
-    try:
-        return SamplingParams(max_tokens=None, **ns)
-    except ValueError as e:
-        # Our SamplingParams' messages start with the field's name.
-        key = next((k for k in sorted(ns, key=len, reverse=True) if str(e).startswith(k)), None)
-        if key is not None:
-            field += f"[{key!r}]"
-        raise ValueError(f"{where}: field '{field}': {e}") from e
-
+from ._fields import FIELD_TABLE, NAMESPACE, Routed, routed_params
 
 # Groups still being built, by (config, device, namespace): vLLM builds each class on its own,
 # so this is where the members of one build_logitsprocs find each other. A group leaves it at
@@ -174,7 +100,7 @@ class _Group:
         namespace = type(self.members[0]).NAMESPACE
         assert namespace is not None
         added = [
-            (i, _Routed(sp, routed_params(i, sp, namespace)), prompt, out)
+            (i, Routed(sp, routed_params(i, sp, namespace)), prompt, out)
             for i, sp, prompt, out in update.added
         ]
         self._converted = BatchUpdate(
@@ -194,7 +120,7 @@ class _Group:
             view = type(member).VIEW
             if field == "column" and any(c.name == column for c in view.COLUMNS):
                 return type(member).__name__
-            if _FIELD_TABLE.get(field) in view.TABLES:
+            if FIELD_TABLE.get(field) in view.TABLES:
                 return type(member).__name__
         return None
 

@@ -29,9 +29,11 @@ How that maps onto one ``Pipeline`` (``stable_slots=True, token_feed=True``):
   copied); each member then applies its transform through the map.
 
 MRV2 applies its own logit bias, allowed ids, min-tokens, penalties, bad words, thinking
-budget and min_p from the same ``SamplingParams`` fields: loading our processor for a field
-applies that field twice. Custom processors run after vLLM's penalties and bad words and
-before temperature, min_p and top-k/top-p.
+budget and min_p from the ordinary ``SamplingParams`` fields, so, as in ``v1``, our built-ins
+read theirs (vLLM's names) from ``extra_args["logitsproc_rs"]``: a request gets ours or
+vLLM's, never both (``bridge(cls, namespace=None)`` reads the ordinary fields). Custom
+processors run after vLLM's penalties and bad words and before temperature, min_p and
+top-k/top-p.
 
 Importing this module imports vLLM's MRV2 interface module (which is itself import-light).
 """
@@ -53,6 +55,7 @@ from .. import builtin
 from ..columns import ColumnLogitsProcessor
 from ..params import config_spec_tokens
 from ..pipeline import Pipeline, PipelineView
+from ._fields import NAMESPACE, Routed, routed_params
 
 # Which sampling-params fields each built-in table reads: a rejected request's error names
 # the processor that owns the field.
@@ -94,10 +97,12 @@ class _Group:
         self.config = vllm_config
         self.req_states = req_states
         self.members: list[_Bridge] = []
+        self.namespace: str | None = None
         self.pipeline: Pipeline | None = None
         self.reads_history = False
-        # Requests added since the last apply_staged_writes: slot -> (params, joined members).
-        self.pending: dict[int, tuple[Any, set[int]]] = {}
+        # Requests added since the last apply_staged_writes: slot -> (the engine's params, what
+        # our tables read, joined members).
+        self.pending: dict[int, tuple[Any, Any, set[int]]] = {}
         # Slots whose request has a fed history, and how many of its tokens we have fed
         # (prompt included: the same count as the runner's total_len).
         self.known = np.full(int(req_states.max_num_reqs), -1, dtype=np.int64)
@@ -135,23 +140,42 @@ class _Group:
 
     # --- add_request ----------------------------------------------------------------------
 
-    def add(self, member: _Bridge, slot: int, params: Any) -> None:
+    def join(self, member: _Bridge) -> None:
+        if self.members and self.namespace != member.NAMESPACE:
+            raise ValueError(
+                f"{type(member).__name__}: the processors of one runner must read one namespace "
+                f"({self.namespace!r}, not {member.NAMESPACE!r})"
+            )
+        self.namespace = member.NAMESPACE
+        self.members.append(member)
+
+    def route(self, slot: int | None, params: Any) -> Any:
+        """What our tables read: the namespace's fields over the request (or the request)."""
+        pipe = self.build()
+        if self.namespace is None or not pipe.tables:
+            return params
+        return Routed(params, routed_params(slot, params, self.namespace))
+
+    def add(self, member: _Bridge, slot: int, params: Any) -> Any:
+        """Returns what our tables read of the request."""
         pipe = self.build()
         pending = self.pending.get(slot)
-        if pending is not None and pending[0] is params and id(member) not in pending[1]:
-            pending[1].add(id(member))  # joins the add another member made for this slot
-            return
+        if pending is not None and pending[0] is params and id(member) not in pending[2]:
+            pending[2].add(id(member))  # joins the add another member made for this slot
+            return pending[1]
         self.pending.pop(slot, None)
         self.known[slot] = -1
         try:
             # Checked now for every table; installed with its tokens by apply_staged_writes.
-            pipe.add_request(slot, params, None, [])
+            routed = self.route(slot, params)
+            pipe.add_request(slot, routed, None, [])
         except ValueError as e:
             pipe.remove_request(slot)  # the slot must not keep its previous occupant
             raise ValueError(
                 f"{self.owner(str(e), member)}.add_request(req_idx={slot}): {e}"
             ) from e
-        self.pending[slot] = (params, {id(member)})
+        self.pending[slot] = (params, routed, {id(member)})
+        return routed
 
     def owner(self, message: str, member: _Bridge) -> str:
         """The member whose field a core error names (else the one that was called)."""
@@ -181,7 +205,7 @@ class _Group:
             return
         pipe = self.build()
         slots = np.fromiter(self.pending, dtype=np.int64)
-        params = [self.pending[s][0] for s in slots.tolist()]
+        params = [self.pending[s][1] for s in slots.tolist()]
         self.pending.clear()
         if not self.reads_history:
             return  # no table reads tokens: the adds made in add_request stand
@@ -301,12 +325,19 @@ class _Bridge(_V2LogitsProcessor):
     """One of our processors (``INNER``) as an MRV2 ``LogitsProcessor``."""
 
     INNER: type[PipelineView] = PipelineView
+    NAMESPACE: str | None = NAMESPACE
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        """vLLM's front-end check: the namespace's fields (their ranges need no vocab)."""
+        if cls.NAMESPACE and cls.INNER.TABLES:
+            routed_params(None, sampling_params, cls.NAMESPACE)
 
     def __init__(self, vllm_config: Any, req_states: Any) -> None:
         group = _GROUPS.get(req_states.all_token_ids)
         if group is None:
             group = _GROUPS[req_states.all_token_ids] = _Group(vllm_config, req_states)
-        group.members.append(self)
+        group.join(self)
         self._group = group
         self._inner: PipelineView | None = None
 
@@ -315,8 +346,7 @@ class _Bridge(_V2LogitsProcessor):
         return self._group.build()
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
-        self._group.add(self, req_idx, sampling_params)
-        return self.acts_on(sampling_params)
+        return self.acts_on(self._group.add(self, req_idx, sampling_params))
 
     def acts_on(self, sp: Any) -> bool:
         """Whether this processor may change a request's logits (MRV2 skips ``apply`` for
@@ -352,14 +382,24 @@ def _set(field: str, value: Any) -> bool:
 
 
 def bridge(
-    cls: type[PipelineView], name: str | None = None, module: str | None = None
+    cls: type[PipelineView],
+    name: str | None = None,
+    module: str | None = None,
+    namespace: str | None = NAMESPACE,
 ) -> type[_Bridge]:
     """An MRV2 processor class for one of ours: a built-in or a ``ColumnLogitsProcessor``
     subclass. Load it as any MRV2 processor (a class in ``logits_processors``, or a
-    ``"module:Name"`` where the module defines ``Name = bridge(MyColumns)``)."""
+    ``"module:Name"`` where the module defines ``Name = bridge(MyColumns)``). ``namespace``:
+    where built-in tables read their fields (module docstring); ``None``: the ordinary ones.
+    The processors of one runner must agree on it."""
     if not (isinstance(cls, type) and issubclass(cls, PipelineView)):
         raise TypeError(f"{cls!r} is not a processor built on a Pipeline (a PipelineView)")
-    attrs = {"INNER": cls, "__module__": module or cls.__module__, "__doc__": cls.__doc__}
+    attrs = {
+        "INNER": cls,
+        "NAMESPACE": namespace,
+        "__module__": module or cls.__module__,
+        "__doc__": cls.__doc__,
+    }
     return type(name or cls.__name__, (_Bridge,), attrs)
 
 

@@ -1,0 +1,89 @@
+"""Where the bridged built-ins read their fields: vLLM's own names, from a namespace in
+``extra_args`` (``extra_args["logitsproc_rs"]``) by default.
+
+vLLM applies MinTokens, LogitBias, MinP, allowed ids, bad words, penalties and the thinking
+budget itself, from the request's ordinary fields, in V1 (0.25.1) and in Model Runner V2
+alike, and none of them can be switched off. Reading the same fields would apply them twice,
+so our bridges read theirs from the namespace: each request gets ours or vLLM's, never both.
+A bridge built with ``namespace=None`` reads the ordinary fields (for an engine that does not
+apply them itself). Shared by ``v1`` and ``v2``; imports no vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..params import SamplingParams
+
+NAMESPACE = "logitsproc_rs"
+
+# The fields our built-in tables read, the table that reads each, and the name the core gives
+# it in its errors ("request at index i: field 'f': ...").
+FIELD_TABLE = {
+    "min_p": "min_p",
+    "logit_bias": "logit_bias",
+    "min_tokens": "min_tokens",
+    "stop_token_ids": "min_tokens",
+    "all_stop_token_ids": "min_tokens",
+    "presence_penalty": "penalties",
+    "frequency_penalty": "penalties",
+    "repetition_penalty": "penalties",
+    "bad_words": "bad_words",
+    "bad_words_token_ids": "bad_words",
+    "allowed_token_ids": "allowed",
+    "thinking_token_budget": "thinking",
+}
+# What a request may put in extra_args["logitsproc_rs"]: vLLM's names of those fields.
+NAMESPACE_FIELDS = frozenset(FIELD_TABLE) - {"all_stop_token_ids", "bad_words"}
+_NEUTRAL = SamplingParams(max_tokens=None)
+
+
+class Routed:
+    """A request's parameters as our tables read them in namespace mode: the built-in fields
+    from ``extra_args[namespace]``, everything else (``extra_args`` for columns) from the
+    request itself."""
+
+    __slots__ = ("_ours", "_request", "all_stop_token_ids")
+
+    def __init__(self, request: Any, ours: SamplingParams) -> None:
+        self._request = request
+        self._ours = ours
+        # vLLM stops the request on its own stop ids and EOS anyway: MinTokens holds those
+        # back, plus any extra ones the namespace names.
+        own = getattr(request, "all_stop_token_ids", None) or ()
+        self.all_stop_token_ids = set(ours.stop_token_ids or ()) | set(own)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in FIELD_TABLE:
+            return getattr(self._ours, name)
+        return getattr(self._request, name)
+
+
+def routed_params(index: int | None, request: Any, namespace: str) -> SamplingParams:
+    """Our checked ``SamplingParams`` from ``request.extra_args[namespace]`` (neutral when
+    unset). A bad value is a ``ValueError`` naming the request and the field."""
+    where = "request" if index is None else f"request at index {index}"
+    extra = getattr(request, "extra_args", None)
+    ns = extra.get(namespace) if isinstance(extra, Mapping) else None
+    if ns is None:
+        return _NEUTRAL
+    field = f"extra_args[{namespace!r}]"
+    if not isinstance(ns, Mapping):
+        raise ValueError(
+            f"{where}: field '{field}': expected a dict of sampling fields, got {type(ns).__name__}"
+        )
+    unknown = sorted(str(k) for k in ns if k not in NAMESPACE_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"{where}: field '{field}': unknown field(s) {unknown}; expected some of "
+            f"{sorted(NAMESPACE_FIELDS)}"
+        )
+    try:
+        return SamplingParams(max_tokens=None, **ns)
+    except ValueError as e:
+        # Our SamplingParams' messages start with the field's name.
+        key = next((k for k in sorted(ns, key=len, reverse=True) if str(e).startswith(k)), None)
+        if key is not None:
+            field += f"[{key!r}]"
+        raise ValueError(f"{where}: field '{field}': {e}") from e
