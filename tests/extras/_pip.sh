@@ -28,3 +28,12 @@ pip_keep_torch() {  # pip install ARGS... under a constraint pinning the venv's 
         return 1
     fi
 }
+
+target_install() {  # target_install SPEC DIR MARKER: pip install --no-deps SPEC into DIR once
+    local spec=$1 dir=$2 marker=$3
+    [ -f "$dir/$marker" ] && return 0
+    rm -rf "$dir.partial"
+    flock "$LOCK" "$PY" -m pip install -q --no-deps --no-compile --target "$dir.partial" "$spec"
+    rm -rf "$dir"
+    mv "$dir.partial" "$dir"  # only a complete install counts as installed
+}

@@ -15,13 +15,7 @@ DEPS=(regex msgspec cbor2 psutil "pyzmq>=25.0.0" "aiohttp>=3.13.3" "requests>=2.
       "openai>=2.0.0" "openai-harmony>=0.0.3" cloudpickle pybase64 cachetools uvloop
       py-cpuinfo "transformers==$TRANSFORMERS")
 
-if [ ! -f "$TARGET/vllm/v1/sample/logits_processor/interface.py" ]; then
-    rm -rf "$TARGET.partial"
-    flock "$LOCK" "$PY" -m pip install -q --no-deps --no-compile \
-        --target "$TARGET.partial" vllm==0.25.1
-    rm -rf "$TARGET"
-    mv "$TARGET.partial" "$TARGET"  # only a complete install counts as installed
-fi
+target_install vllm==0.25.1 "$TARGET" vllm/v1/sample/logits_processor/interface.py
 
 imports_ok() {
     PYTHONPATH="$TARGET" "$PY" -c \

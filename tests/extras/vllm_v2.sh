@@ -11,17 +11,7 @@
 # transformers, ...); the tests shim the one module that imports it (tests/vllm_drivers/
 # v2_harness.py) and use our duck-typed SamplingParams instead.
 set -euo pipefail
-: "${VENV:=$HOME/.cache/logitsproc_rs/venv}"
-: "${PY:=$VENV/bin/python}"
-CACHE="$HOME/.cache/logitsproc_rs"
+source "$(dirname "$0")/_pip.sh"
 TARGET="$CACHE/vllm-0.33.0"
-LOCK="$CACHE/pip.lock"
-mkdir -p "$CACHE"
 
-if [ ! -f "$TARGET/vllm/v1/worker/gpu/sample/logits_processor/interface.py" ]; then
-    rm -rf "$TARGET.partial"
-    flock "$LOCK" "$PY" -m pip install -q --no-deps --no-compile \
-        --target "$TARGET.partial" vllm==0.33.0
-    rm -rf "$TARGET"
-    mv "$TARGET.partial" "$TARGET"  # only a complete install counts as installed
-fi
+target_install vllm==0.33.0 "$TARGET" vllm/v1/worker/gpu/sample/logits_processor/interface.py
