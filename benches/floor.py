@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from bench_python import apply_all
 
 from logitsproc_rs import BatchUpdate, EngineConfig, SamplingParams, build_logitsprocs
 from logitsproc_rs import kernels as _kernels
@@ -88,14 +89,6 @@ def build(dev: torch.device, b: int, vocab: int, kernels: str) -> tuple[Any, lis
     added = [(i, every_processor(i, vocab), [1, 2, 3, i % vocab], outputs[i]) for i in range(b)]
     procs.update_state(BatchUpdate(b, [], added, []))
     return procs, outputs
-
-
-def apply_all(procs: Any, logits: torch.Tensor) -> torch.Tensor:
-    for p in procs.non_argmax_invariant:
-        logits = p.apply(logits)
-    for p in procs.argmax_invariant:
-        logits = p.apply(logits)
-    return logits
 
 
 def measure(dev: torch.device, b: int, vocab: int, reps: int) -> dict[str, Any]:
