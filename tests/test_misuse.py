@@ -12,6 +12,7 @@ from logitsproc_rs import (
     BatchUpdate,
     EngineConfig,
     LogitBiasLogitsProcessor,
+    LogitsProcessor,
     PenaltiesLogitsProcessor,
     Sampler,
     SamplingMetadata,
@@ -194,3 +195,71 @@ def test_build_logitsprocs_takes_a_config_mapping_and_a_kernel_choice() -> None:
         build_logitsprocs({"vocab": V}, "cpu", False)
     with pytest.raises(ValueError, match="kernels"):
         build_logitsprocs(CFG, "cpu", False, kernels="cuda")
+
+
+# --- a custom processor that raises -----------------------------------------------------------
+
+
+class _Flaky(LogitsProcessor):
+    """Adds 1 to token 0 of every row; raises once in update_state or apply on demand."""
+
+    FAIL: str | None = None
+
+    def __init__(self, vllm_config, device, is_pin_memory) -> None:
+        self.rows = 0
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update) -> None:
+        if _Flaky.FAIL == "update_state":
+            raise KeyError("lost a slot")
+        if batch_update is not None:
+            self.rows = batch_update.batch_size
+
+    def apply(self, logits):
+        if _Flaky.FAIL == "apply":
+            raise ValueError("bad row")
+        logits[:, 0] += 1.0
+        return logits
+
+
+@pytest.mark.parametrize(
+    ("where", "exc", "message"),
+    [
+        ("update_state", RuntimeError, r"_Flaky\.update_state raised KeyError\('lost a slot'\)"),
+        ("apply", ValueError, r"_Flaky\.apply: bad row"),
+    ],
+)
+def test_a_raising_custom_processor_is_named_and_the_next_step_works(where, exc, message):
+    procs = build_logitsprocs(CFG, "cpu", False, custom_logitsprocs=[_Flaky])
+    plain = build_logitsprocs(CFG, "cpu", False)
+    sampler, plain_sampler = Sampler(procs), Sampler(plain)
+    greedy = [SamplingParams(temperature=0.0, logit_bias={5: 9.0}, min_tokens=2, eos_token_id=3)]
+    outputs: list[list[int]] = [[]]
+    update = BatchUpdate(1, [], [(0, greedy[0], [1], outputs[0])], [])
+    md = SamplingMetadata.from_params(greedy, V)
+    g = torch.Generator().manual_seed(0)
+    for step in range(4):
+        x = torch.randn(1, V, generator=g)
+        _Flaky.FAIL = where if step == 1 else None
+        try:
+            if step == 1 and where == "update_state":
+                with pytest.raises(exc, match=message):
+                    procs.update_state(update)
+                plain.update_state(update)
+                continue
+            procs.update_state(update)
+            plain.update_state(update)
+            if step == 1:
+                with pytest.raises(exc, match=message):
+                    sampler(x.clone(), md)
+                continue
+        finally:
+            _Flaky.FAIL = None
+        got = sampler(x.clone(), md).logits
+        want = plain_sampler(x.clone(), md).logits
+        want[:, 0] += 1.0  # _Flaky's own work, after the built-ins before it in vLLM's order
+        assert torch.allclose(got, want), step
+        outputs[0].append(7)
+        update = None

@@ -214,9 +214,8 @@ class Sampler:
 
     def apply_logits_processors(self, logits: torch.Tensor) -> torch.Tensor:
         """Phase 1: the processors that may change the argmax, on every row."""
-        for p in self.logitsprocs.non_argmax_invariant:
-            logits = p.apply(logits)
-        return logits
+        procs = self.logitsprocs
+        return procs.apply_each(procs.non_argmax_invariant, logits)
 
     def __call__(
         self,
@@ -259,8 +258,7 @@ class Sampler:
                 return SamplerOutput(greedy, logits)
         assert md.temperature is not None
         logits = apply_temperature(logits, md.temperature, md.all_random)
-        for p in self.logitsprocs.argmax_invariant:
-            logits = p.apply(logits)
+        logits = self.logitsprocs.apply_each(self.logitsprocs.argmax_invariant, logits)
         logits = apply_top_k_top_p(logits, md.top_k, md.top_p, md.max_top_k)
         probs = logits.softmax(dim=-1, dtype=torch.float32)
         sampled = random_sample(probs, md.generators)

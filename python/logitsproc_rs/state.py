@@ -122,6 +122,7 @@ class LogitsProcessors:
         if pipeline is not None:
             pipes.setdefault(id(pipeline), pipeline)
         self._pipelines = list(pipes.values())
+        self._other_ids = {id(p) for p in self._others}
 
     @property
     def all(self) -> Iterator[LogitsProcessor]:
@@ -139,9 +140,28 @@ class LogitsProcessors:
         for pipe in self._pipelines:
             pipe.step(batch_update, sampled_token_ids)
         for p in self._others:
-            p.update_state(batch_update)
+            _named(p, "update_state", p.update_state, batch_update)
+
+    def apply_each(self, procs: Iterable[LogitsProcessor], logits: Any) -> Any:
+        """``logits = p.apply(logits)`` for each processor in turn (the ``Sampler``'s loop).
+        A custom processor that raises is named in the error (our own name themselves)."""
+        others = self._other_ids
+        for p in procs:
+            logits = _named(p, "apply", p.apply, logits) if id(p) in others else p.apply(logits)
+        return logits
 
     @property
     def bytes_uploaded_last_step(self) -> int:
         """Bytes the pipelines' last uploads carried (zero on a step that changed nothing)."""
         return sum(p.bytes_uploaded_last_step for p in self._pipelines)
+
+
+def _named(p: Any, what: str, fn: Any, *args: Any) -> Any:
+    """Call a custom processor's method; an exception it raises names it (a ``ValueError``
+    stays one, anything else becomes a ``RuntimeError``), chained to the original."""
+    try:
+        return fn(*args)
+    except ValueError as e:
+        raise ValueError(f"{type(p).__name__}.{what}: {e}") from e
+    except Exception as e:
+        raise RuntimeError(f"{type(p).__name__}.{what} raised {e!r}") from e
