@@ -65,8 +65,15 @@ class _Group:
         if group is None or group.started or any(type(m) is type(member) for m in group.members):
             group = _OPEN[key] = _Group(key, config, device, pin)
         group.members.append(member)
-        group._build()
+        group.pipeline = None  # (re)built at first use, with every member built by then
         return group
+
+    def ensure(self) -> None:
+        """Build the pipeline once all members exist: vLLM builds every class, then asks
+        them anything (is_argmax_invariant, update_state), so there is one build, not one per
+        member (a penalties matrix on a GPU is hundreds of MB)."""
+        if self.pipeline is None:
+            self._build()
 
     def _build(self) -> None:
         views = [type(m).VIEW for m in self.members]
@@ -78,7 +85,7 @@ class _Group:
             columns=[c for v in views for c in v.COLUMNS],
         )
         for m in self.members:
-            m._view = type(m).VIEW(self.config, self.device, self.pin, pipeline=self.pipeline)
+            m._built_view = type(m).VIEW(self.config, self.device, self.pin, pipeline=self.pipeline)
         namespace = type(self.members[0]).NAMESPACE
         self.routes = bool(namespace and self.pipeline.tables)
 
@@ -92,6 +99,7 @@ class _Group:
         """The update our pipeline reads: in namespace mode each added request's parameters
         are routed; one converted object per update, shared by every member of the step."""
         self.start()
+        self.ensure()
         if not self.routes or update is None:
             return update
         sig = _update_signature(update)
@@ -141,8 +149,13 @@ class _Bridge(VllmLogitsProcessor):
         cls.VIEW.validate_params(sampling_params)
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        self._view: PipelineView
+        self._built_view: PipelineView
         self._group = _Group.join(self, vllm_config, device, is_pin_memory)
+
+    @property
+    def _view(self) -> PipelineView:
+        self._group.ensure()
+        return self._built_view
 
     @property
     def pipeline(self) -> Pipeline:
