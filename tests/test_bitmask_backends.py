@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from _extras import import_extra
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -18,10 +17,7 @@ from logitsproc_rs import (
 )
 from logitsproc_rs.bitmask import apply_token_bitmask_
 
-if os.environ.get("LOGITSPROC_REQUIRE_EXTRAS") == "1":
-    import xgrammar  # make test: missing is a failure (tests/extras/xgrammar.sh installs it)
-else:
-    xgrammar = pytest.importorskip("xgrammar", reason="xgrammar not installed (make extras)")
+xgrammar = import_extra("xgrammar", "xgrammar not installed (make extras)")
 
 
 def _bitmask(g: torch.Generator, rows: int, words: int) -> torch.Tensor:

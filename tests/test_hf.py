@@ -6,7 +6,6 @@ generation starting fresh, and the rejections (beam search, bad per-row params).
 from __future__ import annotations
 
 import copy
-import os
 import runpy
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _extras import import_extra
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -25,12 +25,9 @@ from logitsproc_rs import (
 )
 from logitsproc_rs.hf import HFLogitsProcessor, neutral_generate_kwargs
 
-if os.environ.get("LOGITSPROC_REQUIRE_EXTRAS") == "1":
-    import transformers  # make test: missing is a failure (tests/extras/hf.sh installs it)
-else:
-    transformers = pytest.importorskip(
-        "transformers", reason="transformers not installed (make extras, tests/extras/hf.sh)"
-    )
+transformers = import_extra(
+    "transformers", "transformers not installed (make extras, tests/extras/hf.sh)"
+)
 
 VOCAB = 1024
 THINK_START, THINK_END = [900], [901, 902]

@@ -5,11 +5,10 @@ Blocks that import transformers run after the others, and only where it is insta
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
-import pytest
+from _extras import import_extra
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -34,8 +33,7 @@ def test_readme_snippets_run() -> None:
 def test_readme_transformers_snippets_run() -> None:
     blocks = [b for b in _blocks() if _needs_transformers(b)]
     assert blocks, "the README shows logitsproc_rs.hf"
-    if os.environ.get("LOGITSPROC_REQUIRE_EXTRAS") != "1":
-        pytest.importorskip("transformers", reason="transformers not installed (make extras)")
+    import_extra("transformers", "transformers not installed (make extras)")
     namespace: dict[str, object] = {}
     for i, code in enumerate(blocks):
         exec(compile(code, f"README.md transformers block {i}", "exec"), namespace)

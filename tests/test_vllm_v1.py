@@ -17,6 +17,7 @@ from enum import Enum
 from pathlib import Path
 
 import pytest
+from _extras import missing
 
 from logitsproc_rs import (
     AdapterLogitsProcessor,
@@ -94,9 +95,7 @@ def test_loading_a_plain_class_imports_no_vllm():
 def run_driver(name: str, *args: str) -> dict:
     if not (VLLM / "vllm" / "v1" / "sample" / "logits_processor" / "interface.py").is_file():
         reason = f"vLLM 0.25.1 is not installed in {VLLM} (tests/extras/vllm_v1.sh, make extras)"
-        if os.environ.get("LOGITSPROC_REQUIRE_EXTRAS") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        missing(reason)
     env = dict(os.environ, PYTHONPATH=f"{VLLM}{os.pathsep}{REPO / 'python'}")
     proc = subprocess.run(
         [sys.executable, str(DRIVERS / name), *args],

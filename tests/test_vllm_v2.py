@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _extras import REQUIRED, missing
 
 ROOT = Path(__file__).resolve().parents[1]
 DRIVERS = ROOT / "tests" / "vllm_drivers"
@@ -29,9 +30,7 @@ INTERFACE = TARGET / "vllm/v1/worker/gpu/sample/logits_processor/interface.py"
 def vllm_dir() -> Path:
     if not INTERFACE.is_file():
         why = f"vLLM 0.33.0 not installed in {TARGET} (run make extras: tests/extras/vllm_v2.sh)"
-        if os.environ.get("LOGITSPROC_REQUIRE_EXTRAS") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+        missing(why)
     return TARGET
 
 
@@ -123,6 +122,6 @@ def test_vllm_loader_with_our_classes(vllm_dir):
     assert out["min_p_kept"] == 1
     # With vLLM 0.33.0's own V1 package importable (tests/extras/vllm_v1.sh installs what it
     # needs), its SamplingParams go through the same processors as ours.
-    if out["real_v1_package"] or os.environ.get("LOGITSPROC_REQUIRE_EXTRAS") == "1":
+    if out["real_v1_package"] or REQUIRED:
         assert out["real_v1_package"], "vLLM 0.33.0's vllm.sampling_params does not import"
         assert out["vllm_params"] > 20  # allowed ids alone drop 24 of 32
