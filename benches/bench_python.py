@@ -505,10 +505,11 @@ def vllm_penalty_math(
     frequency: torch.Tensor,
     repetition: torch.Tensor,
 ) -> torch.Tensor:
-    """The dense part, in place. Repetition divides positive logits as vLLM's CUDA kernel does
-    (its CPU fallback multiplies by the reciprocal: the same cost)."""
+    """The dense part, in place. Repetition divides positive logits on CUDA (vLLM's kernel)
+    and multiplies them by the float32 reciprocal elsewhere (vLLM's torch fallback), as ours."""
     rep = repetition.unsqueeze(1)
-    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    up = logits / rep if logits.device.type == "cuda" else logits * (1.0 / rep)
+    penalized = torch.where(logits > 0, up, logits * rep)
     logits = torch.where(prompt_mask | output_mask, penalized, logits, out=logits)
     logits -= frequency.unsqueeze(dim=1) * output_bin_counts
     logits -= presence.unsqueeze(dim=1) * output_mask

@@ -1,4 +1,4 @@
-"""The processor pipeline against the bandwidth floor (issue 9), ``make bench`` section 4.
+"""The processor pipeline against the bandwidth floor (issue 9), ``make bench`` section 5.
 
 Every processor active on every row (MinP, logit bias, MinTokens, penalties, bad words, allowed
 ids, thinking budget), B = 256, V = 151,936 (``--quick`` on the CPU: B = 32). The floor is
@@ -129,7 +129,7 @@ def section(dev: torch.device, quick: bool) -> str:
     reps = 3 if dev.type == "cpu" else (10 if quick else 30)
     m = measure(dev, b, VOCAB, reps)
     lines = [
-        "## 4. Every processor on every row vs the bandwidth floor\n",
+        "## 5. Every processor on every row vs the bandwidth floor\n",
         f"B = {m['b']}, V = {m['vocab']:,}, float32 logits on `{dev}`; medians of {reps} "
         f"steps. Copy bandwidth {m['bw'] / 1e9:,.1f} GB/s (read + write), so the floor, one "
         f"read and one write of the logits, is **{m['floor'] * 1e6:,.0f} µs**. The apply is "

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib.util
 import io
 import math
 import os
@@ -214,14 +215,31 @@ def env_line(device: torch.device) -> str:
 # --- vLLM, installed ----------------------------------------------------------------------------
 
 
+VLLM_V1_DIR = Path(
+    os.environ.get("LOGITSPROC_VLLM_V1_DIR", Path.home() / ".cache/logitsproc_rs/vllm-0.25.1")
+)
+
+
 def import_vllm() -> tuple[Any, str]:
-    """(the modules we need, a line for the report); (None, why) when not importable."""
+    """(the modules we need, a line for the report); (None, why) when not importable. Where
+    vLLM itself is not installed, the copy ``make extras`` puts in its own folder is used (it
+    is vLLM 0.25.1's wheel, without its dependencies: its logits-processor modules import)."""
+    if importlib.util.find_spec("vllm") is None and VLLM_V1_DIR.is_dir():
+        sys.path.append(str(VLLM_V1_DIR))
     try:
         import vllm  # noqa: F401
         from vllm.v1.sample.logits_processor import builtin, interface
     except Exception as e:  # anything: a broken install must not stop the bench
         return None, f"not importable ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
     version = getattr(sys.modules["vllm"], "__version__", "?")
+    if not torch.cuda.is_available():
+        # vLLM's CUDA wheel without a GPU takes pinned memory as available (an unspecified
+        # platform says so) and its built-ins' host-to-device helper fails; turn it off, as
+        # vLLM's own CPU platform does.
+        with contextlib.suppress(Exception):
+            import vllm.utils.torch_utils as torch_utils
+
+            torch_utils.PIN_MEMORY = False
     return SimpleNamespace(builtin=builtin, interface=interface), f"vllm {version} importable"
 
 
@@ -972,7 +990,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--out", default=str(ROOT / "bench-report.md"), help="the markdown report")
     ap.add_argument("--no-appendix", action="store_true", help="skip bench_python.py (c), (d)")
-    ap.add_argument("--no-floor", action="store_true", help="skip section 4 (benches/floor.py)")
+    ap.add_argument("--no-floor", action="store_true", help="skip section 5 (benches/floor.py)")
     args = ap.parse_args(argv)
     dev = torch.device(args.device)
     if args.threads is not None:
