@@ -87,7 +87,7 @@ class ColumnLogitsProcessor(PipelineView):
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
-        rows = pipe.rows_of(type(self).__name__, logits, rowspace)
+        rows = logits.shape[0]  # matched to the batch by check_logits
         cols: dict[str, torch.Tensor] = {}
         active = 0
         for c, k in zip(self.COLUMNS, self._column_index, strict=True):

@@ -428,10 +428,6 @@ class Pipeline:
             v = self._cache[key] = self.section("rows.row_to_slot")[:rows]
         return v
 
-    def rows_of(self, name: str, logits: torch.Tensor, rowspace: bool) -> int:
-        """The logits' row count (``check_logits`` has matched it to the batch or row map)."""
-        return logits.shape[0]
-
     @property
     def graph_key(self) -> tuple[int, ...]:
         """What a captured ``apply`` depends on besides the (fixed-address) device tables: the

@@ -34,7 +34,6 @@ class AllowedTokenIdsLogitsProcessor(PipelineView):
         n, r = pipe.status[ALLOWED + off], pipe.status[ALLOWED_ROWS + off]
         if not n:
             return logits
-        pipe.rows_of("AllowedTokenIdsLogitsProcessor", logits, rowspace)
         rows, cols, _ = pipe.triples("allowed", n, rowspace)
         name = "rows.allowed.restricted_rows" if rowspace else "allowed.restricted_rows"
         restricted = pipe.dense(name, r, False).view(-1)

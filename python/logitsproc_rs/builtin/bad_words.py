@@ -28,7 +28,6 @@ class BadWordsLogitsProcessor(PipelineView):
         n = pipe.status[BAD_WORDS + (ROW_OFFSET if rowspace else 0)]
         if not n:
             return logits
-        pipe.rows_of("BadWordsLogitsProcessor", logits, rowspace)
         return put_sparse_(logits, *pipe.triples("bad_words", n, rowspace), pipeline_choice(pipe))
 
     def apply_with_spec_decode(

@@ -22,5 +22,4 @@ class LogitBiasLogitsProcessor(PipelineView):
         n = pipe.status[LOGIT_BIAS + (ROW_OFFSET if rowspace else 0)]
         if not n:
             return logits
-        pipe.rows_of("LogitBiasLogitsProcessor", logits, rowspace)
         return add_sparse_(logits, *pipe.triples("logit_bias", n, rowspace), pipeline_choice(pipe))

@@ -33,7 +33,7 @@ class MinPLogitsProcessor(PipelineView):
         pipe = self._pipe
         if not pipe.status[MIN_P_COUNT]:
             return logits
-        rows = pipe.rows_of("MinPLogitsProcessor", logits, rowspace)
+        rows = logits.shape[0]  # matched to the batch by check_logits
         if pipe.host_kernels and host_kernel_ok(logits):
             # Rust masks the rows that have a min_p in place (two passes, no temporaries).
             pipe.core.unsafe_apply_min_p_cpu(

@@ -25,7 +25,6 @@ class MinTokensLogitsProcessor(PipelineView):
         n = pipe.status[MIN_TOKENS + (ROW_OFFSET if rowspace else 0)]
         if not n:
             return logits
-        pipe.rows_of("MinTokensLogitsProcessor", logits, rowspace)
         return put_sparse_(logits, *pipe.triples("min_tokens", n, rowspace), pipeline_choice(pipe))
 
     def apply_with_spec_decode(

@@ -62,7 +62,7 @@ class PenaltiesLogitsProcessor(PipelineView):
         pipe = self._pipe
         if not pipe.status[PENALTIES]:
             return logits
-        rows = pipe.rows_of("PenaltiesLogitsProcessor", logits, rowspace)
+        rows = logits.shape[0]  # matched to the batch by check_logits
         core = pipe.core
         if pipe.host_kernels:
             f64 = logits.dtype == torch.float64

@@ -34,5 +34,4 @@ class ThinkingBudgetLogitsProcessor(PipelineView):
         n = pipe.status[THINKING + (ROW_OFFSET if rowspace else 0)]
         if not n:
             return logits
-        pipe.rows_of("ThinkingBudgetLogitsProcessor", logits, rowspace)
         return put_sparse_(logits, *pipe.triples("thinking", n, rowspace), pipeline_choice(pipe))
