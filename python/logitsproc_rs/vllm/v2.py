@@ -55,19 +55,13 @@ from .. import builtin
 from ..columns import ColumnLogitsProcessor
 from ..params import config_spec_tokens
 from ..pipeline import Pipeline, PipelineView
-from ._fields import NAMESPACE, Routed, routed_params
+from ._fields import FIELD_TABLE, NAMESPACE, Routed, routed_params
 
-# Which sampling-params fields each built-in table reads: a rejected request's error names
-# the processor that owns the field.
-_TABLE_FIELDS = {
-    "min_p": ("min_p",),
-    "logit_bias": ("logit_bias",),
-    "min_tokens": ("min_tokens", "stop_token_ids", "all_stop_token_ids"),
-    "penalties": ("repetition_penalty", "frequency_penalty", "presence_penalty"),
-    "bad_words": ("bad_words_token_ids",),
-    "allowed": ("allowed_token_ids",),
-    "thinking": ("thinking_token_budget",),
-}
+# Which sampling-params fields each built-in table reads (the inverse of ``FIELD_TABLE``): a
+# rejected request's error names the processor that owns the field.
+_TABLE_FIELDS: dict[str, tuple[str, ...]] = {}
+for _field, _table in FIELD_TABLE.items():
+    _TABLE_FIELDS[_table] = (*_TABLE_FIELDS.get(_table, ()), _field)
 # Tables that read a request's output history: only those requests' tokens are fed.
 _HISTORY_TABLES = frozenset({"min_tokens", "penalties", "bad_words", "thinking"})
 
