@@ -51,7 +51,7 @@ import torch
 from .interface import BatchUpdate
 from .loader import build_logitsprocs, validate_sampling_params
 from .params import _SAMPLING_EPS, EngineConfig, SamplingParams
-from .sampler import Sampler, SamplingMetadata, apply_temperature, apply_top_k_top_p
+from .sampler import Sampler, SamplingMetadata
 from .state import LogitsProcessors
 
 
@@ -268,12 +268,8 @@ class HFLogitsProcessor:
         logits = self._sampler.apply_logits_processors(logits)
         if md.all_greedy:
             return logits
-        assert md.temperature is not None
         greedy = None if md.all_random else logits.argmax(dim=-1, keepdim=True)
-        logits = apply_temperature(logits, md.temperature, md.all_random)
-        for p in self.procs.argmax_invariant if self.procs is not None else ():
-            logits = p.apply(logits)
-        logits = apply_top_k_top_p(logits, md.top_k, md.top_p, md.max_top_k)
+        logits = self._sampler.random_logits(logits, md)
         if greedy is not None:
             # Greedy rows in a sampled batch: only their argmax can be drawn.
             others = torch.ones_like(logits, dtype=torch.bool).scatter_(1, greedy, False)

@@ -247,6 +247,14 @@ class Sampler:
             out.logprobs_tensors = gather_logprobs(raw, n_logprobs, out.sampled_token_ids)
         return out
 
+    def random_logits(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """What random rows are sampled from, after phase 1: temperature (greedy rows ÷ 1),
+        the argmax-invariant processors, top-k/top-p. In place where the steps allow."""
+        assert md.temperature is not None
+        logits = apply_temperature(logits, md.temperature, md.all_random)
+        logits = self.logitsprocs.apply_each(self.logitsprocs.argmax_invariant, logits)
+        return apply_top_k_top_p(logits, md.top_k, md.top_p, md.max_top_k)
+
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         """Phase 2: greedy snapshot, temperature, argmax-invariant processors, top-k/top-p,
         random sampling, merge."""
@@ -256,10 +264,7 @@ class Sampler:
             greedy = logits.argmax(dim=-1).view(-1)
             if md.all_greedy:
                 return SamplerOutput(greedy, logits)
-        assert md.temperature is not None
-        logits = apply_temperature(logits, md.temperature, md.all_random)
-        logits = self.logitsprocs.apply_each(self.logitsprocs.argmax_invariant, logits)
-        logits = apply_top_k_top_p(logits, md.top_k, md.top_p, md.max_top_k)
+        logits = self.random_logits(logits, md)
         probs = logits.softmax(dim=-1, dtype=torch.float32)
         sampled = random_sample(probs, md.generators)
         if greedy is not None:
