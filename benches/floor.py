@@ -83,8 +83,7 @@ def build(dev: torch.device, b: int, vocab: int, kernels: str) -> tuple[Any, lis
         reasoning_start_token_ids=THINK_START,
         reasoning_end_token_ids=THINK_END,
     )
-    procs = build_logitsprocs(cfg, dev, dev.type == "cuda")
-    procs.pipeline.kernels = kernels
+    procs = build_logitsprocs(cfg, dev, dev.type == "cuda", kernels=kernels)
     outputs: list[list[int]] = [[THINK_START[0], 7 + i % 50] for i in range(b)]
     added = [(i, every_processor(i, vocab), [1, 2, 3, i % vocab], outputs[i]) for i in range(b)]
     procs.update_state(BatchUpdate(b, [], added, []))

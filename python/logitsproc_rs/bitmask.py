@@ -108,17 +108,16 @@ def _xgrammar_apply(
         import xgrammar
     except ImportError as e:
         raise ValueError("kernel='xgrammar' needs xgrammar installed (pip install xgrammar)") from e
-    rows = None
     if idx is not None:
+        # xgrammar takes host row numbers; ours live on the device after the checks above, so
+        # it applies to every row (an all-ones row masks nothing): no device-to-host read.
         full = torch.full(
             (logits.shape[0], words.shape[1]), -1, dtype=torch.int32, device=logits.device
         )
         full.index_copy_(0, idx, words)
         words = full
-        # xgrammar takes host row numbers; ours live on the device after the checks above, so
-        # apply to every row (an all-ones row masks nothing): no device-to-host read.
     target = logits if logits.dtype == torch.float32 else logits.to(torch.float32)
-    xgrammar.apply_token_bitmask_inplace(target, words, vocab_size=width, indices=rows)
+    xgrammar.apply_token_bitmask_inplace(target, words, vocab_size=width)
     if target is not logits:
         logits.copy_(target)  # vLLM's runner converts non-float32 logits the same way
     return logits
