@@ -124,11 +124,14 @@ def test_ours_in_vllm_build_logitsprocs_match_native_under_churn():
         assert c["rows_changed"] > c["steps"], (mode, c)
 
 
-def test_bridged_errors_name_the_processor_and_leave_state_consistent():
+def test_bridged_errors_fail_one_request_closed_and_leave_state_consistent():
+    """A request the worker refuses is failed closed (the engine goes on); a step error that
+    is about no one request still raises, naming the processor, with no table changed."""
     r = run_driver("v1_errors.py")
-    assert r["checked"] == 5
-    assert r["update_error"].startswith("Exploding ")
-    assert r["field_error"].startswith("LogitBias ")
+    assert r["checked"] == 7
+    assert "failed closed" in r["update_error"] and "'boom'" in r["update_error"]
+    assert "logit_bias" in r["field_error"]
+    assert "no table changed" in r["step_error"]
 
 
 def test_vllm_target_holds_no_second_torch():

@@ -96,6 +96,12 @@ def test_churn_driver_catches_a_broken_bridge(vllm_dir, mode):
     assert proc.returncode != 0 and "V2 differs from V1" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_v2_min_p_selects_what_vllms_min_p_selects(vllm_dir):
+    """Against vLLM 0.33.0's own MRV2 temperature and min_p kernels (Triton's interpreter)."""
+    st = result(run(vllm_dir, "v2_min_p.py", 0, 40))
+    assert st["rows"] > 300 and st["tempered_rows"] > 100 and st["masked"] > 1000
+
+
 def test_vllm_loader_with_our_classes(vllm_dir):
     out = result(run(vllm_dir, "v2_loader.py"))
     assert out["loaded"][0] == "AllowedTokenIdsLogitsProcessor"
@@ -111,6 +117,8 @@ def test_vllm_loader_with_our_classes(vllm_dir):
     assert "Expected format" in out["bad_name"]
     assert out["pooling"] == "Pooling models do not support custom logits processors."
     assert "not a processor built on a Pipeline" in out["not_ours"]
+    assert "logit_margin" in out["column_validate"]
+    assert "200 words exceed the per-request cap of 128" in out["cap"]
     assert out["acts_min_p_only"] == ["MinPLogitsProcessor"]
     # min_tokens holds EOS back only when min_tokens is set, but acts_on is conservative
     # about stop ids; no table of ours acts on vLLM's own (ordinary) min_p or penalties.

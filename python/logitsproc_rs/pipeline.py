@@ -29,6 +29,7 @@ from . import kernels as _kernels
 from ._arena import DeviceArena
 from .interface import BatchUpdate, LogitsProcessor
 from .params import (
+    EngineConfig,
     as_engine_config,
     config_cap,
     config_max_num_seqs,
@@ -40,7 +41,8 @@ from .params import (
 BATCH_SIZE, MIN_P_COUNT, LOGIT_BIAS, MIN_TOKENS, BAD_WORDS, ALLOWED, ALLOWED_ROWS = range(7)
 THINKING, PENALTIES, PLACEHOLDERS, ROWS = 7, 8, 9, 10
 ROW_OFFSET = 9  # row-space entries: status[ROW_OFFSET + k] mirrors status[k] for tables 2..7
-COLUMNS = 17
+STEPPING = 17  # some table holds state a step must advance even without a batch change
+COLUMNS = 18
 
 DEFAULT_MAX_LOGIT_BIAS_ENTRIES = 1024
 DEFAULT_MAX_STOP_TOKEN_IDS = 128
@@ -117,16 +119,7 @@ class Pipeline:
         self.stable_slots = stable_slots
         thinking = None
         if "thinking" in tables:
-            reasoning = getattr(vllm_config, "reasoning_config", None)
-            if reasoning is None:
-                raise ValueError(
-                    "ThinkingBudgetLogitsProcessor needs a reasoning config "
-                    "(EngineConfig.reasoning_start_token_ids / reasoning_end_token_ids)"
-                )
-            thinking = (
-                list(reasoning.reasoning_start_token_ids),
-                list(reasoning.reasoning_end_token_ids),
-            )
+            thinking = _reasoning_ids(vllm_config)
         self.columns = list(columns)
 
         def cap(config: Any, name: str, default: int) -> int:
@@ -170,6 +163,7 @@ class Pipeline:
         for i, (name, *_rest) in enumerate(self.arena.sections):
             self._by_name.setdefault(name, []).append(i)
         self.status: list[int] = self.core.status()
+        self.idle = True  # nothing applied, no per-step state (refreshed with the status)
         self._views: list[Any] = []
         # Step protocol: a view has taken part in the current step when its `_pipe_epoch` (or
         # `_all_done`, after a one-call step) equals `_epoch`.
@@ -231,6 +225,7 @@ class Pipeline:
             self.core.step(batch_update, tokens, slots, self.status, True)
             self._resteped = False
             self._pending_restep = bool(self.status[PLACEHOLDERS])
+            self._refresh_idle()
             return
         self.arena.begin_step()
         self.core.step(batch_update, tokens, slots)
@@ -245,6 +240,13 @@ class Pipeline:
         self.arena.mark_step_done()
         self.core.status_into(self.status)
         self._pending_restep = bool(self.status[PLACEHOLDERS])
+        self._refresh_idle()
+
+    def _refresh_idle(self) -> None:
+        s = self.status
+        # Counts of the tables' work (1..9 with placeholders; 11.. row space, the stepping
+        # flag and the columns); 0 and 10 are sizes.
+        self.idle = not (any(s[1:10]) or any(s[11:]))
 
     def update_from_view(self, view: Any, batch_update: BatchUpdate | None) -> None:
         """vLLM's loop: each processor's ``update_state`` in turn. The first call of a step
@@ -322,6 +324,7 @@ class Pipeline:
             self.arena.upload_in_apply()
         self.core.status_into(self.status)
         self._pending_restep = bool(self.status[PLACEHOLDERS])
+        self._refresh_idle()
 
     def _sync_penalties(self, first_upload: bool = True) -> None:
         """Device path: upload with the penalties' first chunk of count ops, then apply the
@@ -458,6 +461,30 @@ class Pipeline:
         for p in processors if processors is not None else self._views:
             logits = p.apply_rows(logits)
         return logits
+
+
+def _reasoning_ids(config: Any) -> tuple[list[int], list[int]]:
+    """The thinking budget's start and end markers, or a ValueError naming where they are set:
+    our ``EngineConfig``'s fields, or vLLM's ``reasoning_config`` (whose token ids stay unset
+    until its strings or its parser give them)."""
+    reasoning = getattr(config, "reasoning_config", None)
+    starts = getattr(reasoning, "reasoning_start_token_ids", None)
+    ends = getattr(reasoning, "reasoning_end_token_ids", None)
+    if starts is not None and ends is not None:
+        return list(starts), list(ends)
+    if isinstance(config, EngineConfig):
+        where = "set EngineConfig.reasoning_start_token_ids and reasoning_end_token_ids"
+    elif reasoning is None:
+        where = (
+            "the engine has no reasoning_config: start vLLM with one (--reasoning-parser, or "
+            "--reasoning-config with reasoning_start_str and reasoning_end_str)"
+        )
+    else:
+        where = (
+            "vLLM's reasoning_config has no reasoning token ids (its reasoning_start_str / "
+            "reasoning_end_str, or its reasoning_parser, must give both)"
+        )
+    raise ValueError(f"ThinkingBudgetLogitsProcessor needs reasoning marker token ids: {where}")
 
 
 def _config_int(read: Any, config: Any, field: str, least: int = 1) -> int:

@@ -1,9 +1,11 @@
 """A bridged processor that raises, inside vLLM 0.25.1's ``build_logitsprocs`` and loop.
 
-- In ``update_state`` (a column reader raising, a bad namespaced field): the exception names
-  the processor whose field failed (whichever bridge ran the step), the request and the field;
-  no table of the shared pipeline changed (the built-ins still match the native path on the old
-  batch), and the engine's next step (the request admitted again, fixed) matches it too.
+- In ``update_state`` (a column reader raising, a bad namespaced field that vLLM's front end
+  would have refused, a token id outside the vocabulary that it cannot): the request is failed
+  closed (its row −inf but its stop tokens, an ERROR naming the request and the field), the
+  other requests match the native path, and the engine's next step (the request admitted
+  again, fixed) matches it too. A failure that is not about one request still raises, naming
+  the processor, and no table changes.
 - In ``apply`` (a transform raising): the exception names the processor; once the request is
   gone the next step works.
 - ``validate_params`` (vLLM's front-end check) refuses the same bad fields up front.
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -124,22 +127,63 @@ for i in range(len(good)):
 step(list(enumerate(good)), size=4)
 compare(4)
 
-# 1. A column reader raises in update_state: named, nothing changed, the retry matches.
-msg = expect(
-    ValueError, lambda: step([(4, pair({"min_p": 0.1}, boom_update=True))], size=5),
-    "Exploding", "request at index 4", "'boom'",
-)  # fmt: skip
-compare(4)  # the batch as before the rejected step, in every table
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+records = Records()
+logging.getLogger("logitsproc_rs").addHandler(records)
+
+
+def compare_forced(n: int, refused: set[int], token: int = 0) -> None:
+    """The native path (given the refused requests as neutral) on every other row; a refused
+    row is −inf but its stop token (here the config's fallback, 0: no EOS, no stop ids)."""
+    global checked
+    logits = torch.randn(n, V, generator=gen)
+    a = apply_all(theirs, logits.clone())
+    b = apply_all(native, logits.clone())
+    keep = [r for r in range(n) if r not in refused]
+    assert torch.equal(a[keep], b[keep]), (a, b)
+    for r in refused:
+        want = torch.full((V,), float("-inf"))
+        want[token] = 0.0
+        assert torch.equal(a[r], want), a[r]
+    checked += 1
+
+
+# 1. A column reader raises in update_state: failed closed, named in the log.
+step([(4, (pair({"min_p": 0.1}, boom_update=True)[0], pair()[1]))], size=5)
+compare_forced(5, {4})
+msg = records.messages[-1]
+for w in ("request at index 4", "'boom'", "failed closed"):
+    assert w in msg, (w, msg)
 step([(4, pair({"min_p": 0.1}))], size=5)  # the engine admits it again, fixed
 compare(5)
 
-# 2. A bad namespaced field: named after the processor that reads it.
+# 2. A bad namespaced field (that vLLM's front end refuses) and a token id outside the
+# vocabulary (that it cannot know): failed closed, named, the rest goes on.
 nan_bias = VllmSamplingParams(extra_args={v1.NAMESPACE: {"logit_bias": {3: float("nan")}}})
-msg2 = expect(
-    ValueError, lambda: step([(5, (nan_bias, None))], size=6),  # vLLM's loop raises first
-    "LogitBias", "request at index 5", "logit_bias",
-)  # fmt: skip
-step([(5, pair({"logit_bias": {3: 1.0}}))], size=6)
+far_bias = VllmSamplingParams(extra_args={v1.NAMESPACE: {"logit_bias": {V + 3: 1.0}}})
+step([(5, (nan_bias, pair()[1])), (6, (far_bias, pair()[1]))], size=7)
+compare_forced(7, {5, 6})
+msg2 = "\n".join(records.messages[-2:])
+for w in ("request at index 5", "request at index 6", "logit_bias", f"token id {V + 3}"):
+    assert w in msg2, (w, msg2)
+v1.LogitBias.validate_params(far_bias)  # the front end cannot know the vocabulary
+step([(5, pair({"logit_bias": {3: 1.0}}))], removed=(6,), size=6)
+compare(6)
+
+# 2b. A failure that is not one request's still raises, naming the processor; no table changed.
+too_big = BatchUpdate(99, [], [], [])
+msg3 = expect(
+    ValueError, lambda: bridges[0].update_state(too_big), "update_state", "no table changed"
+)
 compare(6)
 
 # 3. apply raises: named; after the request leaves, the next step works.
@@ -156,4 +200,4 @@ typo = VllmSamplingParams(extra_args={v1.NAMESPACE: {"min_pp": 0.1}})
 expect(ValueError, lambda: v1.LogitBias.validate_params(typo), "min_pp")
 v1.MinP.validate_params(good[0][0])
 
-result(checked=checked, update_error=msg, field_error=msg2)
+result(checked=checked, update_error=msg, field_error=msg2, step_error=msg3)

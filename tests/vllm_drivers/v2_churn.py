@@ -25,6 +25,7 @@ Every row of every step must equal the V1 row of its request, exactly. Prints on
 
 from __future__ import annotations
 
+import logging
 import random
 import sys
 from typing import Any
@@ -134,7 +135,7 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
         rows = sim.batch.rows()
         v1.update_state(update)
         logits = random_logits(rng, g, len(rows), vocab)
-        want = phases(v1, logits)[1]
+        want = tempered_phases(v1, logits, [r.params.temperature for r in rows])
 
         # MRV2: finished requests free their slots (no processor call), the last step's
         # tokens are committed, new (and resumed) requests are added, staged writes flushed.
@@ -183,8 +184,39 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
     h.report(stats)
 
 
+def tempered_phases(v1: Any, logits: torch.Tensor, temps: list[float]) -> torch.Tensor:
+    """What MRV2 should see from the processors: V1's phases, but MinP selects on the logits
+    after temperature (MRV2 divides after the custom processors; V1, and vLLM's own min_p,
+    select after it), masking the raw logits."""
+    x = phases(v1, logits)[0]
+    t = torch.tensor(temps, dtype=torch.float32)[:, None]
+    for p in v1.argmax_invariant:
+        if type(p).__name__ != "MinPLogitsProcessor":
+            x = p.apply(x)
+            continue
+        scaled = torch.where((t == 0.0) | (t == 1.0), x, x / t)
+        kept = p.apply(scaled.clone())
+        x = x.masked_fill(kept.isneginf() & ~scaled.isneginf(), float("-inf"))
+    return x
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+RECORDS = Records()
+logging.getLogger("logitsproc_rs").addHandler(RECORDS)
+
+
 def bad_request(rs: Any, procs: list[Any], needs: Any, vocab: int, rng: random.Random) -> None:
-    """MRV2 only: a request rejected in add_request; the engine frees its slot again."""
+    """MRV2 only: a request refused in add_request is failed closed (raising would stop the
+    engine): named in an ERROR, it acts (its row is forced to its stop tokens), and no table
+    holds its fields. The engine frees its slot again (a later add overwrites it)."""
     if rng.random() < 0.5:
         sp, owner, field = SamplingParams(extra_args={"boom": True}), "Boost", "'boost'"
         sp.min_p, sp.repetition_penalty = 0.2, 1.5  # fields of tables that must stay unset
@@ -192,13 +224,14 @@ def bad_request(rs: Any, procs: list[Any], needs: Any, vocab: int, rng: random.R
         sp = SamplingParams(logit_bias={vocab + 3: 1.0}, min_tokens=2)
         owner, field = "LogitBiasLogitsProcessor", "'logit_bias'"
     slot = rs.add_request([1, 2, 3], [])
-    try:
-        h.add_to_sampler(procs, needs, slot, h.v2_params(sp))
-        raise AssertionError("a bad request was accepted")
-    except ValueError as e:
-        msg = str(e)
-        assert msg.startswith(f"{owner}.add_request(req_idx={slot})"), msg
-        assert f"request at index {slot}" in msg and field in msg, msg
+    before = len(RECORDS.messages)
+    h.add_to_sampler(procs, needs, slot, h.v2_params(sp))
+    assert needs[slot], "a failed-closed request must be applied (its row is forced)"
+    assert len(RECORDS.messages) == before + 1, RECORDS.messages[before:]
+    msg = RECORDS.messages[-1]
+    assert msg.startswith(f"{owner}.add_request(req_idx={slot}) failed closed"), msg
+    assert f"request at index {slot}" in msg and field in msg, msg
+    assert procs[0]._group.forced.rows[slot] == [sp.eos_token_id or 0]
     needs[slot] = False
     rs.remove_request(slot)
 

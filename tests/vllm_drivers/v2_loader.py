@@ -4,6 +4,9 @@ a subprocess)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import torch
 import v2_harness as h
@@ -48,7 +51,7 @@ def main() -> None:
     out["pooling"] = expect(
         ValueError, h.build_custom_logits_processors, cfg, rs, True, [f"{V2}:ALL"]
     )
-    out["not_ours"] = expect(TypeError, v2.bridge, SamplingParams)
+    out["not_ours"] = expect(ValueError, v2.bridge, SamplingParams)
 
     # The front end's validator loads the same classes and runs their validate_params.
     validate = build_custom_logits_processors_params_validator(names)
@@ -60,6 +63,23 @@ def main() -> None:
     )
     out["unknown_namespace"] = expect(
         Exception, validate, SamplingParams(extra_args={"logitsproc_rs": {"top_k": 2}})
+    )
+
+    # A column processor's own validate_params runs there too (as under V1), and the caps.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    from logit_margin import LogitMarginLogitsProcessor
+
+    with_margin = build_custom_logits_processors_params_validator(
+        [*names, v2.bridge(LogitMarginLogitsProcessor, name="LogitMargin")]
+    )
+    with_margin(SamplingParams(extra_args={"logit_margin": 2.0}))
+    out["column_validate"] = expect(
+        Exception, with_margin, SamplingParams(extra_args={"logit_margin": -1.0})
+    )
+    out["cap"] = expect(
+        Exception,
+        validate,
+        SamplingParams(extra_args={"logitsproc_rs": {"bad_words_token_ids": [[5]] * 200}}),
     )
 
     # A request acted on by some processors only: each says whether it acts.

@@ -26,15 +26,19 @@ Importing this module imports vLLM.
 
 from __future__ import annotations
 
+import copyreg
 import re
+import sys
+from abc import ABCMeta
 from typing import Any
 
 import torch
 from vllm.v1.sample.logits_processor import LogitsProcessor as VllmLogitsProcessor
 
 from .. import builtin
-from ..interface import BatchUpdate
+from ..interface import BatchUpdate, process_dict_updates
 from ..pipeline import Pipeline, PipelineView, _update_signature
+from . import _guard
 from ._fields import FIELD_TABLE, NAMESPACE, Routed, routed_params
 
 # Groups still being built, by (config, device, namespace): vLLM builds each class on its own,
@@ -44,7 +48,11 @@ _OPEN: dict[tuple[int, str, str | None], _Group] = {}
 
 
 class _Group:
-    """The bridges built with one config on one device (and one namespace): one pipeline."""
+    """The bridges built with one config on one device (and one namespace): one pipeline.
+
+    Besides the pipeline it follows, by batch index, the rows of failed-closed requests
+    (``_guard``) and of structured-output requests under our min_tokens (whose stop tokens
+    come back when masking them would leave the grammar nothing, as vLLM >= 0.32 does)."""
 
     def __init__(self, key: tuple[int, str, str | None], config: Any, device: Any, pin: bool):
         self.key = key
@@ -53,9 +61,14 @@ class _Group:
         self.pipeline: Pipeline | None = None
         self.started = False
         self.routes = False
-        self._source: Any = None
-        self._source_sig: Any = None
-        self._converted: Any = None
+        self.eos = _guard.model_eos(config)
+        self.forced = _guard.ForcedRows()
+        # row -> (min_tokens, output list, stop ids) of structured-output rows under min_tokens
+        self.structured: dict[int, tuple[int, Any, list[int]]] = {}
+        # Idle: no table or column has work and no row is forced. Then a step without a
+        # batch update does nothing and only the first apply of a step checks the logits.
+        self.idle = False
+        self.checked: Any = None  # the logits the first idle apply of this step checked
 
     @classmethod
     def join(cls, member: _Bridge, config: Any, device: Any, pin: bool) -> _Group:
@@ -95,27 +108,147 @@ class _Group:
             if _OPEN.get(self.key) is self:
                 del _OPEN[self.key]
 
-    def convert(self, update: Any) -> Any:
-        """The update our pipeline reads: in namespace mode each added request's parameters
-        are routed; one converted object per update, shared by every member of the step."""
+    # --- update_state -----------------------------------------------------------------------
+
+    def update(self, member: _Bridge, update: Any) -> None:
+        """One member's ``update_state``. The first of a step runs it for all; a request the
+        core refuses (only what the front end could not check gets here) is failed closed
+        and the step is run again without it. The others join with the same converted
+        update."""
         self.start()
         self.ensure()
-        if not self.routes or update is None:
+        key = None if update is None else (id(update), _update_signature(update))
+        joining = key is not None and key == self._step_key
+        refused = self._refused if joining else {}
+        while True:
+            try:
+                # Routing checks the namespace: its errors name the request too.
+                converted = self.convert(update, refused)
+                member._built_view.update_state(converted)
+                break
+            except ValueError as e:
+                index = None
+                if update is not None and not joining:
+                    index = _guard.refused_index(e, [i for i, *_ in update.added])
+                if index is None or index in refused:
+                    owner = self.owner(e) or type(member).__name__
+                    raise ValueError(
+                        f"{owner} (logitsproc_rs.vllm.v1, step run by {type(member).__name__}."
+                        f"update_state; no table changed): {e}"
+                    ) from e
+                refused[index] = e
+        if update is not None and not joining:
+            self._step_key, self._refused = key, refused
+            self.follow(update, converted, refused)
+        elif update is None:
+            self._step_key = None
+        pipe = self.pipeline
+        assert pipe is not None
+        self.idle = pipe.idle and not self.forced
+        self.checked = None
+
+    _step_key: Any = None
+    _refused: dict[int, Exception] = {}  # noqa: RUF012 (replaced, never mutated)
+
+    def convert(self, update: Any, refused: dict[int, Exception]) -> Any:
+        """The update our pipeline reads: in namespace mode each added request's parameters
+        are routed, and a refused request is neutral. One converted object per update and
+        refusal set, shared by every member of the step."""
+        if update is None or not (self.routes or refused):
             return update
-        sig = _update_signature(update)
-        if update is self._source and sig == self._source_sig:
+        key = (id(update), _update_signature(update), tuple(refused))
+        if key == self._key:
             return self._converted
         namespace = type(self.members[0]).NAMESPACE
-        assert namespace is not None
-        added = [
-            (i, Routed(sp, routed_params(i, sp, namespace)), prompt, out)
-            for i, sp, prompt, out in update.added
-        ]
+        added = []
+        for i, sp, prompt, out in update.added:
+            if i in refused:
+                params: Any = _guard.Refused(sp)
+            elif self.routes:
+                assert namespace is not None
+                params = Routed(sp, routed_params(i, sp, namespace))
+            else:
+                params = sp
+            added.append((i, params, prompt, out))
         self._converted = BatchUpdate(
             batch_size=update.batch_size, removed=update.removed, added=added, moved=update.moved
         )
-        self._source, self._source_sig = update, sig
+        self._key = key
         return self._converted
+
+    _key: Any = None
+    _converted: Any = None
+
+    def follow(self, update: Any, converted_update: Any, refused: dict[int, Exception]) -> None:
+        """The forced and structured rows through this step's update (vLLM's dict rules)."""
+        assert self.pipeline is not None
+        vocab = self.pipeline.vocab_size
+        converted = {i: p for i, p, _, _ in converted_update.added}
+
+        def forced(params: Any, _prompt: Any, _out: Any) -> Any:
+            return params if isinstance(params, list) else None
+
+        def structured(params: Any, _prompt: Any, out: Any) -> Any:
+            return params if isinstance(params, tuple) else None
+
+        forced_added, structured_added = [], []
+        for i, sp, prompt, out in update.added:
+            tokens = None
+            if i in refused:
+                tokens = _guard.forced_tokens(sp, vocab, self.eos)
+                _guard.log_refused(f"request at index {i}", refused[i], tokens)
+            forced_added.append((i, tokens, prompt, out))
+            ours = converted.get(i, sp)
+            entry = None
+            min_tokens = getattr(ours, "min_tokens", 0) or 0
+            if (
+                tokens is None
+                and min_tokens
+                and getattr(sp, "structured_outputs", None) is not None
+                and "min_tokens" in self.pipeline.tables
+            ):
+                entry = (min_tokens, out, sorted(getattr(ours, "all_stop_token_ids", ()) or ()))
+            structured_added.append((i, entry, prompt, out))
+        moves = (update.removed, update.moved)
+        if process_dict_updates(
+            self.forced.rows, _Moves(update.batch_size, forced_added, *moves), forced
+        ):
+            self.forced.changed()
+        process_dict_updates(
+            self.structured, _Moves(update.batch_size, structured_added, *moves), structured
+        )
+
+    # --- apply ------------------------------------------------------------------------------
+
+    def apply(self, member: _Bridge, logits: torch.Tensor) -> torch.Tensor:
+        self.start()
+        view = member._view
+        if self.structured and "min_tokens" in view.TABLES:
+            return self._apply_keeping_grammar(view, logits)
+        logits = view.apply(logits)
+        if self.forced:
+            logits = self.forced.apply_(logits)
+        return logits
+
+    def _apply_keeping_grammar(self, view: PipelineView, logits: torch.Tensor) -> torch.Tensor:
+        """MinTokens on structured-output rows (vLLM >= 0.32): a row that masking its stop
+        tokens leaves all −inf (the grammar allowed only those) gets their finite logits
+        back, so the grammar can end. vLLM 0.25.1 left the row −inf (an engine error)."""
+        live = [(r, e) for r, e in sorted(self.structured.items()) if len(e[1]) < e[0]]
+        if not live:
+            return view.apply(logits)
+        rows = [r for r, (_, _, stops) in live for _ in stops]
+        toks = [t for _, (_, _, stops) in live for t in stops]
+        dev = logits.device
+        rows_t = torch.tensor(rows, dtype=torch.int64, device=dev)
+        toks_t = torch.tensor(toks, dtype=torch.int64, device=dev)
+        saved = logits[rows_t, toks_t]  # a copy: survives the masking
+        logits = view.apply(logits)
+        dead = torch.isneginf(logits[rows_t]).all(dim=-1) & torch.isfinite(saved)
+        logits[rows_t[dead], toks_t[dead]] = saved[dead]
+        if self.forced:
+            logits = self.forced.apply_(logits)
+        return logits
 
     def owner(self, error: ValueError) -> str | None:
         """The member whose field or column a core error names."""
@@ -133,7 +266,35 @@ class _Group:
         return None
 
 
-class _Bridge(VllmLogitsProcessor):
+class _Moves:
+    """A batch update with other ``added`` entries (for ``process_dict_updates``)."""
+
+    __slots__ = ("added", "batch_size", "moved", "removed")
+
+    def __init__(self, batch_size: int, added: list, removed: Any, moved: Any) -> None:
+        self.batch_size, self.added, self.removed, self.moved = batch_size, added, removed, moved
+
+    def __bool__(self) -> bool:
+        return True
+
+
+class _BridgeType(ABCMeta):
+    """The metaclass of bridged classes: pickled by reference when importable by name, else
+    as a call to ``bridge`` (``LLM(logits_processors=[bridge(MyColumns)])`` sends the class
+    to the engine's processes)."""
+
+
+def _reduce_bridge(cls: type) -> Any:
+    module = sys.modules.get(cls.__module__)
+    if module is not None and getattr(module, cls.__qualname__, None) is cls:
+        return cls.__qualname__  # importable: by reference, as any class
+    return (bridge, (cls.VIEW, cls.NAMESPACE, cls.__name__, cls.__module__))  # type: ignore[attr-defined]
+
+
+copyreg.pickle(_BridgeType, _reduce_bridge)
+
+
+class _Bridge(VllmLogitsProcessor, metaclass=_BridgeType):
     """A view of ours on the group's pipeline, speaking vLLM's interface."""
 
     VIEW: type[PipelineView]
@@ -143,9 +304,12 @@ class _Bridge(VllmLogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        """vLLM's front-end check: the namespace's fields, then the processor's own."""
+        """vLLM's front-end check: the namespace's fields and their caps, then the
+        processor's own. Token ids against the vocabulary are checked in the worker (vLLM
+        gives this check no vocabulary), which fails such a request closed."""
         if cls.NAMESPACE and cls.VIEW.TABLES:
-            routed_params(None, sampling_params, cls.NAMESPACE)
+            ours = routed_params(None, sampling_params, cls.NAMESPACE)
+            _guard.check_caps("request", ours, sampling_params, cls.VIEW.TABLES)
         cls.VIEW.validate_params(sampling_params)
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
@@ -166,20 +330,23 @@ class _Bridge(VllmLogitsProcessor):
 
     def update_state(self, batch_update: Any) -> None:
         group = self._group
-        try:
-            self._view.update_state(group.convert(batch_update))
-        except ValueError as e:
-            # The first member of a step runs it for all: name the one whose field failed.
-            owner = group.owner(e) or type(self).__name__
-            raise ValueError(
-                f"{owner} (logitsproc_rs.vllm.v1, step run by {type(self).__name__}."
-                f"update_state; no table changed): {e}"
-            ) from e
+        if batch_update is None and group.idle:
+            return  # nothing to advance, nothing changed
+        group.update(self, batch_update)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        self._group.start()
+        group = self._group
+        if group.idle:
+            if logits is group.checked:
+                return logits  # the first member checked these logits this step
+            try:
+                logits = self._built_view.pipeline.check_logits(self, logits, False)
+            except ValueError as e:
+                raise ValueError(f"{type(self).__name__}.apply (logitsproc_rs.vllm.v1): {e}") from e
+            group.checked = logits
+            return logits
         try:
-            return self._view.apply(logits)
+            return group.apply(self, logits)
         except ValueError as e:
             raise ValueError(f"{type(self).__name__}.apply (logitsproc_rs.vllm.v1): {e}") from e
         except Exception as e:
@@ -189,26 +356,32 @@ class _Bridge(VllmLogitsProcessor):
 
 
 def bridge(
-    cls: type[PipelineView], namespace: str | None = NAMESPACE, name: str | None = None
+    cls: type[PipelineView],
+    namespace: str | None = NAMESPACE,
+    name: str | None = None,
+    module: str | None = None,
 ) -> type[VllmLogitsProcessor]:
     """``cls`` (a ``ColumnLogitsProcessor`` subclass, or one of our built-ins) as a subclass of
-    vLLM's ``LogitsProcessor``. Bind the result to a module-level name to load it by FQCN:
-    ``LogitMargin = bridge(LogitMarginLogitsProcessor)`` → ``mymodule:LogitMargin``.
+    vLLM's ``LogitsProcessor``. Pass the class itself (``LLM(logits_processors=[bridge(C)])``:
+    it pickles as this call), or bind it to a module-level name and load it by FQCN:
+    ``LogitMargin = bridge(LogitMarginLogitsProcessor, name="LogitMargin",
+    module=__name__)`` → ``"mymodule:LogitMargin"``.
 
     ``namespace``: where built-in tables read their fields (see the module docstring); ``None``
-    reads the request's ordinary fields. Column readers always get the request itself."""
+    reads the request's ordinary fields. Column readers always get the request itself.
+    ``name`` and ``module``: the class's own (default: ``cls``'s)."""
     if not (isinstance(cls, type) and issubclass(cls, PipelineView)):
         raise ValueError(
             f"bridge: {cls!r} is not a ColumnLogitsProcessor subclass or a built-in processor"
         )
     name = name or cls.__name__
-    return type(
+    return _BridgeType(
         name,
         (_Bridge,),
         {
             "VIEW": cls,
             "NAMESPACE": namespace,
-            "__module__": cls.__module__,
+            "__module__": module or cls.__module__,
             "__qualname__": name,
             "__doc__": f"{cls.__name__} as a vLLM V1 logits processor (logitsproc_rs).",
         },
@@ -216,9 +389,7 @@ def bridge(
 
 
 def _ours(cls: type[PipelineView], name: str) -> type[VllmLogitsProcessor]:
-    bridged = bridge(cls, name=name)
-    bridged.__module__ = __name__
-    return bridged
+    return bridge(cls, name=name, module=__name__)
 
 
 MinP = _ours(builtin.MinPLogitsProcessor, "MinP")

@@ -54,7 +54,8 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 from .. import builtin
 from ..columns import ColumnLogitsProcessor
 from ..params import config_spec_tokens
-from ..pipeline import Pipeline, PipelineView
+from ..pipeline import MIN_P_COUNT, Pipeline, PipelineView
+from . import _guard
 from ._fields import FIELD_TABLE, NAMESPACE, Routed, routed_params
 
 # Which sampling-params fields each built-in table reads (the inverse of ``FIELD_TABLE``): a
@@ -106,6 +107,12 @@ class _Group:
         self.last_slots: list[int] = []  # the last batch: who may have committed tokens
         self.snapshot: Any = None  # what prefetch read: (row of each slot, starts, host, event)
         self.ctx: Any = None
+        self.eos = _guard.model_eos(vllm_config)
+        self.forced = _guard.ForcedRows()  # failed-closed requests, by slot
+        # Each slot's temperature: MRV2 applies it after the custom processors, so MinP
+        # reads it to select what vLLM's own min_p selects (after temperature).
+        self.temperature = np.ones(int(req_states.max_num_reqs), dtype=np.float32)
+        self.row_slots: Any = None  # this step's slot of each logits row, on the host
 
     def build(self) -> Pipeline:
         if self.pipeline is not None:
@@ -126,6 +133,8 @@ class _Group:
         )
         for m in self.members:
             m._inner = m.INNER(config, device, device.type == "cuda", pipeline=pipe)
+            if isinstance(m._inner, _TemperedMinP):
+                m._inner.group = self
         self.reads_history = bool(tables & _HISTORY_TABLES)
         self.pipeline = pipe
         if _GROUPS.get(rs.all_token_ids) is self:
@@ -159,15 +168,22 @@ class _Group:
             return pending[1]
         self.pending.pop(slot, None)
         self.known[slot] = -1
+        if self.forced.rows.pop(slot, None) is not None:
+            self.forced.changed()
+        self.temperature[slot] = _temperature(params)
         try:
             # Checked now for every table; installed with its tokens by apply_staged_writes.
             routed = self.route(slot, params)
             pipe.add_request(slot, routed, None, [])
         except ValueError as e:
-            pipe.remove_request(slot)  # the slot must not keep its previous occupant
-            raise ValueError(
-                f"{self.owner(str(e), member)}.add_request(req_idx={slot}): {e}"
-            ) from e
+            # Raising would stop MRV2's engine: the request is failed closed (_guard).
+            routed = _guard.Refused(params)
+            pipe.add_request(slot, routed, None, [])  # neutral: replaces the previous occupant
+            tokens = _guard.forced_tokens(params, pipe.vocab_size, self.eos)
+            self.forced.rows[slot] = tokens
+            self.forced.changed()
+            what = f"{self.owner(str(e), member)}.add_request(req_idx={slot})"
+            _guard.log_refused(what, e, tokens)
         self.pending[slot] = (params, routed, {id(member)})
         return routed
 
@@ -262,8 +278,10 @@ class _Group:
         slots_np = np.asarray(ctx.idx_mapping_np, dtype=np.int64)
         if logits.shape[0] == slots_np.shape[0]:
             row_to_slot: Any = slots_np  # one row per request, in batch order: no copy needed
+            self.row_slots = slots_np
         else:
             row_to_slot = ctx.expanded_idx_mapping  # draft rows: the layout is on the device
+            self.row_slots = None  # read from the device only if a row needs it
         tokens, feed_slots, known = self.committed(slots_np)
         pipe.step_slots(row_to_slot, tokens, feed_slots)
         if known is not None:
@@ -272,6 +290,21 @@ class _Group:
         self.last_slots = slots_np.tolist()
         self.fresh.clear()
         self.snapshot = None
+
+    def host_row_slots(self) -> Any:
+        """This step's slot of each logits row, as a host list (draft rows: one copy)."""
+        if self.row_slots is None:
+            self.row_slots = np.asarray(self.ctx.expanded_idx_mapping.cpu(), dtype=np.int64)
+        return self.row_slots.tolist() if isinstance(self.row_slots, np.ndarray) else self.row_slots
+
+    def temperatures(self, rows: int) -> np.ndarray | None:
+        """Each logits row's temperature when some row's is neither 0 nor 1 (MRV2 divides
+        those rows after the custom processors), else ``None``."""
+        slots = np.asarray(self.host_row_slots()[:rows], dtype=np.int64)
+        t = self.temperature[slots]
+        if np.all((t == 0.0) | (t == 1.0)):
+            return None
+        return t
 
     def committed(self, slots: np.ndarray) -> tuple[Any, Any, Any]:
         """Tokens the batch's requests committed since we last looked,
@@ -323,9 +356,13 @@ class _Bridge(_V2LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        """vLLM's front-end check: the namespace's fields (their ranges need no vocab)."""
+        """vLLM's front-end check: the namespace's fields and their caps, then the
+        processor's own (as in ``v1``). Token ids against the vocabulary are checked at
+        ``add_request``, which fails such a request closed."""
         if cls.NAMESPACE and cls.INNER.TABLES:
-            routed_params(None, sampling_params, cls.NAMESPACE)
+            ours = routed_params(None, sampling_params, cls.NAMESPACE)
+            _guard.check_caps("request", ours, sampling_params, cls.INNER.TABLES)
+        cls.INNER.validate_params(sampling_params)
 
     def __init__(self, vllm_config: Any, req_states: Any) -> None:
         group = _GROUPS.get(req_states.all_token_ids)
@@ -340,7 +377,8 @@ class _Bridge(_V2LogitsProcessor):
         return self._group.build()
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
-        return self.acts_on(self._group.add(self, req_idx, sampling_params))
+        routed = self._group.add(self, req_idx, sampling_params)
+        return isinstance(routed, _guard.Refused) or self.acts_on(routed)
 
     def acts_on(self, sp: Any) -> bool:
         """Whether this processor may change a request's logits (MRV2 skips ``apply`` for
@@ -359,12 +397,21 @@ class _Bridge(_V2LogitsProcessor):
             group.step(logits, ctx)
         assert self._inner is not None
         try:
-            return self._inner.apply_rows(logits)
+            logits = self._inner.apply_rows(logits)
         except Exception as e:
             if isinstance(self._inner, ColumnLogitsProcessor):
                 # A custom transform's failure, named (the pipeline is unaffected).
                 raise RuntimeError(f"{type(self).__name__}.apply raised {e!r}") from e
             raise
+        if group.forced:
+            logits = group.forced.apply_(logits, group.host_row_slots())
+        return logits
+
+
+def _temperature(params: Any) -> float:
+    """The request's temperature as MRV2 stores it (float32; greedy is 0)."""
+    t = getattr(params, "temperature", 1.0)
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 1.0
 
 
 def _set(field: str, value: Any) -> bool:
@@ -387,14 +434,40 @@ def bridge(
     where built-in tables read their fields (module docstring); ``None``: the ordinary ones.
     The processors of one runner must agree on it."""
     if not (isinstance(cls, type) and issubclass(cls, PipelineView)):
-        raise TypeError(f"{cls!r} is not a processor built on a Pipeline (a PipelineView)")
+        raise ValueError(f"{cls!r} is not a processor built on a Pipeline (a PipelineView)")
+    name = name or cls.__name__
+    if cls is builtin.MinPLogitsProcessor:
+        cls = _TemperedMinP  # MRV2 applies temperature after the custom processors
     attrs = {
         "INNER": cls,
         "NAMESPACE": namespace,
         "__module__": module or cls.__module__,
         "__doc__": cls.__doc__,
     }
-    return type(name or cls.__name__, (_Bridge,), attrs)
+    return type(name, (_Bridge,), attrs)
+
+
+class _TemperedMinP(builtin.MinPLogitsProcessor):
+    """MinP as MRV2's own selects: MRV2 runs custom processors before temperature and its
+    min_p after, so the rows whose temperature is neither 0 nor 1 are compared on
+    ``logits / temperature`` (the same float32 division as MRV2's temperature kernel)
+    against ``max + log(min_p)``, and the raw logits are masked (temperature comes later)."""
+
+    group: _Group | None = None
+
+    def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
+        pipe = self._pipe
+        group = self.group
+        if not pipe.status[MIN_P_COUNT] or group is None or not rowspace:
+            return super()._apply(logits, rowspace)
+        temps = group.temperatures(logits.shape[0])
+        if temps is None:
+            return super()._apply(logits, rowspace)
+        t = torch.from_numpy(temps).to(logits.device)[:, None]
+        scaled = torch.where((t == 0.0) | (t == 1.0), logits, logits / t)
+        log_min_p = pipe.dense("min_p.log_min_p", logits.shape[0], rowspace)
+        threshold = scaled.amax(dim=-1, keepdim=True).add_(log_min_p)
+        return logits.masked_fill_(scaled < threshold, float("-inf"))
 
 
 MinPLogitsProcessor = bridge(builtin.MinPLogitsProcessor, module=__name__)

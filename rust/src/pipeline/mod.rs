@@ -799,6 +799,7 @@ impl<S: HistorySource> Pipeline<S> {
             row_allowed_rows: rows
                 .map_or(0, |r| padded_rows(r.allowed_rows_len, r.allowed_rows.len())),
             row_thinking: padded(rows.map(|r| &r.thinking)),
+            stepping: self.any_active(),
             columns_active: t.columns.iter().map(Column::active).collect(),
         }
     }
@@ -829,6 +830,10 @@ pub struct Status {
     pub row_allowed: usize,
     pub row_allowed_rows: usize,
     pub row_thinking: usize,
+    /// Whether some table holds state that a step must advance even without a batch change
+    /// (min-tokens lengths, penalties counts, bad-word prefixes, thinking budgets). When it is
+    /// false and nothing is applied, a step without an update has nothing to do.
+    pub stepping: bool,
     pub columns_active: Vec<usize>,
 }
 

@@ -117,6 +117,7 @@ impl Pipeline {
             s.row_allowed,
             s.row_allowed_rows,
             s.row_thinking,
+            usize::from(s.stepping),
         ];
         out.extend(s.columns_active);
         out

@@ -1,0 +1,167 @@
+"""No request stops the engine: what the bridges check at vLLM's front end, and how a request
+that only the worker can refuse is failed closed. Shared by ``v1`` and ``v2``; imports no vLLM.
+
+**At the front end** (``validate_params``, which vLLM calls with the request alone) everything
+that needs no vocabulary is checked: types, ranges, unknown fields, and the per-request caps
+(vLLM engines always get the default caps, ``params.config_cap``).
+
+**In the worker**, a token id outside the vocabulary (which ``validate_params`` cannot know) is
+refused there. Raising would kill vLLM's engine with every request in flight, and dropping the
+request's fields would sample it unconstrained, so the request is *failed closed*: our tables
+read it as neutral, and every step its logits row is −inf except its stop tokens (its
+``all_stop_token_ids``: EOS and its ``stop_token_ids``; the model's EOS when it has none),
+which get 0. It ends at its next token with ``finish_reason="stop"`` (when vLLM's own
+``min_tokens`` or ``ignore_eos`` keep it going, it emits only stop tokens), and the reason is
+logged at ERROR on the ``logitsproc_rs`` logger, naming the request and the field.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ..params import SamplingParams
+from ..pipeline import (
+    DEFAULT_MAX_ALLOWED_TOKEN_IDS,
+    DEFAULT_MAX_BAD_WORD_LEN,
+    DEFAULT_MAX_BAD_WORDS,
+    DEFAULT_MAX_LOGIT_BIAS_ENTRIES,
+    DEFAULT_MAX_STOP_TOKEN_IDS,
+)
+from ._fields import FIELD_TABLE
+
+logger = logging.getLogger("logitsproc_rs")
+
+_NEUTRAL = SamplingParams(max_tokens=None)
+# The core's errors about one request: "request at index 3: field 'logit_bias': ...".
+_REQUEST_ERROR = re.compile(r"request at index (\d+): ")
+
+
+def check_caps(where: str, ours: SamplingParams, request: Any, tables: Iterable[str]) -> None:
+    """The per-request caps of ``tables``, at the front end (``ValueError`` naming the field).
+    The min-tokens count is what the worker's table holds: the stop ids the request names
+    (its own and the namespace's) plus EOS."""
+    tables = set(tables)
+    field = "extra_args['logitsproc_rs']"
+
+    def over(name: str, count: int, cap: int, what: str = "entries") -> None:
+        if count > cap:
+            raise ValueError(
+                f"{where}: field '{field}[{name!r}]': {count} {what} exceed the per-request "
+                f"cap of {cap}"
+            )
+
+    if "logit_bias" in tables and ours.logit_bias:
+        over("logit_bias", len(ours.logit_bias), DEFAULT_MAX_LOGIT_BIAS_ENTRIES)
+    if "min_tokens" in tables and ours.min_tokens:
+        named = set(ours.stop_token_ids or ()) | set(getattr(request, "stop_token_ids", None) or ())
+        over("stop_token_ids", len(named) + 1, DEFAULT_MAX_STOP_TOKEN_IDS, "stop ids (with EOS)")
+    if "bad_words" in tables and ours.bad_words_token_ids:
+        words = ours.bad_words_token_ids
+        over("bad_words_token_ids", len(words), DEFAULT_MAX_BAD_WORDS, "words")
+        over(
+            "bad_words_token_ids",
+            max(map(len, words)),
+            DEFAULT_MAX_BAD_WORD_LEN,
+            "tokens in a word",
+        )
+    if "allowed" in tables and ours.allowed_token_ids:
+        over("allowed_token_ids", len(set(ours.allowed_token_ids)), DEFAULT_MAX_ALLOWED_TOKEN_IDS)
+
+
+def refused_index(error: ValueError, candidates: Iterable[int]) -> int | None:
+    """The request (one of ``candidates``, the step's added indices or slots) that a core
+    error is about, or ``None`` when it is about something else."""
+    m = _REQUEST_ERROR.search(str(error))
+    if m is None:
+        return None
+    index = int(m.group(1))
+    return index if index in set(candidates) else None
+
+
+class Refused:
+    """A request failed closed, as our tables and columns read it: neutral everywhere (no
+    built-in field, no ``extra_args``); everything else from the request."""
+
+    __slots__ = ("_request",)
+
+    all_stop_token_ids: frozenset[int] = frozenset()
+    extra_args = None
+
+    def __init__(self, request: Any) -> None:
+        self._request = request
+
+    def __getattr__(self, name: str) -> Any:
+        if name in FIELD_TABLE:
+            return getattr(_NEUTRAL, name)
+        return getattr(self._request, name)
+
+
+def model_eos(vllm_config: Any) -> int:
+    """The model's EOS id from vLLM's config (its first, when it lists several); 0 without."""
+    hf = getattr(getattr(vllm_config, "model_config", None), "hf_text_config", None)
+    eos = getattr(hf, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return eos if isinstance(eos, int) and eos >= 0 else 0
+
+
+def forced_tokens(request: Any, vocab_size: int, eos: int) -> list[int]:
+    """What a failed-closed request may still emit: its stop tokens inside the vocabulary,
+    else the model's EOS."""
+    stops = getattr(request, "all_stop_token_ids", None) or ()
+    ids = sorted(t for t in stops if isinstance(t, int) and 0 <= t < vocab_size)
+    return ids or [eos if 0 <= eos < vocab_size else 0]
+
+
+def log_refused(what: str, error: Exception, tokens: list[int]) -> None:
+    logger.error(
+        "%s failed closed: %s. Only its stop tokens %s can be sampled, so it ends at its next "
+        "token; the engine and the other requests go on.",
+        what,
+        error,
+        tokens,
+    )
+
+
+class ForcedRows:
+    """The rows of failed-closed requests and what each may emit (``rows``: row or slot →
+    tokens), applied through index tensors rebuilt only when the set or the batch changes."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, list[int]] = {}
+        self._key: Any = None
+        self._tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+    def apply_(self, logits: torch.Tensor, row_slots: Any = None) -> torch.Tensor:
+        """In place: each listed row −inf but its tokens, which get 0. ``row_slots``: the
+        slot of each logits row (stable slots), when ``rows`` is keyed by slot."""
+        n = logits.shape[0]
+        key = (n, logits.device, None if row_slots is None else id(row_slots))
+        if key != self._key or self._tensors is None:
+            if row_slots is None:
+                rows = [(r, self.rows[r]) for r in sorted(self.rows) if r < n]
+            else:
+                rows = [(r, self.rows[s]) for r, s in enumerate(row_slots) if s in self.rows]
+            dev = logits.device
+            self._tensors = (
+                torch.tensor([r for r, _ in rows], dtype=torch.int64, device=dev),
+                torch.tensor([r for r, ts in rows for _ in ts], dtype=torch.int64, device=dev),
+                torch.tensor([t for _, ts in rows for t in ts], dtype=torch.int64, device=dev),
+            )
+            self._key = key
+        rows_t, pair_rows, pair_tokens = self._tensors
+        logits.index_fill_(0, rows_t, float("-inf"))
+        logits[pair_rows, pair_tokens] = 0.0
+        return logits
+
+    def changed(self) -> None:
+        """The set changed (the cached index tensors are stale)."""
+        self._key = None
