@@ -107,3 +107,54 @@ def test_penalties_host_kernel_on_non_contiguous_logits():
     got = fast.apply(sliced)
     assert got is sliced and torch.equal(got, expected)
     assert bool((padded[:, 8:] == 99.0).all())
+
+
+def _sparse_params(rng: random.Random) -> L.SamplingParams:
+    return L.SamplingParams(
+        max_tokens=None,
+        logit_bias=rng.choice([None, {3: 2.5, 40: -1.0}, {rng.randrange(VOCAB): 9.0}]),
+        min_tokens=rng.choice([0, 0, 3, 12]),
+        stop_token_ids=rng.choice([[], [7], [7, 11, 299]]),
+        eos_token_id=rng.choice([None, 2]),
+        bad_words_token_ids=rng.choice([None, [[3]], [[7, 11], [5, 3, 3]]]),
+        allowed_token_ids=rng.choice([None, None, [3, 7, 11, 50], list(range(0, VOCAB, 3))]),
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sparse_host_kernels_match_torch_forms(seed):
+    """LogitBias, MinTokens, bad words and allowed ids: Rust's one pass over the triples on
+    the CPU, and the torch indexed writes (the device form), give the same logits."""
+    cfg = L.EngineConfig(max_num_seqs=32, vocab_size=VOCAB)
+    classes = [
+        L.AllowedTokenIdsLogitsProcessor,
+        L.BadWordsLogitsProcessor,
+        L.MinTokensLogitsProcessor,
+        L.LogitBiasLogitsProcessor,
+    ]
+    fast_pipe = Pipeline(cfg, "cpu", False, tables={t for c in classes for t in c.TABLES})
+    slow_pipe = Pipeline(
+        cfg, "cpu", False, tables={t for c in classes for t in c.TABLES}, emulate_device=True
+    )
+    assert fast_pipe.host_kernels and not slow_pipe.host_kernels
+    fast = [c(cfg, "cpu", False, pipeline=fast_pipe) for c in classes]
+    slow = [c(cfg, "cpu", False, pipeline=slow_pipe) for c in classes]
+
+    def next_token(rng, req):
+        return rng.choice([3, 7, 11, 5]) if rng.random() < 0.4 else rng.randrange(VOCAB)
+
+    sim = ChurnSimulator(32, VOCAB, seed, _sparse_params, finish_prob=1 / 15, next_token=next_token)
+    gen = torch.Generator().manual_seed(seed)
+    changed = 0
+    for step in range(200):
+        update = sim.step()
+        logits = torch.randn(sim.batch.num_reqs, VOCAB, generator=gen)
+        a, b = logits.clone(), logits.clone()
+        for f, s in zip(fast, slow, strict=True):
+            f.update_state(update)
+            s.update_state(update)
+        for f, s in zip(fast, slow, strict=True):
+            a, b = f.apply(a), s.apply(b)
+            assert torch.equal(a, b), (type(f).__name__, step)
+        changed += not torch.equal(a, logits)
+    assert changed > 150

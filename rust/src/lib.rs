@@ -15,6 +15,7 @@ pub mod columns;
 pub mod dlpack;
 pub mod error;
 pub mod history;
+pub mod host_apply;
 pub mod limits;
 pub mod logit_bias;
 pub mod min_p;

@@ -30,6 +30,22 @@ def host_kernel_ok(logits: torch.Tensor, allow_float64: bool = False) -> bool:
     )
 
 
+def host_sparse_(pipe, table: str, logits: torch.Tensor, rowspace: bool) -> bool:
+    """Rust applies a V1 table's triples in place on host float32 logits (one pass, no
+    torch op); ``False`` where it cannot, and the caller takes the torch path."""
+    if rowspace or not pipe.host_kernels or not host_kernel_ok(logits):
+        return False
+    if table == "allowed":
+        pipe.core.unsafe_apply_allowed_cpu(
+            logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0)
+        )
+    else:
+        pipe.core.unsafe_apply_triples_cpu(
+            table, logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0)
+        )
+    return True
+
+
 def put_sparse_(
     logits: torch.Tensor,
     rows: torch.Tensor,

@@ -6,6 +6,7 @@ import torch
 
 from .. import kernels
 from ..pipeline import ALLOWED, ALLOWED_ROWS, ROW_OFFSET, PipelineView
+from ._common import host_sparse_
 
 
 def keep_only_(
@@ -32,7 +33,7 @@ class AllowedTokenIdsLogitsProcessor(PipelineView):
         pipe = self._pipe
         off = ROW_OFFSET if rowspace else 0
         n, r = pipe.status[ALLOWED + off], pipe.status[ALLOWED_ROWS + off]
-        if not n:
+        if not n or host_sparse_(pipe, "allowed", logits, rowspace):
             return logits
         rows, cols, _ = pipe.triples("allowed", n, rowspace)
         name = "rows.allowed.restricted_rows" if rowspace else "allowed.restricted_rows"

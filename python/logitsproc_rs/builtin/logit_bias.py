@@ -6,7 +6,7 @@ import torch
 
 from ..kernels import pipeline_choice
 from ..pipeline import LOGIT_BIAS, ROW_OFFSET, PipelineView
-from ._common import add_sparse_
+from ._common import add_sparse_, host_sparse_
 
 
 class LogitBiasLogitsProcessor(PipelineView):
@@ -20,6 +20,6 @@ class LogitBiasLogitsProcessor(PipelineView):
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
         n = pipe.status[LOGIT_BIAS + (ROW_OFFSET if rowspace else 0)]
-        if not n:
+        if not n or host_sparse_(pipe, "logit_bias", logits, rowspace):
             return logits
         return add_sparse_(logits, *pipe.triples("logit_bias", n, rowspace), pipeline_choice(pipe))

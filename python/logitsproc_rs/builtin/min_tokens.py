@@ -8,7 +8,7 @@ import torch
 
 from ..kernels import pipeline_choice
 from ..pipeline import MIN_TOKENS, ROW_OFFSET, PipelineView
-from ._common import put_sparse_
+from ._common import host_sparse_, put_sparse_
 
 
 class MinTokensLogitsProcessor(PipelineView):
@@ -23,7 +23,7 @@ class MinTokensLogitsProcessor(PipelineView):
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
         n = pipe.status[MIN_TOKENS + (ROW_OFFSET if rowspace else 0)]
-        if not n:
+        if not n or host_sparse_(pipe, "min_tokens", logits, rowspace):
             return logits
         return put_sparse_(logits, *pipe.triples("min_tokens", n, rowspace), pipeline_choice(pipe))
 

@@ -14,7 +14,7 @@ import torch
 
 from ..kernels import pipeline_choice
 from ..pipeline import ROW_OFFSET, THINKING, PipelineView
-from ._common import put_sparse_
+from ._common import host_sparse_, put_sparse_
 
 
 class ThinkingBudgetLogitsProcessor(PipelineView):
@@ -32,6 +32,6 @@ class ThinkingBudgetLogitsProcessor(PipelineView):
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
         n = pipe.status[THINKING + (ROW_OFFSET if rowspace else 0)]
-        if not n:
+        if not n or host_sparse_(pipe, "thinking", logits, rowspace):
             return logits
         return put_sparse_(logits, *pipe.triples("thinking", n, rowspace), pipeline_choice(pipe))

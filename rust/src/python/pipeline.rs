@@ -16,6 +16,7 @@ use crate::arena::Upload;
 use crate::batch::BatchUpdate;
 use crate::columns::{ColumnKind, ColumnSpec};
 use crate::history::HistoryId;
+use crate::host_apply;
 use crate::pipeline::{self, PipelineConfig, RequestParams};
 use crate::thinking::ThinkingConfig;
 
@@ -484,6 +485,66 @@ impl Pipeline {
             let logits = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
             py.detach(|| state.apply_to_rows(logits, rows, vocab, row_stride, map));
         }
+        Ok(())
+    }
+
+    /// A V1 table's triples by Rust on float32 CPU logits, in place (same contract as
+    /// MinP's): `logit_bias` added, `min_tokens`, `bad_words` and `thinking` written.
+    fn unsafe_apply_triples_cpu(
+        &self,
+        py: Python<'_>,
+        table: &str,
+        ptr: usize,
+        rows: usize,
+        vocab: usize,
+        row_stride: usize,
+    ) -> PyResult<()> {
+        self.check_rows(rows, false)?;
+        let t = self.inner.tables();
+        let (triples, add) = match table {
+            "logit_bias" => (t.logit_bias.as_ref().map(|s| s.triples()), true),
+            "min_tokens" => (t.min_tokens.as_ref().map(|s| s.triples()), false),
+            "bad_words" => (t.bad_words.as_ref().map(|s| s.triples()), false),
+            "thinking" => (t.thinking.as_ref().map(|s| s.triples()), false),
+            _ => return Err(PyValueError::new_err(format!("no sparse table {table:?}"))),
+        };
+        let Some(triples) = triples else {
+            return Err(PyValueError::new_err(format!(
+                "this pipeline has no {table} table"
+            )));
+        };
+        // SAFETY: the Python caller checked the tensor (see unsafe_apply_min_p_cpu).
+        let logits = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
+        py.detach(|| host_apply::apply_triples(logits, triples, rows, vocab, row_stride, add));
+        Ok(())
+    }
+
+    /// Allowed ids by Rust on float32 CPU logits, in place (V1 rows; same contract).
+    fn unsafe_apply_allowed_cpu(
+        &self,
+        py: Python<'_>,
+        ptr: usize,
+        rows: usize,
+        vocab: usize,
+        row_stride: usize,
+    ) -> PyResult<()> {
+        self.check_rows(rows, false)?;
+        let Some(state) = &self.inner.tables().allowed else {
+            return Err(PyValueError::new_err("this pipeline has no allowed table"));
+        };
+        // SAFETY: as above.
+        let logits = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
+        py.detach(|| {
+            host_apply::keep_only(
+                logits,
+                state.pairs(),
+                state.rows(),
+                state.n_rows(),
+                rows,
+                vocab,
+                row_stride,
+            )
+        });
         Ok(())
     }
 
