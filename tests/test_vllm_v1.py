@@ -139,3 +139,8 @@ def test_vllm_target_holds_no_second_torch():
     if not VLLM.is_dir():
         pytest.skip(f"{VLLM} is not installed")
     assert not (VLLM / "torch").exists()
+
+
+def test_min_tokens_keeps_a_structured_rows_stop_tokens_when_nothing_else_is_left():
+    """vLLM >= 0.32's fix, not 0.25.1's bug (a structured request ended by an engine error)."""
+    assert run_driver("v1_structured.py")["checked"] == 3
