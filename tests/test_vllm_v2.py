@@ -118,6 +118,7 @@ def test_vllm_loader_with_our_classes(vllm_dir):
     assert out["pooling"] == "Pooling models do not support custom logits processors."
     assert "not a processor built on a Pipeline" in out["not_ours"]
     assert "logit_margin" in out["column_validate"]
+    assert out["failed_closed"]
     assert "200 words exceed the per-request cap of 128" in out["cap"]
     assert out["acts_min_p_only"] == ["MinPLogitsProcessor"]
     # min_tokens holds EOS back only when min_tokens is set, but acts_on is conservative

@@ -100,6 +100,24 @@ def main() -> None:
     y = h.sample_apply(procs, needs, x, ctx)
     out["min_p_kept"] = int(torch.isfinite(y).sum())
 
+    # A token id outside the vocabulary (the front end cannot know it): failed closed, the
+    # engine goes on. Its rows are −inf but its stop tokens; the other request is untouched.
+    bad = rs.add_request([3, 4], [])
+    refused = SamplingParams(
+        eos_token_id=2, stop_token_ids=[9], extra_args={"logitsproc_rs": {"logit_bias": {99: 1.0}}}
+    )
+    validate(refused)
+    needs[bad] = any([bool(p.add_request(bad, refused)) for p in procs])
+    h.apply_staged_writes(procs)
+    ctx = h.context(rs, [bad, slot], [1, 0])  # a draft row too: both rows of the slot
+    x = torch.randn(3, 32)
+    y = h.sample_apply(procs, needs, x.clone(), ctx)
+    forced = torch.full((32,), float("-inf"))
+    forced[[2, 9]] = 0.0
+    assert torch.equal(y[0], forced) and torch.equal(y[1], forced), y[:2]
+    assert torch.isfinite(y[2]).sum() >= 1
+    out["failed_closed"] = True
+
     out["real_v1_package"] = real
     if real:
         out["vllm_params"] = vllm_params(cfg, names)
