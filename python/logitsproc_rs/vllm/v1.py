@@ -21,6 +21,16 @@ request's own fields. So our built-ins read their fields, by vLLM's names, from 
 apply them itself). Column processors read whatever their readers read (usually
 ``extra_args``), which vLLM never applies.
 
+**No request stops the engine** (``_guard``). ``validate_params`` refuses at vLLM's front end
+every bad field that needs no vocabulary (types, ranges, unknown names, caps) and runs a
+column processor's own check. A request the worker must still refuse (a token id outside the
+vocabulary, a column reader raising) is failed closed: its row is −inf but its stop tokens, so
+it ends at its next token, and an ERROR on the ``logitsproc_rs`` logger names it and the
+field; the step goes on for everyone else. Other step errors (not about one request) raise.
+
+**Idle costs nothing.** While no table or column has work and no row is forced, a step
+without a batch update does nothing, and only the first ``apply`` of a step checks the logits.
+
 Importing this module imports vLLM.
 """
 

@@ -1,4 +1,6 @@
-"""Our processors for vLLM's Model Runner V2 (vLLM >= 0.33), on the stable-slot front-end.
+"""Our processors for vLLM's Model Runner V2 (vLLM >= 0.32), on the stable-slot front-end.
+
+vLLM 0.32.0's MRV2 interface and loader are the same files as 0.33.0's, which the tests run.
 
 MRV2's interface (``vllm.v1.worker.gpu.sample.logits_processor``): each processor is built as
 ``cls(vllm_config, req_states)``; ``add_request(req_idx, sp)`` fills slot ``req_idx`` (slots
@@ -33,7 +35,10 @@ budget and min_p from the ordinary ``SamplingParams`` fields, so, as in ``v1``, 
 read theirs (vLLM's names) from ``extra_args["logitsproc_rs"]``: a request gets ours or
 vLLM's, never both (``bridge(cls, namespace=None)`` reads the ordinary fields). Custom
 processors run after vLLM's penalties and bad words and before temperature, min_p and
-top-k/top-p.
+top-k/top-p; so our MinP selects on ``logits / temperature`` (what vLLM's own min_p sees).
+
+A request refused at ``add_request`` (only what the front end could not check: token ids
+against the vocabulary) is failed closed (``_guard``): raising there would stop the engine.
 
 Importing this module imports vLLM's MRV2 interface module (which is itself import-light).
 """
