@@ -121,24 +121,33 @@ class _Group:
     # --- update_state -----------------------------------------------------------------------
 
     def update(self, member: _Bridge, update: Any) -> None:
-        """One member's ``update_state``. The first of a step runs it for all; a request the
-        core refuses (only what the front end could not check gets here) is failed closed
-        and the step is run again without it. The others join with the same converted
-        update."""
+        """One member's ``update_state``. The first of a step (by the pipeline's step
+        protocol, never by the update's identity: vLLM's updates are short-lived objects whose
+        ids recur) converts the update and runs the step for all; a request the core refuses
+        (only what the front end could not check gets here) is failed closed and the step is
+        run again without it. The others join with the same converted update."""
         self.start()
         self.ensure()
-        key = None if update is None else (id(update), _update_signature(update))
-        joining = key is not None and key == self._step_key
-        refused = self._refused if joining else {}
+        pipe = self.pipeline
+        assert pipe is not None
+        view = member._built_view
+        first = view._pipe_epoch == pipe._epoch or pipe._all_done == pipe._epoch
+        refused: dict[int, Exception] = {}
+        if not first:
+            # The pipeline checks that this is the step's update; a different one is a
+            # protocol error there, so it gets the raw update.
+            same = update is self._update and _update_signature(update) == self._signature
+            view.update_state(self._converted if same else update)
+            return
         while True:
             try:
                 # Routing checks the namespace: its errors name the request too.
                 converted = self.convert(update, refused)
-                member._built_view.update_state(converted)
+                view.update_state(converted)
                 break
             except ValueError as e:
                 index = None
-                if update is not None and not joining:
+                if update is not None:
                     index = _guard.refused_index(e, [i for i, *_ in update.added])
                 if index is None or index in refused:
                     owner = self.owner(e) or type(member).__name__
@@ -147,28 +156,26 @@ class _Group:
                         f"update_state; no table changed): {e}"
                     ) from e
                 refused[index] = e
-        if update is not None and not joining:
-            self._step_key, self._refused = key, refused
+        # Held (not an id) until the next step: the joining members compare identity.
+        self._update, self._signature, self._converted = (
+            update,
+            _update_signature(update),
+            converted,
+        )
+        if update is not None:
             self.follow(update, converted, refused)
-        elif update is None:
-            self._step_key = None
-        pipe = self.pipeline
-        assert pipe is not None
         self.idle = pipe.idle and not self.forced
         self.checked = None
 
-    _step_key: Any = None
-    _refused: dict[int, Exception] = {}  # noqa: RUF012 (replaced, never mutated)
+    _update: Any = None
+    _signature: Any = None
+    _converted: Any = None
 
     def convert(self, update: Any, refused: dict[int, Exception]) -> Any:
         """The update our pipeline reads: in namespace mode each added request's parameters
-        are routed, and a refused request is neutral. One converted object per update and
-        refusal set, shared by every member of the step."""
+        are routed, and a refused request is neutral."""
         if update is None or not (self.routes or refused):
             return update
-        key = (id(update), _update_signature(update), tuple(refused))
-        if key == self._key:
-            return self._converted
         namespace = type(self.members[0]).NAMESPACE
         added = []
         for i, sp, prompt, out in update.added:
@@ -180,14 +187,9 @@ class _Group:
             else:
                 params = sp
             added.append((i, params, prompt, out))
-        self._converted = BatchUpdate(
+        return BatchUpdate(
             batch_size=update.batch_size, removed=update.removed, added=added, moved=update.moved
         )
-        self._key = key
-        return self._converted
-
-    _key: Any = None
-    _converted: Any = None
 
     def follow(self, update: Any, converted_update: Any, refused: dict[int, Exception]) -> None:
         """The forced and structured rows through this step's update (vLLM's dict rules)."""
