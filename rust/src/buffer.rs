@@ -196,6 +196,13 @@ impl<T: Element> HostBuffer<T> {
         self.len * std::mem::size_of::<T>()
     }
 
+    /// The first `n` elements (at most `len`) as a slice, for reading in a loop.
+    pub fn prefix(&self, n: usize) -> &[T] {
+        let n = n.min(self.len);
+        // SAFETY: in bounds; initialised at construction; `&self` keeps writers out.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), n) }
+    }
+
     pub fn as_ptr(&self) -> *const T {
         self.alloc.as_ptr() as *const T
     }

@@ -16,17 +16,22 @@ pub fn apply_triples(
     row_stride: usize,
     add: bool,
 ) {
-    let (rs, cs, vs) = (triples.rows(), triples.cols(), triples.vals());
-    for k in 0..triples.len() {
-        let (r, c) = (rs.get(k) as usize, cs.get(k) as usize);
+    let n = triples.len();
+    let (rs, cs, vs) = (
+        triples.rows().prefix(n),
+        triples.cols().prefix(n),
+        triples.vals().prefix(n),
+    );
+    for ((&r, &c), &v) in rs.iter().zip(cs).zip(vs) {
+        let (r, c) = (r as usize, c as usize);
         if r >= rows || c >= vocab {
             continue;
         }
         let x = &mut logits[r * row_stride + c];
         if add {
-            *x += vs.get(k);
+            *x += v;
         } else {
-            *x = vs.get(k);
+            *x = v;
         }
     }
 }
@@ -42,16 +47,85 @@ pub fn keep_only(
     vocab: usize,
     row_stride: usize,
 ) {
-    let (rs, cs) = (pairs.rows(), pairs.cols());
-    let inside = |k: usize| {
-        let (r, c) = (rs.get(k) as usize, cs.get(k) as usize);
-        (r < rows && c < vocab).then_some(r * row_stride + c)
-    };
-    let kept: Vec<(usize, f32)> = (0..pairs.len())
-        .filter_map(|k| inside(k).map(|at| (at, logits[at])))
-        .collect();
-    for i in 0..n_rows {
-        let r = restricted.get(i);
+    let n = pairs.len();
+    let (rs, cs) = (pairs.rows().prefix(n), pairs.cols().prefix(n));
+    let restricted = restricted.prefix(n_rows);
+    if !fill_gaps(logits, rs, cs, restricted, rows, vocab, row_stride) {
+        save_fill_restore(logits, rs, cs, restricted, rows, vocab, row_stride);
+    }
+}
+
+/// The table writes each row's pairs together, tokens ascending: then only the gaps between
+/// allowed tokens are written. Returns `false` (nothing written) when the pairs are not in
+/// that order or a restricted row has none, for [`save_fill_restore`].
+fn fill_gaps(
+    logits: &mut [f32],
+    rs: &[i32],
+    cs: &[i32],
+    restricted: &[i64],
+    rows: usize,
+    vocab: usize,
+    row_stride: usize,
+) -> bool {
+    let mut runs: Vec<(usize, usize, usize)> = Vec::with_capacity(restricted.len());
+    let mut start = 0;
+    while start < rs.len() {
+        let row = rs[start];
+        let mut end = start + 1;
+        while end < rs.len() && rs[end] == row {
+            if cs[end] <= cs[end - 1] {
+                return false;
+            }
+            end += 1;
+        }
+        runs.push((row as usize, start, end));
+        start = end;
+    }
+    let mut seen = runs.iter().map(|r| r.0).collect::<Vec<_>>();
+    seen.sort_unstable();
+    if seen.windows(2).any(|w| w[0] == w[1])
+        || restricted
+            .iter()
+            .any(|&r| r < 0 || seen.binary_search(&(r as usize)).is_err())
+    {
+        return false;
+    }
+    for (row, start, end) in runs {
+        if row >= rows {
+            continue;
+        }
+        let line = &mut logits[row * row_stride..row * row_stride + vocab];
+        let mut next = 0;
+        for &c in &cs[start..end] {
+            let c = (c as usize).min(vocab);
+            line[next.min(c)..c].fill(f32::NEG_INFINITY);
+            next = c + 1;
+        }
+        if next < vocab {
+            line[next..].fill(f32::NEG_INFINITY);
+        }
+    }
+    true
+}
+
+fn save_fill_restore(
+    logits: &mut [f32],
+    rs: &[i32],
+    cs: &[i32],
+    restricted: &[i64],
+    rows: usize,
+    vocab: usize,
+    row_stride: usize,
+) {
+    let mut kept: Vec<(usize, f32)> = Vec::with_capacity(rs.len());
+    for (&r, &c) in rs.iter().zip(cs) {
+        let (r, c) = (r as usize, c as usize);
+        if r < rows && c < vocab {
+            let at = r * row_stride + c;
+            kept.push((at, logits[at]));
+        }
+    }
+    for &r in restricted {
         if r >= 0 && (r as usize) < rows {
             let start = r as usize * row_stride;
             logits[start..start + vocab].fill(f32::NEG_INFINITY);
@@ -92,5 +166,11 @@ mod tests {
         keep_only(&mut x, &p, &restricted, 1, 2, 3, 3);
         let inf = f32::NEG_INFINITY;
         assert_eq!(x, [0.0, 1.0, 2.0, 3.0, inf, 5.0]);
+        // Pairs out of order take the save / fill / restore path: the same result.
+        let mut q = SparseRows::<f32>::new(8);
+        q.rebuild([(1, 2, 0.0), (1, 0, 0.0)], Padding::RepeatFirst);
+        let mut y: Vec<f32> = (0..6).map(|v| v as f32).collect();
+        keep_only(&mut y, &q, &restricted, 1, 2, 3, 3);
+        assert_eq!(y, x);
     }
 }
