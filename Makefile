@@ -10,7 +10,7 @@ DEPS := "maturin>=1.9.4,<2" "pytest>=8" "hypothesis>=6" "ruff>=0.6" "mypy>=1.10"
 
 EXTRAS_STAMP := $(VENV)/.extras-stamp
 
-.PHONY: help venv extras build gpu-build test test-rust test-python test-engine demo bench bench-rust bench-python lint fmt clean
+.PHONY: help venv extras build gpu-build test test-rust test-python test-engine demo bench bench-rust bench-python bench-engine lint fmt clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -57,6 +57,9 @@ bench-rust:  ## criterion: state-update throughput under churn
 
 bench-python: build  ## update_state / apply per step vs batch size, ours vs the reference and vLLM: bench-report.md (+ .png)
 	$(RUN) benches/report.py $(ARGS)
+
+bench-engine: build extras  ## our processors' per-step cost inside a real vLLM engine (section 6 of bench-report.md); ARGS="--baseline DIR --label NAME" adds another checkout
+	$(RUN) benches/engine_cost.py $(ARGS)
 
 lint: build  ## rustfmt, clippy, ruff, and the type stub checked against the built module
 	cargo fmt --all --check

@@ -401,6 +401,9 @@ def ours(model: str) -> None:
     llm = engine(model, processors)
     RESULTS["start_s"] = round(time.perf_counter() - t0, 1)
     RESULTS["classes"] = [getattr(p, "__name__", p) for p in processors]
+    if os.environ.get("LOGITSPROC_ENGINE_PROFILE_ONLY"):  # benches/engine_cost.py
+        RESULTS["profile"] = profile(llm, [*processors[:-1], margin_cls])
+        return
 
     @section("shared_ns")
     def _():

