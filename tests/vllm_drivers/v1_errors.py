@@ -13,9 +13,9 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
+import log_records
 import torch
 import v1_harness  # noqa: F401  (paths, threads)
 from v1_harness import apply_all, import_vllm, result
@@ -128,17 +128,7 @@ step(list(enumerate(good)), size=4)
 compare(4)
 
 
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-records = Records()
-logging.getLogger("logitsproc_rs").addHandler(records)
+records = log_records.capture()
 
 
 def compare_forced(n: int, refused: set[int], token: int = 0) -> None:

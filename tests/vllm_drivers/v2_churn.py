@@ -25,11 +25,11 @@ Every row of every step must equal the V1 row of its request, exactly. Prints on
 
 from __future__ import annotations
 
-import logging
 import random
 import sys
 from typing import Any
 
+import log_records
 import numpy as np
 import torch
 import v2_harness as h
@@ -200,17 +200,7 @@ def tempered_phases(v1: Any, logits: torch.Tensor, temps: list[float]) -> torch.
     return x
 
 
-class Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-RECORDS = Records()
-logging.getLogger("logitsproc_rs").addHandler(RECORDS)
+RECORDS = log_records.capture()
 
 
 def bad_request(rs: Any, procs: list[Any], needs: Any, vocab: int, rng: random.Random) -> None:
