@@ -11,7 +11,8 @@ request's fields would sample it unconstrained, so the request is *failed closed
 read it as neutral, and every step its logits row is −inf except its stop tokens (its
 ``all_stop_token_ids``: EOS and its ``stop_token_ids``; the model's EOS when it has none),
 which get 0. It ends at its next token with ``finish_reason="stop"`` (with ``ignore_eos`` it
-emits only stop tokens until ``max_tokens``), and the reason is logged at ERROR on the ``logitsproc_rs`` logger, naming the request and the field.
+emits only stop tokens until ``max_tokens``), and the reason is logged at ERROR on the
+``logitsproc_rs`` logger, naming the request and the field.
 """
 
 from __future__ import annotations
