@@ -248,12 +248,17 @@ class Pipeline:
         # flag and the columns); 0 and 10 are sizes.
         self.idle = not (any(s[1:10]) or any(s[11:]))
 
+    def starts_step(self, view: Any) -> bool:
+        """Whether ``view``'s next ``update_state`` runs a new step (it took part in the
+        current one, or the current one was a one-call step) rather than joining it."""
+        return view._pipe_epoch == self._epoch or self._all_done == self._epoch
+
     def update_from_view(self, view: Any, batch_update: BatchUpdate | None) -> None:
         """vLLM's loop: each processor's ``update_state`` in turn. The first call of a step
         (from a processor that already took part in the current one) runs the step; the
         others join it and must pass the same, unchanged update."""
         epoch = self._epoch
-        if view._pipe_epoch == epoch or self._all_done == epoch:
+        if self.starts_step(view):
             self._core_step(batch_update)
             self._epoch = epoch = epoch + 1
             view._pipe_epoch = epoch

@@ -135,7 +135,7 @@ class _Group:
         pipe = self.pipeline
         assert pipe is not None
         view = member._built_view
-        first = view._pipe_epoch == pipe._epoch or pipe._all_done == pipe._epoch
+        first = pipe.starts_step(view)
         refused: dict[int, Exception] = {}
         if not first:
             # The pipeline checks that this is the step's update; a different one is a
@@ -226,13 +226,16 @@ class _Group:
             ):
                 entry = (min_tokens, out, sorted(getattr(ours, "all_stop_token_ids", ()) or ()))
             structured_added.append((i, entry, prompt, out))
-        moves = (update.removed, update.moved)
         if process_dict_updates(
-            self.forced.rows, _Moves(update.batch_size, forced_added, *moves), forced
+            self.forced.rows,
+            BatchUpdate(update.batch_size, update.removed, forced_added, update.moved),
+            forced,
         ):
             self.forced.changed()
         process_dict_updates(
-            self.structured, _Moves(update.batch_size, structured_added, *moves), structured
+            self.structured,
+            BatchUpdate(update.batch_size, update.removed, structured_added, update.moved),
+            structured,
         )
 
     # --- apply ------------------------------------------------------------------------------
@@ -262,7 +265,8 @@ class _Group:
         saved = logits[rows_t, toks_t]  # a copy: survives the masking
         logits = view.apply(logits)
         dead = torch.isneginf(logits[rows_t]).all(dim=-1) & torch.isfinite(saved)
-        logits[rows_t[dead], toks_t[dead]] = saved[dead]
+        # torch.where, not a boolean index: no device-to-host sync in apply.
+        logits[rows_t, toks_t] = torch.where(dead, saved, logits[rows_t, toks_t])
         if self.forced:
             logits = self.forced.apply_(logits)
         return logits
@@ -285,18 +289,6 @@ class _Group:
 
 def _nothing() -> None:
     return None
-
-
-class _Moves:
-    """A batch update with other ``added`` entries (for ``process_dict_updates``)."""
-
-    __slots__ = ("added", "batch_size", "moved", "removed")
-
-    def __init__(self, batch_size: int, added: list, removed: Any, moved: Any) -> None:
-        self.batch_size, self.added, self.removed, self.moved = batch_size, added, removed, moved
-
-    def __bool__(self) -> bool:
-        return True
 
 
 class _BridgeType(ABCMeta):

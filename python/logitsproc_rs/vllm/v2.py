@@ -117,6 +117,14 @@ class _Group:
         # Each slot's temperature: MRV2 applies it after the custom processors, so MinP
         # reads it to select what vLLM's own min_p selects (after temperature).
         self.temperature = np.ones(int(req_states.max_num_reqs), dtype=np.float32)
+        dev = torch.device(req_states.device)
+        # Its device copy (on the CPU the same memory), written at add_request: MinP gathers
+        # it through the row map on the device, without a sync.
+        self.temperature_dev = (
+            torch.from_numpy(self.temperature)
+            if dev.type == "cpu"
+            else torch.ones(self.temperature.shape, dtype=torch.float32, device=dev)
+        )
         self.row_slots: Any = None  # this step's slot of each logits row, on the host
 
     def build(self) -> Pipeline:
@@ -176,6 +184,8 @@ class _Group:
         if self.forced.rows.pop(slot, None) is not None:
             self.forced.changed()
         self.temperature[slot] = _temperature(params)
+        if self.temperature_dev.device.type != "cpu":
+            self.temperature_dev[slot] = float(self.temperature[slot])
         try:
             # Checked now for every table; installed with its tokens by apply_staged_writes.
             routed = self.route(slot, params)
@@ -302,14 +312,11 @@ class _Group:
             self.row_slots = np.asarray(self.ctx.expanded_idx_mapping.cpu(), dtype=np.int64)
         return self.row_slots.tolist() if isinstance(self.row_slots, np.ndarray) else self.row_slots
 
-    def temperatures(self, rows: int) -> np.ndarray | None:
-        """Each logits row's temperature when some row's is neither 0 nor 1 (MRV2 divides
-        those rows after the custom processors), else ``None``."""
-        slots = np.asarray(self.host_row_slots()[:rows], dtype=np.int64)
-        t = self.temperature[slots]
-        if np.all((t == 0.0) | (t == 1.0)):
-            return None
-        return t
+    def tempered(self) -> bool:
+        """Whether a request of this step has a temperature neither 0 nor 1 (MRV2 divides
+        those after the custom processors). Read from the batch's slots, on the host."""
+        t = self.temperature[np.asarray(self.ctx.idx_mapping_np, dtype=np.int64)]
+        return not bool(np.all((t == 0.0) | (t == 1.0)))
 
     def committed(self, slots: np.ndarray) -> tuple[Any, Any, Any]:
         """Tokens the batch's requests committed since we last looked,
@@ -463,14 +470,12 @@ class _TemperedMinP(builtin.MinPLogitsProcessor):
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
         group = self.group
-        if not pipe.status[MIN_P_COUNT] or group is None or not rowspace:
+        if not pipe.status[MIN_P_COUNT] or group is None or not rowspace or not group.tempered():
             return super()._apply(logits, rowspace)
-        temps = group.temperatures(logits.shape[0])
-        if temps is None:
-            return super()._apply(logits, rowspace)
-        t = torch.from_numpy(temps).to(logits.device)[:, None]
+        rows = logits.shape[0]
+        t = group.temperature_dev.index_select(0, pipe.row_map(rows)).unsqueeze(1)
         scaled = torch.where((t == 0.0) | (t == 1.0), logits, logits / t)
-        log_min_p = pipe.dense("min_p.log_min_p", logits.shape[0], rowspace)
+        log_min_p = pipe.dense("min_p.log_min_p", rows, rowspace)
         threshold = scaled.amax(dim=-1, keepdim=True).add_(log_min_p)
         return logits.masked_fill_(scaled < threshold, float("-inf"))
 
