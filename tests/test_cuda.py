@@ -32,7 +32,7 @@ from logitsproc_rs import (
     build_logitsprocs,
 )
 from logitsproc_rs._arena import DeviceArena
-from logitsproc_rs.pipeline import PLACEHOLDERS, Pipeline
+from logitsproc_rs.pipeline import Pipeline
 from logitsproc_rs.simulate import ChurnSimulator
 
 pytestmark = [
@@ -127,7 +127,7 @@ def placeholder_step(procs: LogitsProcessors, n: int = 16) -> list[list[int]]:
     for o in outputs:
         o.append(-1)
     procs.update_state(None)
-    assert procs.pipeline.status[PLACEHOLDERS]
+    assert procs.pipeline.count("placeholders")
     return outputs
 
 

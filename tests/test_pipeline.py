@@ -29,7 +29,6 @@ from logitsproc_rs import (
     SamplingParams,
     build_logitsprocs,
 )
-from logitsproc_rs.pipeline import BATCH_SIZE
 from logitsproc_rs.simulate import ChurnSimulator
 
 SWAP = MoveDirectionality.SWAP
@@ -203,7 +202,7 @@ def _two_rows() -> tuple[Any, list[Any]]:
 
 
 def _bias_rows(procs: Any) -> list[int]:
-    x = torch.zeros(procs.pipeline.status[BATCH_SIZE], 16)
+    x = torch.zeros(procs.pipeline.count("batch_size"), 16)
     for p in procs.non_argmax_invariant:
         x = p.apply(x)
     return [int(i) for i in (x[:, 5] > 0).nonzero().flatten()]
@@ -391,7 +390,7 @@ def test_one_bad_request_changes_nothing_anywhere(field, good, attr, bad, route)
     assert _same(before, after)
     # The next step works and sees the old state.
     procs.update_state(None)
-    assert procs.pipeline.status[BATCH_SIZE] == 2
+    assert procs.pipeline.count("batch_size") == 2
 
 
 def test_bad_token_feed_changes_nothing() -> None:

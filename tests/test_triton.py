@@ -259,16 +259,6 @@ def _churn(device: str, seed: int, cap: int, vocab: int, steps: int, slots: bool
     from test_pipeline import HOT_IDS, config, make_sim, phases
 
     from logitsproc_rs import build_logitsprocs
-    from logitsproc_rs.pipeline import (
-        ALLOWED,
-        BAD_WORDS,
-        LOGIT_BIAS,
-        MIN_P_COUNT,
-        MIN_TOKENS,
-        PENALTIES,
-        ROW_OFFSET,
-        THINKING,
-    )
 
     cfg = config(cap, vocab)
     emulate = device == "cpu"
@@ -285,7 +275,6 @@ def _churn(device: str, seed: int, cap: int, vocab: int, steps: int, slots: bool
     seen = dict.fromkeys(
         ("min_p", "logit_bias", "min_tokens", "bad_words", "allowed", "thinking", "penalties"), 0
     )
-    keys = (MIN_P_COUNT, LOGIT_BIAS, MIN_TOKENS, BAD_WORDS, ALLOWED, THINKING, PENALTIES)
     slot_of: dict[int, int] = {}
     free = list(range(cap))
     rows_total = 0
@@ -327,10 +316,10 @@ def _churn(device: str, seed: int, cap: int, vocab: int, steps: int, slots: bool
         got = phases(triton_path, logits, rows=slots)
         for k in range(2):
             assert_same_bits(got[k], want[k], f"churn phase {k + 1} (slots={slots})")
-        status = triton_path.pipeline.status
-        for name, i in zip(seen, keys, strict=True):
-            off = ROW_OFFSET if slots and i not in (MIN_P_COUNT, PENALTIES) else 0
-            seen[name] += bool(status[i + off])
+        pipe = triton_path.pipeline
+        for name in seen:
+            rowspace = slots and name not in ("min_p", "penalties")
+            seen[name] += bool(pipe.count("rows." + name if rowspace else name))
         rows_total += logits.shape[0]
     return {"rows": rows_total, **seen}
 

@@ -136,8 +136,11 @@ class Pipeline:
     def batch_size(self) -> int: ...
     @property
     def capacity(self) -> int: ...
+    def status_names(self) -> list[str]:
+        """The names of ``status``'s values, in order (fixed for the pipeline's life)."""
+
     def status(self) -> list[int]:
-        """The counts and padded lengths the applies read (indices in ``pipeline.py``)."""
+        """The counts and padded lengths the applies read, in ``status_names``' order."""
 
     def status_into(self, out: list[int]) -> None:
         """``status`` written into an existing list (no new container per step)."""

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from .pipeline import COLUMNS as _STATUS_COLUMNS
 from .pipeline import PipelineView
 
 Reader = Callable[[Any], Any]
@@ -92,7 +91,7 @@ class ColumnLogitsProcessor(PipelineView):
         active = 0
         for c, k in zip(self.COLUMNS, self._column_index, strict=True):
             occ = _occurrence(pipe, k)
-            active = max(active, pipe.status[_STATUS_COLUMNS + k])
+            active = max(active, pipe.count(f"column.{k}"))
             cols[c.name] = pipe.dense("column.values", rows, rowspace, c.width, occ)
             if c.kind == "tokens":
                 cols[c.name + "_len"] = pipe.dense(

@@ -37,12 +37,6 @@ from .params import (
     config_vocab_size,
 )
 
-# Indices into ``Pipeline.status`` (the core's ``Status``).
-BATCH_SIZE, MIN_P_COUNT, LOGIT_BIAS, MIN_TOKENS, BAD_WORDS, ALLOWED, ALLOWED_ROWS = range(7)
-THINKING, PENALTIES, PLACEHOLDERS, ROWS = 7, 8, 9, 10
-ROW_OFFSET = 9  # row-space entries: status[ROW_OFFSET + k] mirrors status[k] for tables 2..7
-STEPPING = 17  # some table holds state a step must advance even without a batch change
-COLUMNS = 18
 
 DEFAULT_MAX_LOGIT_BIAS_ENTRIES = 1024
 DEFAULT_MAX_STOP_TOKEN_IDS = 128
@@ -162,7 +156,14 @@ class Pipeline:
         self._by_name: dict[str, list[int]] = {}
         for i, (name, *_rest) in enumerate(self.arena.sections):
             self._by_name.setdefault(name, []).append(i)
+        # The step's status: values in ``status`` (refreshed in place), named by the core.
         self.status: list[int] = self.core.status()
+        self._status_index = {n: i for i, n in enumerate(self.core.status_names())}
+        self._placeholders = self._status_index["placeholders"]
+        # Counts of the tables' work (every entry but the sizes).
+        self._work = [
+            i for n, i in self._status_index.items() if n not in ("batch_size", "rows")
+        ]
         self.idle = True  # nothing applied, no per-step state (refreshed with the status)
         self._views: list[Any] = []
         # Step protocol: a view has taken part in the current step when its `_pipe_epoch` (or
@@ -224,7 +225,7 @@ class Pipeline:
             # refreshes the status.
             self.core.step(batch_update, tokens, slots, self.status, True)
             self._resteped = False
-            self._pending_restep = bool(self.status[PLACEHOLDERS])
+            self._pending_restep = bool(self.status[self._placeholders])
             self._refresh_idle()
             return
         self.arena.begin_step()
@@ -239,14 +240,21 @@ class Pipeline:
             self.arena.upload_step()
         self.arena.mark_step_done()
         self.core.status_into(self.status)
-        self._pending_restep = bool(self.status[PLACEHOLDERS])
+        self._pending_restep = bool(self.status[self._placeholders])
         self._refresh_idle()
 
     def _refresh_idle(self) -> None:
         s = self.status
-        # Counts of the tables' work (1..9 with placeholders; 11.. row space, the stepping
-        # flag and the columns); 0 and 10 are sizes.
-        self.idle = not (any(s[1:10]) or any(s[11:]))
+        self.idle = not any(s[i] for i in self._work)
+
+    def count(self, name: str) -> int:
+        """The step's status entry ``name`` (see the core's ``status_names``): a table's
+        padded triple count (``"logit_bias"``, ``"rows.logit_bias"`` on the stable slots'
+        rows, ...), its active count (``"min_p"``, ``"penalties"``, ``"column.<k>"``), or
+        ``"batch_size"``, ``"rows"``, ``"placeholders"``, ``"stepping"``; 0 for a table this
+        pipeline does not hold."""
+        i = self._status_index.get(name)
+        return 0 if i is None else self.status[i]
 
     def starts_step(self, view: Any) -> bool:
         """Whether ``view``'s next ``update_state`` runs a new step (it took part in the
@@ -286,7 +294,7 @@ class Pipeline:
         if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
             what = getattr(logits, "dtype", type(logits).__name__)
             raise ValueError(f"{name}.apply: logits must be a floating-point tensor, got {what}")
-        rows = self.status[ROWS] if rowspace else self.status[BATCH_SIZE]
+        rows = self.count("rows" if rowspace else "batch_size")
         if logits.dim() != 2 or logits.shape[0] != rows or logits.shape[1] != self.vocab_size:
             what = "the row map" if rowspace else "the batch"
             raise ValueError(
@@ -317,7 +325,7 @@ class Pipeline:
         placeholders filled in since the step are read (an extra upload from a free staging
         copy, no waiting)."""
         self.arena.order_current_stream()
-        if not self.status[PLACEHOLDERS] or self._resteped:
+        if not self.status[self._placeholders] or self._resteped:
             return
         self._resteped = True  # once per step: the engine fills placeholders before sampling
         self.core.restep()
@@ -328,7 +336,7 @@ class Pipeline:
         else:
             self.arena.upload_in_apply()
         self.core.status_into(self.status)
-        self._pending_restep = bool(self.status[PLACEHOLDERS])
+        self._pending_restep = bool(self.status[self._placeholders])
         self._refresh_idle()
 
     def _sync_penalties(self, first_upload: bool = True) -> None:

@@ -14,6 +14,10 @@ use crate::error::{Error, Result};
 use crate::limits::check_token;
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::pipeline::Fields;
+use std::any::Any;
+use crate::row_space::{padded_rows, RowCopy};
 
 pub struct AllowedState {
     table: SlotTable<Vec<i32>>,
@@ -154,6 +158,118 @@ impl HasBuffers for AllowedState {
         self.pairs
             .visit_as(["allowed.rows", "allowed.cols", "allowed.vals"], f);
         f("allowed.restricted_rows", &mut self.rows);
+    }
+}
+
+
+/// Allowed ids in a pipeline: the state and its row-space copies (stable slots).
+pub struct AllowedTable {
+    pub state: AllowedState,
+    rows: Option<AllowedRows>,
+}
+
+/// The row-space pairs and restricted rows of one step's row map.
+struct AllowedRows {
+    pairs: RowCopy,
+    restricted: HostBuffer<i64>,
+    restricted_len: usize,
+}
+
+impl AllowedTable {
+    /// `row_space`: rows of the stable-slot front-end (`None`: no row-space copy).
+    pub fn try_new(
+        capacity: usize,
+        vocab_size: usize,
+        max_ids: usize,
+        row_space: Option<usize>,
+    ) -> Result<Self> {
+        Ok(AllowedTable {
+            state: AllowedState::try_new(capacity, vocab_size, max_ids)?,
+            rows: row_space
+                .map(|r| -> Result<AllowedRows> {
+                    Ok(AllowedRows {
+                        pairs: RowCopy::try_new(
+                            r * max_ids,
+                            Padding::RepeatFirst,
+                            ["rows.allowed.rows", "rows.allowed.cols", "rows.allowed.vals"],
+                        )?,
+                        restricted: HostBuffer::try_new(r, 0, "row_to_slot")?,
+                        restricted_len: 0,
+                    })
+                })
+                .transpose()?,
+        })
+    }
+}
+
+impl HasBuffers for AllowedTable {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        self.state.visit_buffers(f);
+    }
+}
+
+impl Table for AllowedTable {
+    fn name(&self) -> &str {
+        "allowed"
+    }
+
+    fn check(&self, index: usize, fields: &mut Fields, _: Admission) -> Result<processor::Entry> {
+        let ids = fields.allowed_token_ids.take();
+        Ok(processor::entry(self.state.check(index, ids)?))
+    }
+
+    fn commit(&mut self, update: BatchUpdate<processor::Entry>, _: &StepContext<'_>) {
+        self.state.commit(processor::unbox(update));
+    }
+
+    fn active(&self) -> Option<usize> {
+        Some(self.state.active())
+    }
+
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out("allowed", self.state.pairs().padded_len());
+        out("allowed_rows", self.state.padded_rows());
+        let rows = self.rows.as_ref();
+        out("rows.allowed", rows.map_or(0, |r| r.pairs.padded_len()));
+        out(
+            "rows.allowed_rows",
+            rows.map_or(0, |r| padded_rows(r.restricted_len, r.restricted.len())),
+        );
+    }
+
+    fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
+        let Some(r) = &mut self.rows else { return };
+        if !r.pairs.remap(self.state.pairs(), capacity, row_to_slot) {
+            return;
+        }
+        let mut n = 0;
+        for (row, &slot) in row_to_slot.iter().enumerate() {
+            if self.state.is_restricted(slot) {
+                r.restricted.set(n, row as i64);
+                n += 1;
+            }
+        }
+        r.restricted_len = n;
+        if n > 0 {
+            let first = r.restricted.get(0);
+            r.restricted
+                .fill(n, padded_rows(n, r.restricted.len()), first);
+        }
+    }
+
+    fn visit_late_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        if let Some(r) = &mut self.rows {
+            r.pairs.visit(f);
+            f("rows.allowed.restricted_rows", &mut r.restricted);
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 

@@ -133,6 +133,16 @@ impl<A> BatchUpdate<A> {
         })
     }
 
+    /// The same update with each added payload mapped into another type.
+    pub fn map_added<B>(self, mut f: impl FnMut(A) -> B) -> BatchUpdate<B> {
+        BatchUpdate {
+            batch_size: self.batch_size,
+            removed: self.removed,
+            added: self.added.into_iter().map(|(i, a)| (i, f(a))).collect(),
+            moved: self.moved,
+        }
+    }
+
     /// Replays the update on `store` as elementary slot operations, in vLLM's order: added
     /// (`value` maps the payload; `None` clears the slot), removed (cleared), then moved (a
     /// UNIDIRECTIONAL move takes the source's state, leaving it empty, and overwrites the

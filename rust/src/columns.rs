@@ -11,6 +11,9 @@ use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
 use crate::limits::check_token;
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::pipeline::Fields;
+use std::any::Any;
 
 /// What one column holds per request.
 #[derive(Clone, Debug, PartialEq)]
@@ -259,6 +262,60 @@ impl HasBuffers for Column {
                 f("column.lengths", lens);
             }
         }
+    }
+}
+
+
+/// One declared column in a pipeline: the `position`-th of the request's column values.
+pub struct ColumnTable {
+    pub column: Column,
+    position: usize,
+    status_name: String,
+}
+
+impl ColumnTable {
+    pub fn new(column: Column, position: usize) -> Self {
+        ColumnTable {
+            column,
+            position,
+            status_name: format!("column.{position}"),
+        }
+    }
+}
+
+impl HasBuffers for ColumnTable {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        self.column.visit_buffers(f);
+    }
+}
+
+impl Table for ColumnTable {
+    fn name(&self) -> &str {
+        &self.column.spec().name
+    }
+
+    fn check(&self, index: usize, fields: &mut Fields, _: Admission) -> Result<processor::Entry> {
+        let value = fields
+            .columns
+            .get_mut(self.position)
+            .map_or(ColumnValue::Unset, |v| std::mem::replace(v, ColumnValue::Unset));
+        Ok(processor::entry(self.column.check(index, value)?))
+    }
+
+    fn commit(&mut self, update: BatchUpdate<processor::Entry>, _: &StepContext<'_>) {
+        self.column.commit(processor::unbox(update));
+    }
+
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out(&self.status_name, self.column.active());
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 

@@ -10,6 +10,10 @@ use crate::error::{Error, Result};
 use crate::limits::check_token;
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::pipeline::Fields;
+use std::any::Any;
+use crate::row_space::RowCopy;
 
 pub struct LogitBiasState {
     table: SlotTable<Vec<(i32, f32)>>,
@@ -133,6 +137,90 @@ impl HasBuffers for LogitBiasState {
     fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
         self.triples
             .visit_as(["logit_bias.rows", "logit_bias.cols", "logit_bias.vals"], f);
+    }
+}
+
+
+/// LogitBias in a pipeline: the state and its row-space copy (stable slots).
+pub struct LogitBiasTable {
+    pub state: LogitBiasState,
+    rows: Option<RowCopy>,
+}
+
+impl LogitBiasTable {
+    /// `row_space`: rows of the stable-slot front-end (`None`: no row-space copy).
+    pub fn try_new(
+        capacity: usize,
+        vocab_size: usize,
+        max_entries: usize,
+        row_space: Option<usize>,
+    ) -> Result<Self> {
+        Ok(LogitBiasTable {
+            state: LogitBiasState::try_new(capacity, vocab_size, max_entries)?,
+            rows: row_space
+                .map(|r| {
+                    RowCopy::try_new(
+                        r * max_entries,
+                        Padding::FirstWithValue(-0.0),
+                        ["rows.logit_bias.rows", "rows.logit_bias.cols", "rows.logit_bias.vals"],
+                    )
+                })
+                .transpose()?,
+        })
+    }
+
+    pub fn row_copy(&self) -> Option<&RowCopy> {
+        self.rows.as_ref()
+    }
+}
+
+impl HasBuffers for LogitBiasTable {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        self.state.visit_buffers(f);
+    }
+}
+
+impl Table for LogitBiasTable {
+    fn name(&self) -> &str {
+        "logit_bias"
+    }
+
+    fn check(&self, index: usize, fields: &mut Fields, _: Admission) -> Result<processor::Entry> {
+        let bias = std::mem::take(&mut fields.logit_bias);
+        Ok(processor::entry(self.state.check(index, bias)?))
+    }
+
+    fn commit(&mut self, update: BatchUpdate<processor::Entry>, _: &StepContext<'_>) {
+        self.state.commit(processor::unbox(update));
+    }
+
+    fn active(&self) -> Option<usize> {
+        Some(self.state.active())
+    }
+
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out("logit_bias", self.state.triples().padded_len());
+        out("rows.logit_bias", self.rows.as_ref().map_or(0, RowCopy::padded_len));
+    }
+
+    fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
+        if let Some(r) = &mut self.rows {
+            r.remap(self.state.triples(), capacity, row_to_slot);
+        }
+    }
+
+    fn visit_late_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        if let Some(r) = &mut self.rows {
+            r.visit(f);
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 

@@ -9,6 +9,9 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
+use crate::pipeline::Fields;
+use crate::processor::{entry, unbox, Admission, Entry, StatusSink, StepContext, Table};
+use std::any::Any;
 
 pub struct MinPState {
     values: Vec<f32>,
@@ -150,6 +153,37 @@ impl MinPState {
 impl HasBuffers for MinPState {
     fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
         f("min_p.log_min_p", &mut self.log_min_p);
+    }
+}
+
+impl Table for MinPState {
+    fn name(&self) -> &str {
+        "min_p"
+    }
+
+    fn check(&self, index: usize, fields: &mut Fields, _: Admission) -> Result<Entry> {
+        // Kept as given, −0.0 included (the stored float32 is vLLM's).
+        Ok(entry(Some(Self::check(index, fields.min_p)?)))
+    }
+
+    fn commit(&mut self, update: BatchUpdate<Entry>, _: &StepContext<'_>) {
+        MinPState::commit(self, unbox::<f32>(update).map_added(|v| v.unwrap_or(0.0)));
+    }
+
+    fn active(&self) -> Option<usize> {
+        Some(self.count)
+    }
+
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out("min_p", self.count);
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 

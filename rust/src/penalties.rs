@@ -27,6 +27,10 @@ use crate::history::TokenHistory;
 use crate::limits::check_token;
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::pipeline::Fields;
+use std::any::Any;
+use crate::history::HistoryId;
 
 /// Bit marking "token occurs in the prompt" in a device count cell.
 pub const PROMPT_FLAG: i32 = 1 << 30;
@@ -556,6 +560,70 @@ fn uncount(counts: &mut Counts, t: i32) {
         if *c == 0 {
             counts.remove(&t);
         }
+    }
+}
+
+
+impl Table for PenaltiesState<HistoryId> {
+    fn name(&self) -> &str {
+        "penalties"
+    }
+
+    fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
+        let p = PenaltyParams {
+            repetition_penalty: fields.repetition_penalty,
+            frequency_penalty: fields.frequency_penalty,
+            presence_penalty: fields.presence_penalty,
+            prompt: fields.prompt.clone(),
+            output: a.history,
+        };
+        Ok(processor::entry(PenaltiesState::check(self, index, p)?))
+    }
+
+    fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
+        PenaltiesState::commit(self, processor::unbox(update), ctx.store);
+    }
+
+    fn step(&mut self, ctx: &StepContext<'_>) {
+        self.update_none(ctx.store);
+    }
+
+    fn active(&self) -> Option<usize> {
+        Some(PenaltiesState::active(self))
+    }
+
+    fn stepping(&self) -> bool {
+        PenaltiesState::active(self) > 0
+    }
+
+    fn saw_placeholders(&self) -> bool {
+        PenaltiesState::saw_placeholders(self)
+    }
+
+    fn restep(&mut self, ctx: &StepContext<'_>) {
+        if PenaltiesState::saw_placeholders(self) {
+            self.update_none(ctx.store);
+        }
+    }
+
+    fn reads_history(&self) -> bool {
+        true
+    }
+
+    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
+        PenaltiesState::readers(self).for_each(f);
+    }
+
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out("penalties", PenaltiesState::active(self));
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 

@@ -34,6 +34,11 @@ use crate::history::TokenHistory;
 use crate::limits::check_config_token;
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::pipeline::Fields;
+use std::any::Any;
+use crate::history::HistoryId;
+use crate::row_space::RowCopy;
 
 /// The model's reasoning delimiters (vLLM `ReasoningConfig.reasoning_{start,end}_token_ids`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -571,6 +576,115 @@ impl<H: TokenHistory> ThinkingState<H> {
     /// The `(row, token)` pairs whose logit is set to 1e9 this step, in row order.
     pub fn forced(&self) -> &[(usize, i64)] {
         &self.forced
+    }
+}
+
+
+/// Thinking in a pipeline: the state, its row-space copy (stable slots).
+pub struct ThinkingTable {
+    pub state: ThinkingState<HistoryId>,
+    rows: Option<RowCopy>,
+}
+
+impl ThinkingTable {
+    /// `state` with a row-space copy of `row_space` triples (stable slots).
+    pub fn try_new(state: ThinkingState<HistoryId>, row_space: Option<usize>) -> Result<Self> {
+        Ok(ThinkingTable {
+            state,
+            rows: row_space
+                .map(|n| {
+                    RowCopy::try_new(
+                        n,
+                        Padding::RepeatFirst,
+                        ["rows.thinking.rows", "rows.thinking.cols", "rows.thinking.vals"],
+                    )
+                })
+                .transpose()?,
+        })
+    }
+}
+
+impl HasBuffers for ThinkingTable {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        self.state.visit_buffers(f);
+    }
+}
+
+impl Table for ThinkingTable {
+    fn name(&self) -> &str {
+        "thinking"
+    }
+
+    fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
+        let p = ThinkingParams {
+            budget: fields.thinking_budget,
+            prompt: fields.prompt.clone(),
+            output: a.history,
+        };
+        Ok(processor::entry(self.state.check(index, p)?))
+    }
+
+    fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
+        self.state.commit(processor::unbox(update));
+        self.state.step(ctx.batch_size, ctx.store);
+        self.state.sync_triples();
+    }
+
+    fn step(&mut self, ctx: &StepContext<'_>) {
+        self.state.step(ctx.batch_size, ctx.store);
+        self.state.sync_triples();
+    }
+
+    fn active(&self) -> Option<usize> {
+        Some(self.state.active())
+    }
+
+    fn stepping(&self) -> bool {
+        self.state.active() > 0
+    }
+
+    fn reads_history(&self) -> bool {
+        true
+    }
+
+    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
+        self.state.readers().for_each(f);
+    }
+
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out("thinking", self.state.triples().padded_len());
+        out("rows.thinking", self.rows.as_ref().map_or(0, RowCopy::padded_len));
+    }
+
+    fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
+        if let Some(r) = &mut self.rows {
+            r.remap(self.state.triples(), capacity, row_to_slot);
+        }
+    }
+
+    fn visit_late_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        if let Some(r) = &mut self.rows {
+            r.visit(f);
+        }
+    }
+
+    fn saw_placeholders(&self) -> bool {
+        self.state.saw_placeholders()
+    }
+
+    fn restep(&mut self, ctx: &StepContext<'_>) {
+        if self.state.saw_placeholders() {
+            self.state.restep(ctx.batch_size, ctx.store);
+            self.state.sync_triples();
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }
 

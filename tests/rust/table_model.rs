@@ -19,9 +19,9 @@ use std::sync::{Arc, RwLock};
 
 use logitsproc_rs::batch::{BatchUpdate, BatchUpdateBuilder, Move, MoveDirectionality};
 use logitsproc_rs::history::{SharedHistory, TokenHistory};
-use logitsproc_rs::logit_bias::LogitBiasState;
+use logitsproc_rs::logit_bias::{LogitBiasState, LogitBiasTable};
 use logitsproc_rs::min_p::MinPState;
-use logitsproc_rs::min_tokens::{MinTokensParams, MinTokensState};
+use logitsproc_rs::min_tokens::{MinTokensParams, MinTokensState, MinTokensTable};
 use logitsproc_rs::pipeline::{Output, Pipeline, PipelineConfig, RequestParams};
 use logitsproc_rs::sparse::SparseRows;
 use logitsproc_rs::table::SlotTable;
@@ -451,9 +451,9 @@ struct Harness {
 fn pipe_snap(p: &Pipeline<SharedHistory>) -> (MinPSnap, BiasSnap, (usize, SparseSnap)) {
     let t = p.tables();
     (
-        min_p_snap(t.min_p.as_ref().expect("built")),
-        bias_snap(t.logit_bias.as_ref().expect("built")),
-        mt_snap(t.min_tokens.as_ref().expect("built")),
+        min_p_snap(t.get::<MinPState>().expect("built")),
+        bias_snap(&t.get::<LogitBiasTable>().expect("built").state),
+        mt_snap(&t.get::<MinTokensTable>().expect("built").state),
     )
 }
 

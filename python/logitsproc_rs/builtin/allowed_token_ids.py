@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..pipeline import ALLOWED, ALLOWED_ROWS, ROW_OFFSET, PipelineView
+from ..pipeline import PipelineView
 from ._common import host_sparse_
 
 
@@ -31,8 +31,8 @@ class AllowedTokenIdsLogitsProcessor(PipelineView):
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
-        off = ROW_OFFSET if rowspace else 0
-        n, r = pipe.status[ALLOWED + off], pipe.status[ALLOWED_ROWS + off]
+        pre = "rows." if rowspace else ""
+        n, r = pipe.count(pre + "allowed"), pipe.count(pre + "allowed_rows")
         if not n or host_sparse_(pipe, "allowed", logits, rowspace):
             return logits
         rows, cols, _ = pipe.triples("allowed", n, rowspace)

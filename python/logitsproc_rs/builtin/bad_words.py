@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..kernels import pipeline_choice
-from ..pipeline import BAD_WORDS, ROW_OFFSET, PipelineView
+from ..pipeline import PipelineView
 from ._common import host_sparse_, put_sparse_
 from .min_tokens import _spec_apply
 
@@ -25,7 +25,7 @@ class BadWordsLogitsProcessor(PipelineView):
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
-        n = pipe.status[BAD_WORDS + (ROW_OFFSET if rowspace else 0)]
+        n = pipe.count("rows.bad_words" if rowspace else "bad_words")
         if not n or host_sparse_(pipe, "bad_words", logits, rowspace):
             return logits
         return put_sparse_(logits, *pipe.triples("bad_words", n, rowspace), pipeline_choice(pipe))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import pipeline_choice
-from ..pipeline import LOGIT_BIAS, ROW_OFFSET, PipelineView
+from ..pipeline import PipelineView
 from ._common import add_sparse_, host_sparse_
 
 
@@ -19,7 +19,7 @@ class LogitBiasLogitsProcessor(PipelineView):
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
-        n = pipe.status[LOGIT_BIAS + (ROW_OFFSET if rowspace else 0)]
+        n = pipe.count("rows.logit_bias" if rowspace else "logit_bias")
         if not n or host_sparse_(pipe, "logit_bias", logits, rowspace):
             return logits
         return add_sparse_(logits, *pipe.triples("logit_bias", n, rowspace), pipeline_choice(pipe))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..pipeline import MIN_P_COUNT, PipelineView
+from ..pipeline import PipelineView
 from ._common import host_kernel_ok
 
 
@@ -31,7 +31,7 @@ class MinPLogitsProcessor(PipelineView):
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
-        if not pipe.status[MIN_P_COUNT]:
+        if not pipe.count("min_p"):
             return logits
         rows = logits.shape[0]  # matched to the batch by check_logits
         if pipe.host_kernels and host_kernel_ok(logits):

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..kernels import pipeline_choice
-from ..pipeline import MIN_TOKENS, ROW_OFFSET, PipelineView
+from ..pipeline import PipelineView
 from ._common import host_sparse_, put_sparse_
 
 
@@ -22,7 +22,7 @@ class MinTokensLogitsProcessor(PipelineView):
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
-        n = pipe.status[MIN_TOKENS + (ROW_OFFSET if rowspace else 0)]
+        n = pipe.count("rows.min_tokens" if rowspace else "min_tokens")
         if not n or host_sparse_(pipe, "min_tokens", logits, rowspace):
             return logits
         return put_sparse_(logits, *pipe.triples("min_tokens", n, rowspace), pipeline_choice(pipe))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..pipeline import PENALTIES, PipelineView
+from ..pipeline import PipelineView
 from ._common import host_kernel_ok
 
 
@@ -60,7 +60,7 @@ class PenaltiesLogitsProcessor(PipelineView):
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
-        if not pipe.status[PENALTIES]:
+        if not pipe.count("penalties"):
             return logits
         rows = logits.shape[0]  # matched to the batch by check_logits
         core = pipe.core

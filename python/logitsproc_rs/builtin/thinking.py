@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import pipeline_choice
-from ..pipeline import ROW_OFFSET, THINKING, PipelineView
+from ..pipeline import PipelineView
 from ._common import host_sparse_, put_sparse_
 
 
@@ -31,7 +31,7 @@ class ThinkingBudgetLogitsProcessor(PipelineView):
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
-        n = pipe.status[THINKING + (ROW_OFFSET if rowspace else 0)]
+        n = pipe.count("rows.thinking" if rowspace else "thinking")
         if not n or host_sparse_(pipe, "thinking", logits, rowspace):
             return logits
         return put_sparse_(logits, *pipe.triples("thinking", n, rowspace), pipeline_choice(pipe))

@@ -59,7 +59,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 from .. import builtin
 from ..columns import ColumnLogitsProcessor
 from ..params import config_spec_tokens
-from ..pipeline import MIN_P_COUNT, Pipeline, PipelineView
+from ..pipeline import Pipeline, PipelineView
 from . import _guard
 from ._fields import FIELD_TABLE, NAMESPACE, Routed, routed_params
 
@@ -470,7 +470,7 @@ class _TemperedMinP(builtin.MinPLogitsProcessor):
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
         group = self.group
-        if not pipe.status[MIN_P_COUNT] or group is None or not rowspace or not group.tempered():
+        if not pipe.count("min_p") or group is None or not rowspace or not group.tempered():
             return super()._apply(logits, rowspace)
         rows = logits.shape[0]
         t = group.temperature_dev.index_select(0, pipe.row_map(rows)).unsqueeze(1)

@@ -1,7 +1,9 @@
 //! Speculative decoding's draft rows on the V1 path (vLLM's rejection-sampler layout).
 
 use super::Pipeline;
+use crate::bad_words::BadWordsTable;
 use crate::error::{Error, Result};
+use crate::min_tokens::MinTokensTable;
 use crate::history::HistorySource;
 
 impl<S: HistorySource> Pipeline<S> {
@@ -9,9 +11,13 @@ impl<S: HistorySource> Pipeline<S> {
     /// count. The row count is checked against the configured draft tokens first.
     pub fn spec_min_tokens(&mut self, num_draft: &[usize]) -> Result<usize> {
         self.check_draft_layout(num_draft)?;
-        let t = &mut self.tables;
-        match (&t.min_tokens, &mut t.spec_min_tokens) {
-            (Some(s), Some(out)) => s.spec_decode_triples(num_draft, out, &self.store),
+        let store = &self.store;
+        match self.tables.get_mut::<MinTokensTable>() {
+            Some(MinTokensTable {
+                state,
+                spec: Some(out),
+                ..
+            }) => state.spec_decode_triples(num_draft, out, store),
             _ => Err(Error::Protocol(
                 "speculative decoding is not configured for MinTokens".into(),
             )),
@@ -21,9 +27,13 @@ impl<S: HistorySource> Pipeline<S> {
     /// Draft-row bans of bad words (vLLM `apply_bad_words_with_drafts`).
     pub fn spec_bad_words(&mut self, num_draft: &[usize], drafts: &[Vec<i64>]) -> Result<usize> {
         self.check_draft_layout(num_draft)?;
-        let t = &mut self.tables;
-        match (&t.bad_words, &mut t.spec_bad_words) {
-            (Some(s), Some(out)) => s.spec_decode_triples(num_draft, drafts, out, &self.store),
+        let store = &self.store;
+        match self.tables.get_mut::<BadWordsTable>() {
+            Some(BadWordsTable {
+                state,
+                spec: Some(out),
+                ..
+            }) => state.spec_decode_triples(num_draft, drafts, out, store),
             _ => Err(Error::Protocol(
                 "speculative decoding is not configured for bad words".into(),
             )),

@@ -18,29 +18,25 @@
 //! ([`Pipeline::map_rows`]) under which a slot may own several rows; the row-space copies of the
 //! sparse tables are built on the host and go up with the step's one upload.
 
-use crate::allowed::AllowedState;
+use std::ops::{Deref, DerefMut};
+
 use crate::arena::{Arena, HasBuffers, Staged, Upload};
-use crate::bad_words::{BadWordsParams, BadWordsState};
 use crate::batch::{BatchUpdate, Move};
-use crate::buffer::HostBuffer;
-use crate::columns::{Column, ColumnSpec, ColumnValue};
+use crate::columns::{Column, ColumnSpec, ColumnTable, ColumnValue};
 use crate::error::{Error, Result};
 use crate::history::{HistoryId, HistorySource, HistoryStore};
-use crate::limits::{check_sizes, MAX_ELEMENTS};
-use crate::logit_bias::LogitBiasState;
-use crate::min_p::MinPState;
-use crate::min_tokens::{MinTokensParams, MinTokensState};
-use crate::penalties::{PenaltiesState, PenaltyParams};
-use crate::sparse::SparseRows;
+use crate::limits::check_sizes;
+use crate::processor::{Admission, Entry, StepContext, Table};
+use crate::registry::{Sizing, BUILTINS, COLUMNS_AFTER};
 use crate::table::SlotTable;
-use crate::thinking::{ThinkingConfig, ThinkingParams, ThinkingState};
+use crate::thinking::ThinkingConfig;
 
 mod drafts;
 mod outputs;
 mod slots;
 
 use outputs::OutputOps;
-use slots::{padded_rows, RowSpace};
+use slots::RowSpace;
 
 /// Which tables a pipeline holds, with their stated caps.
 #[derive(Clone, Debug, Default)]
@@ -88,8 +84,9 @@ impl<S> Output<S> {
     }
 }
 
-/// Everything any table reads from one added request, read once.
-pub struct RequestParams<S> {
+/// Every field any table reads from one added request, read once. Each table takes the
+/// fields it owns in its `check`.
+pub struct Fields {
     pub min_p: f64,
     pub logit_bias: Vec<(i64, f64)>,
     pub min_tokens: i64,
@@ -104,13 +101,12 @@ pub struct RequestParams<S> {
     pub thinking_budget: Option<i64>,
     /// One value per declared column, in declaration order.
     pub columns: Vec<ColumnValue>,
-    pub output: Output<S>,
 }
 
-impl<S> RequestParams<S> {
-    /// A request with every parameter at its neutral value.
-    pub fn neutral(output: Output<S>) -> Self {
-        RequestParams {
+impl Fields {
+    /// Every field at its neutral value.
+    pub fn neutral() -> Self {
+        Fields {
             min_p: 0.0,
             logit_bias: Vec::new(),
             min_tokens: 0,
@@ -123,134 +119,87 @@ impl<S> RequestParams<S> {
             allowed_token_ids: None,
             thinking_budget: None,
             columns: Vec::new(),
+        }
+    }
+}
+
+/// One added request: its fields and its output.
+pub struct RequestParams<S> {
+    pub fields: Fields,
+    pub output: Output<S>,
+}
+
+impl<S> RequestParams<S> {
+    /// A request with every parameter at its neutral value.
+    pub fn neutral(output: Output<S>) -> Self {
+        RequestParams {
+            fields: Fields::neutral(),
             output,
         }
     }
 }
 
-/// The tables of one pipeline (what the arena lays out). Outputs are read through
-/// [`HistoryId`]s into the pipeline's [`HistoryStore`].
+impl<S> Deref for RequestParams<S> {
+    type Target = Fields;
+
+    fn deref(&self) -> &Fields {
+        &self.fields
+    }
+}
+
+impl<S> DerefMut for RequestParams<S> {
+    fn deref_mut(&mut self) -> &mut Fields {
+        &mut self.fields
+    }
+}
+
+/// The tables of one pipeline, in layout order, and the stable slots' row map (what the
+/// arena lays out).
 pub struct Tables {
-    pub min_p: Option<MinPState>,
-    pub logit_bias: Option<LogitBiasState>,
-    pub min_tokens: Option<MinTokensState<HistoryId>>,
-    pub penalties: Option<PenaltiesState<HistoryId>>,
-    pub bad_words: Option<BadWordsState<HistoryId>>,
-    pub allowed: Option<AllowedState>,
-    pub thinking: Option<ThinkingState<HistoryId>>,
-    pub columns: Vec<Column>,
-    /// Draft-row masks of MinTokens and bad words under speculative decoding.
-    pub spec_min_tokens: Option<SparseRows<f32>>,
-    pub spec_bad_words: Option<SparseRows<f32>>,
+    list: Vec<Box<dyn Table>>,
     rows: Option<RowSpace>,
 }
 
 impl HasBuffers for Tables {
     fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        // Small, often-written buffers first, so a typical step's span is short.
-        if let Some(t) = &mut self.min_p {
+        for t in &mut self.list {
             t.visit_buffers(f);
-        }
-        if let Some(t) = &mut self.penalties {
-            t.visit_buffers(f);
-        }
-        for c in &mut self.columns {
-            c.visit_buffers(f);
         }
         if let Some(r) = &mut self.rows {
             f("rows.row_to_slot", &mut r.row_to_slot);
         }
-        if let Some(t) = &mut self.thinking {
-            t.visit_buffers(f);
-        }
-        if let Some(t) = &mut self.min_tokens {
-            t.visit_buffers(f);
-        }
-        if let Some(t) = &mut self.bad_words {
-            t.visit_buffers(f);
-        }
-        if let Some(t) = &mut self.logit_bias {
-            t.visit_buffers(f);
-        }
-        if let Some(t) = &mut self.allowed {
-            t.visit_buffers(f);
-        }
-        if let Some(r) = &mut self.rows {
-            r.thinking.visit_as(
-                [
-                    "rows.thinking.rows",
-                    "rows.thinking.cols",
-                    "rows.thinking.vals",
-                ],
-                f,
-            );
-            r.min_tokens.visit_as(
-                [
-                    "rows.min_tokens.rows",
-                    "rows.min_tokens.cols",
-                    "rows.min_tokens.vals",
-                ],
-                f,
-            );
-            r.bad_words.visit_as(
-                [
-                    "rows.bad_words.rows",
-                    "rows.bad_words.cols",
-                    "rows.bad_words.vals",
-                ],
-                f,
-            );
-            r.logit_bias.visit_as(
-                [
-                    "rows.logit_bias.rows",
-                    "rows.logit_bias.cols",
-                    "rows.logit_bias.vals",
-                ],
-                f,
-            );
-            r.allowed.visit_as(
-                [
-                    "rows.allowed.rows",
-                    "rows.allowed.cols",
-                    "rows.allowed.vals",
-                ],
-                f,
-            );
-            f("rows.allowed.restricted_rows", &mut r.allowed_rows);
-        }
-        if let Some(t) = &mut self.spec_min_tokens {
-            t.visit_as(
-                [
-                    "spec.min_tokens.rows",
-                    "spec.min_tokens.cols",
-                    "spec.min_tokens.vals",
-                ],
-                f,
-            );
-        }
-        if let Some(t) = &mut self.spec_bad_words {
-            t.visit_as(
-                [
-                    "spec.bad_words.rows",
-                    "spec.bad_words.cols",
-                    "spec.bad_words.vals",
-                ],
-                f,
-            );
+        for t in &mut self.list {
+            t.visit_late_buffers(f);
         }
     }
 }
 
-/// Checked payloads of one added request, one per enabled table.
+impl Tables {
+    /// Every table, in layout order.
+    pub fn iter(&self) -> impl Iterator<Item = &dyn Table> {
+        self.list.iter().map(|t| t.as_ref())
+    }
+
+    /// The first table of type `T`, if the pipeline has one.
+    pub fn get<T: Table>(&self) -> Option<&T> {
+        self.list.iter().find_map(|t| t.as_any().downcast_ref::<T>())
+    }
+
+    pub fn get_mut<T: Table>(&mut self) -> Option<&mut T> {
+        self.list
+            .iter_mut()
+            .find_map(|t| t.as_any_mut().downcast_mut::<T>())
+    }
+
+    /// The table named `name`, if the pipeline has one.
+    pub fn named(&self, name: &str) -> Option<&dyn Table> {
+        self.iter().find(|t| t.name() == name)
+    }
+}
+
+/// Checked payloads of one added request, one per table, and its history.
 struct Checked {
-    min_p: f32,
-    logit_bias: Option<Vec<(i32, f32)>>,
-    min_tokens: Option<crate::min_tokens::Entry<HistoryId>>,
-    penalties: Option<crate::penalties::Entry<HistoryId>>,
-    bad_words: Option<crate::bad_words::Entry<HistoryId>>,
-    allowed: Option<Vec<i32>>,
-    thinking: Option<crate::thinking::Entry<HistoryId>>,
-    columns: Vec<Option<crate::columns::Row>>,
+    entries: Vec<Entry>,
     id: HistoryId,
 }
 
@@ -276,6 +225,7 @@ pub struct Pipeline<S> {
     spec_tokens: usize,
     batch_size: usize,
     steps: u64,
+    columns: usize,
     /// Stable slots: checked changes waiting for the next step, in call order.
     pending: Vec<(usize, Option<Checked>)>,
 }
@@ -294,103 +244,35 @@ impl<S: HistorySource> Pipeline<S> {
             1
         };
         check_sizes(cap, cfg.vocab_size, &[row_factor])?;
-        let sized = |per: usize, field: &'static str| -> Result<usize> {
-            cap.checked_mul(per.max(1))
-                .and_then(|n| n.checked_mul(row_factor.max(spec.max(1))))
-                .filter(|&n| n <= MAX_ELEMENTS)
-                .map(|_| cap * per.max(1))
-                .ok_or(Error::TooLarge {
-                    field,
-                    value: per,
-                    max: MAX_ELEMENTS / cap.max(1) / row_factor.max(spec.max(1)),
-                })
-        };
-        let logit_bias = cfg
-            .logit_bias
-            .map(|n| sized(n, "max_logit_bias_entries").map(|_| n))
-            .transpose()?;
-        let min_tokens = cfg
-            .min_tokens
-            .map(|n| sized(n, "max_stop_token_ids").map(|_| n))
-            .transpose()?;
-        let bad_words = cfg
-            .bad_words
-            .map(|(w, l)| {
-                sized(w, "max_bad_words")?;
-                if l == 0 || l > MAX_ELEMENTS {
-                    return Err(Error::TooLarge {
-                        field: "max_bad_word_len",
-                        value: l,
-                        max: MAX_ELEMENTS,
-                    });
-                }
-                Ok((w, l))
-            })
-            .transpose()?;
-        let allowed = cfg
-            .allowed
-            .map(|n| sized(n, "max_allowed_token_ids").map(|_| n))
-            .transpose()?;
-        for c in &cfg.columns {
-            sized(c.width(), "column width")?;
-        }
         let v = cfg.vocab_size;
-        let mut tables = Tables {
-            min_p: cfg.min_p.then(|| MinPState::try_new(cap)).transpose()?,
-            logit_bias: logit_bias
-                .map(|n| LogitBiasState::try_new(cap, v, n))
-                .transpose()?,
-            min_tokens: min_tokens
-                .map(|n| MinTokensState::try_new(cap, v, n))
-                .transpose()?,
-            penalties: cfg
-                .penalties
-                .then(|| PenaltiesState::try_new(cap, v, (4 * cap).max(16384)))
-                .transpose()?,
-            bad_words: bad_words
-                .map(|(w, l)| BadWordsState::try_new(cap, v, w, l))
-                .transpose()?,
-            allowed: allowed
-                .map(|n| AllowedState::try_new(cap, v, n))
-                .transpose()?,
-            thinking: cfg
-                .thinking
-                .map(|t| ThinkingState::new(cap, v, t))
-                .transpose()?,
-            columns: cfg
-                .columns
-                .into_iter()
-                .map(|c| Column::new(c, cap, v))
-                .collect::<Result<_>>()?,
-            spec_min_tokens: min_tokens
-                .filter(|_| spec > 0)
-                .map(|n| SparseRows::try_new(cap * n * spec, "num_speculative_tokens"))
-                .transpose()?,
-            spec_bad_words: bad_words
-                .filter(|_| spec > 0)
-                .map(|(w, _)| SparseRows::try_new(cap * w * spec, "num_speculative_tokens"))
-                .transpose()?,
-            rows: None,
+        let sizing = Sizing {
+            capacity: cap,
+            vocab_size: v,
+            rows: cfg.stable_slots.then_some(rows_cap.max(1)),
+            spec_tokens: spec,
+            row_factor,
         };
-        if cfg.stable_slots {
-            let rows = rows_cap.max(1);
-            let sz = |per: Option<usize>| per.map_or(1, |n| rows * n);
-            tables.rows = Some(RowSpace {
-                row_to_slot: HostBuffer::try_new(rows, 0, "row_to_slot")?,
-                rows: 0,
-                logit_bias: SparseRows::try_new(sz(logit_bias), "max_rows")?,
-                min_tokens: SparseRows::try_new(sz(min_tokens), "max_rows")?,
-                bad_words: SparseRows::try_new(sz(bad_words.map(|b| b.0)), "max_rows")?,
-                allowed: SparseRows::try_new(sz(allowed), "max_rows")?,
-                allowed_rows: HostBuffer::try_new(rows, 0, "row_to_slot")?,
-                allowed_rows_len: 0,
-                thinking: SparseRows::try_new(rows, "max_rows")?,
-                map: Vec::new(),
-            });
+        for c in &cfg.columns {
+            sizing.check(c.width(), "column width")?;
         }
-        if let Some(p) = &mut tables.penalties {
-            p.set_device_ops(!cfg.host_kernels);
+        let mut list: Vec<Box<dyn Table>> = Vec::new();
+        let n_columns = cfg.columns.len();
+        for b in BUILTINS {
+            if let Some(t) = (b.build)(&cfg, &sizing) {
+                list.push(t?);
+            }
+            if b.name == COLUMNS_AFTER {
+                for (k, c) in cfg.columns.iter().enumerate() {
+                    let col = Column::new(c.clone(), cap, v)?;
+                    list.push(Box::new(ColumnTable::new(col, k)));
+                }
+            }
         }
+        let rows = cfg
+            .stable_slots
+            .then(|| RowSpace::try_new(rows_cap.max(1)))
+            .transpose()?;
+        let mut tables = Tables { list, rows };
         let arena = Arena::new(&mut tables, "")?;
         let stable = cfg.stable_slots;
         Ok(Pipeline {
@@ -408,6 +290,7 @@ impl<S: HistorySource> Pipeline<S> {
             spec_tokens: spec,
             batch_size: if stable { cap } else { 0 },
             steps: 0,
+            columns: n_columns,
             pending: Vec::new(),
         })
     }
@@ -440,6 +323,10 @@ impl<S: HistorySource> Pipeline<S> {
         &self.tables
     }
 
+    pub fn tables_mut(&mut self) -> &mut Tables {
+        &mut self.tables
+    }
+
     pub fn arena(&self) -> &Arena {
         &self.arena
     }
@@ -448,111 +335,51 @@ impl<S: HistorySource> Pipeline<S> {
         &mut self.arena
     }
 
-    /// Whether any table holds state (a step with nothing active can skip everything).
+    /// Whether any table holds state a step must advance (a step with nothing active can
+    /// skip everything).
     fn any_active(&self) -> bool {
-        let t = &self.tables;
-        t.min_tokens.as_ref().is_some_and(|s| s.active() > 0)
-            || t.penalties.as_ref().is_some_and(|s| s.active() > 0)
-            || t.bad_words.as_ref().is_some_and(|s| s.active() > 0)
-            || t.thinking.as_ref().is_some_and(|s| s.active() > 0)
+        self.tables.list.iter().any(|t| t.stepping())
     }
 
     /// Checks one added request against every table; nothing is written.
     fn check(
         &self,
         index: usize,
-        p: RequestParams<S>,
+        mut p: RequestParams<S>,
         id: HistoryId,
         output_len: usize,
     ) -> Result<Checked> {
-        let t = &self.tables;
-        let min_p = if t.min_p.is_some() {
-            MinPState::check(index, p.min_p)?
-        } else {
-            0.0
-        };
-        let logit_bias = match &t.logit_bias {
-            Some(s) => s.check(index, p.logit_bias)?,
-            None => None,
-        };
-        let min_tokens = match &t.min_tokens {
-            Some(s) => s.check(
-                index,
-                MinTokensParams {
-                    min_tokens: p.min_tokens,
-                    stop_token_ids: p.stop_token_ids,
-                    output: id,
-                    output_len,
-                },
-            )?,
-            None => None,
-        };
-        let penalties = match &t.penalties {
-            Some(s) => s.check(
-                index,
-                PenaltyParams {
-                    repetition_penalty: p.repetition_penalty,
-                    frequency_penalty: p.frequency_penalty,
-                    presence_penalty: p.presence_penalty,
-                    prompt: p.prompt.clone(),
-                    output: id,
-                },
-            )?,
-            None => None,
-        };
-        let bad_words = match &t.bad_words {
-            Some(s) => s.check(
-                index,
-                BadWordsParams {
-                    words: p.bad_words,
-                    output: id,
-                },
-            )?,
-            None => None,
-        };
-        let allowed = match &t.allowed {
-            Some(s) => s.check(index, p.allowed_token_ids)?,
-            None => None,
-        };
-        let thinking = match &t.thinking {
-            Some(s) => s.check(
-                index,
-                ThinkingParams {
-                    budget: p.thinking_budget,
-                    prompt: p.prompt,
-                    output: id,
-                },
-            )?,
-            None => None,
-        };
-        if p.columns.len() != t.columns.len() && !p.columns.is_empty() {
+        if p.columns.len() != self.columns && !p.columns.is_empty() {
             return Err(Error::invalid(
                 index,
                 "column",
                 format!(
                     "{} column values for {} declared columns",
                     p.columns.len(),
-                    t.columns.len()
+                    self.columns
                 ),
             ));
         }
-        let mut values = p.columns.into_iter();
-        let columns = t
-            .columns
+        let admission = Admission {
+            history: id,
+            output_len,
+        };
+        let entries = self
+            .tables
+            .list
             .iter()
-            .map(|c| c.check(index, values.next().unwrap_or(ColumnValue::Unset)))
+            .map(|t| t.check(index, &mut p.fields, admission))
             .collect::<Result<_>>()?;
-        Ok(Checked {
-            min_p,
-            logit_bias,
-            min_tokens,
-            penalties,
-            bad_words,
-            allowed,
-            thinking,
-            columns,
-            id,
-        })
+        Ok(Checked { entries, id })
+    }
+
+    /// Whether a checked request has an entry in some table that reads its output.
+    fn reads_output(&self, c: &Checked) -> bool {
+        self.tables
+            .list
+            .iter()
+            .zip(&c.entries)
+            .any(|(t, e)| e.is_some() && t.reads_history())
     }
 
     /// One V1 step: validates the whole update and every added request for every table, then
@@ -562,57 +389,36 @@ impl<S: HistorySource> Pipeline<S> {
     }
 
     fn commit(&mut self, u: BatchUpdate<Checked>) {
-        let t = &mut self.tables;
-        // Each table gets the same shape with its own payload; moving the payloads out once.
         let BatchUpdate {
             batch_size,
             removed,
             added,
             moved,
         } = u;
-        let n = added.len();
-        let mut min_p = Vec::with_capacity(n);
-        let mut bias = Vec::with_capacity(n);
-        let mut mt = Vec::with_capacity(n);
-        let mut pen = Vec::with_capacity(n);
-        let mut bw = Vec::with_capacity(n);
-        let mut al = Vec::with_capacity(n);
-        let mut th = Vec::with_capacity(n);
-        let mut cols: Vec<Vec<_>> = (0..t.columns.len())
-            .map(|_| Vec::with_capacity(n))
+        let n_tables = self.tables.list.len();
+        // Each table gets the same shape with its own payload; the payloads move out once.
+        let mut per_table: Vec<Vec<(usize, Entry)>> = (0..n_tables)
+            .map(|_| Vec::with_capacity(added.len()))
             .collect();
-        let mut outs = Vec::with_capacity(n);
+        let mut outs = Vec::with_capacity(added.len());
         for (i, c) in added {
-            min_p.push((i, c.min_p));
-            bias.push((i, c.logit_bias));
-            mt.push((i, c.min_tokens));
-            pen.push((i, c.penalties));
-            bw.push((i, c.bad_words));
-            al.push((i, c.allowed));
-            th.push((i, c.thinking));
-            for (k, row) in c.columns.into_iter().enumerate() {
-                cols[k].push((i, row));
+            for (k, e) in c.entries.into_iter().enumerate() {
+                per_table[k].push((i, e));
             }
             outs.push((i, c.id));
         }
         fn with<A>(
-            bs: usize,
+            batch_size: usize,
             removed: &[usize],
             moved: &[Move],
             added: Vec<(usize, A)>,
         ) -> BatchUpdate<A> {
             BatchUpdate {
-                batch_size: bs,
+                batch_size,
                 removed: removed.to_vec(),
                 added,
                 moved: moved.to_vec(),
             }
-        }
-        if let Some(s) = &mut t.min_p {
-            s.commit(with(batch_size, &removed, &moved, min_p));
-        }
-        if let Some(s) = &mut t.logit_bias {
-            s.commit(with(batch_size, &removed, &moved, bias));
         }
         // Histories displaced from their slot are released first: no table entry refers to
         // them after this step (every table follows the same rule), and the new requests'
@@ -625,26 +431,13 @@ impl<S: HistorySource> Pipeline<S> {
             listed: &mut self.listed,
         };
         with(batch_size, &removed, &moved, outs).replay(&mut ops, Some);
-        let store = &self.store;
-        if let Some(s) = &mut t.min_tokens {
-            s.commit(with(batch_size, &removed, &moved, mt), store);
-        }
-        if let Some(s) = &mut t.penalties {
-            s.commit(with(batch_size, &removed, &moved, pen), store);
-        }
-        if let Some(s) = &mut t.bad_words {
-            s.commit(with(batch_size, &removed, &moved, bw), store);
-        }
-        if let Some(s) = &mut t.allowed {
-            s.commit(with(batch_size, &removed, &moved, al));
-        }
-        if let Some(s) = &mut t.thinking {
-            s.commit(with(batch_size, &removed, &moved, th));
-            s.step(batch_size, store);
-            s.sync_triples();
-        }
-        for (c, rows) in t.columns.iter_mut().zip(cols) {
-            c.commit(with(batch_size, &removed, &moved, rows));
+        let ctx = StepContext {
+            batch_size,
+            store: &self.store,
+            capacity: self.capacity,
+        };
+        for (t, added) in self.tables.list.iter_mut().zip(per_table) {
+            t.commit(with(batch_size, &removed, &moved, added), &ctx);
         }
         self.store.clear_rewritten();
         self.batch_size = batch_size;
@@ -663,20 +456,13 @@ impl<S: HistorySource> Pipeline<S> {
         if !self.any_active() {
             return;
         }
-        let t = &mut self.tables;
-        let store = &self.store;
-        if let Some(s) = &mut t.min_tokens {
-            s.update_none(store);
-        }
-        if let Some(s) = &mut t.penalties {
-            s.update_none(store);
-        }
-        if let Some(s) = &mut t.bad_words {
-            s.update_none(store);
-        }
-        if let Some(s) = &mut t.thinking {
-            s.step(self.batch_size, store);
-            s.sync_triples();
+        let ctx = StepContext {
+            batch_size: self.batch_size,
+            store: &self.store,
+            capacity: self.capacity,
+        };
+        for t in &mut self.tables.list {
+            t.step(&ctx);
         }
         self.store.clear_rewritten();
     }
@@ -684,27 +470,19 @@ impl<S: HistorySource> Pipeline<S> {
     /// Whether the last step stopped at an async placeholder (−1) in some output list: the
     /// caller should [`restep`](Self::restep) before applying, once the engine filled them in.
     pub fn saw_placeholders(&self) -> bool {
-        let t = &self.tables;
-        t.penalties.as_ref().is_some_and(|s| s.saw_placeholders())
-            || t.bad_words.as_ref().is_some_and(|s| s.saw_placeholders())
-            || t.thinking.as_ref().is_some_and(|s| s.saw_placeholders())
+        self.tables.list.iter().any(|t| t.saw_placeholders())
     }
 
     /// Looks again at the outputs of the tables that stopped at a placeholder.
     pub fn restep(&mut self) -> Result<()> {
-        let bs = self.batch_size;
         self.sync_sources(true)?;
-        let t = &mut self.tables;
-        let store = &self.store;
-        if let Some(s) = t.penalties.as_mut().filter(|s| s.saw_placeholders()) {
-            s.update_none(store);
-        }
-        if let Some(s) = t.bad_words.as_mut().filter(|s| s.saw_placeholders()) {
-            s.update_none(store);
-        }
-        if let Some(s) = t.thinking.as_mut().filter(|s| s.saw_placeholders()) {
-            s.restep(bs, store);
-            s.sync_triples();
+        let ctx = StepContext {
+            batch_size: self.batch_size,
+            store: &self.store,
+            capacity: self.capacity,
+        };
+        for t in &mut self.tables.list {
+            t.restep(&ctx);
         }
         self.store.clear_rewritten();
         Ok(())
@@ -775,66 +553,53 @@ impl<S: HistorySource> Pipeline<S> {
         self.arena.discard(&mut self.tables);
     }
 
-    /// Numbers the Python side reads after a step (see [`Status`]).
-    pub fn status(&self) -> Status {
-        let t = &self.tables;
-        let padded = |s: Option<&SparseRows<f32>>| s.map_or(0, SparseRows::padded_len);
-        let rows = t.rows.as_ref();
-        Status {
-            batch_size: self.batch_size,
-            min_p_count: t.min_p.as_ref().map_or(0, MinPState::count),
-            logit_bias: padded(t.logit_bias.as_ref().map(|s| s.triples())),
-            min_tokens: padded(t.min_tokens.as_ref().map(|s| s.triples())),
-            bad_words: padded(t.bad_words.as_ref().map(|s| s.triples())),
-            allowed: padded(t.allowed.as_ref().map(|s| s.pairs())),
-            allowed_rows: t.allowed.as_ref().map_or(0, AllowedState::padded_rows),
-            thinking: padded(t.thinking.as_ref().map(|s| s.triples())),
-            penalties: t.penalties.as_ref().map_or(0, |s| s.active()),
-            placeholders: self.saw_placeholders(),
-            rows: rows.map_or(0, |r| r.rows),
-            row_logit_bias: padded(rows.map(|r| &r.logit_bias)),
-            row_min_tokens: padded(rows.map(|r| &r.min_tokens)),
-            row_bad_words: padded(rows.map(|r| &r.bad_words)),
-            row_allowed: padded(rows.map(|r| &r.allowed)),
-            row_allowed_rows: rows
-                .map_or(0, |r| padded_rows(r.allowed_rows_len, r.allowed_rows.len())),
-            row_thinking: padded(rows.map(|r| &r.thinking)),
-            stepping: self.any_active(),
-            columns_active: t.columns.iter().map(Column::active).collect(),
+    /// The names of [`status_into`](Self::status_into)'s values, in order (fixed for the
+    /// pipeline's life): `batch_size`, each table's own counts (`min_p`, `logit_bias`,
+    /// `rows.logit_bias`, ...; a column's is `column.<k>`), `penalties`' active count,
+    /// `placeholders`, `rows`, `stepping`.
+    pub fn status_names(&self) -> Vec<String> {
+        let mut names = vec!["batch_size".to_string()];
+        for t in &self.tables.list {
+            t.status(&mut |name, _| names.push(name.to_string()));
         }
+        names.extend(["placeholders", "rows", "stepping"].map(String::from));
+        names
     }
 
-    pub fn tables_mut(&mut self) -> &mut Tables {
-        &mut self.tables
+    /// Writes what a step left for the device side to read (lengths of the exported triples,
+    /// padded, and the counts it skips work by) into `out`, in
+    /// [`status_names`](Self::status_names)' order.
+    pub fn status_into(&self, out: &mut Vec<usize>) {
+        out.clear();
+        out.push(self.batch_size);
+        for t in &self.tables.list {
+            t.status(&mut |_, v| out.push(v));
+        }
+        out.push(usize::from(self.saw_placeholders()));
+        out.push(self.tables.rows.as_ref().map_or(0, |r| r.rows));
+        out.push(usize::from(self.any_active()));
+    }
+
+    /// The step's status as (name, value) pairs (tests, debugging).
+    pub fn status(&self) -> Status {
+        let mut values = Vec::new();
+        self.status_into(&mut values);
+        Status(self.status_names().into_iter().zip(values).collect())
     }
 }
 
-/// What a step left for the device side to read: lengths of the exported triples (padded) and
-/// the counts it skips work by.
+/// What a step left for the device side to read, by name (see [`Pipeline::status_names`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Status {
-    pub batch_size: usize,
-    pub min_p_count: usize,
-    pub logit_bias: usize,
-    pub min_tokens: usize,
-    pub bad_words: usize,
-    pub allowed: usize,
-    pub allowed_rows: usize,
-    pub thinking: usize,
-    pub penalties: usize,
-    pub placeholders: bool,
-    pub rows: usize,
-    pub row_logit_bias: usize,
-    pub row_min_tokens: usize,
-    pub row_bad_words: usize,
-    pub row_allowed: usize,
-    pub row_allowed_rows: usize,
-    pub row_thinking: usize,
-    /// Whether some table holds state that a step must advance even without a batch change
-    /// (min-tokens lengths, penalties counts, bad-word prefixes, thinking budgets). When it is
-    /// false and nothing is applied, a step without an update has nothing to do.
-    pub stepping: bool,
-    pub columns_active: Vec<usize>,
+pub struct Status(pub Vec<(String, usize)>);
+
+impl Status {
+    /// The value named `name` (0 when the pipeline has no such table).
+    pub fn get(&self, name: &str) -> usize {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |&(_, v)| v)
+    }
 }
 
 #[cfg(test)]
@@ -842,6 +607,7 @@ mod tests {
     use super::*;
     use crate::batch::Move;
     use crate::history::SharedHistory;
+    use crate::logit_bias::LogitBiasTable;
 
     fn pipeline(stable: bool, token_feed_cap: usize) -> Pipeline<SharedHistory> {
         Pipeline::new(PipelineConfig {
@@ -939,7 +705,10 @@ mod tests {
         p.step(None, Some((&[3], None))).unwrap();
         assert_eq!(p.history(0), Some(&[3][..]));
         assert_eq!(
-            p.tables().penalties.as_ref().unwrap().counted(0),
+            p.tables()
+                .get::<crate::penalties::PenaltiesState<HistoryId>>()
+                .unwrap()
+                .counted(0),
             Some(&[3][..])
         );
     }
@@ -953,15 +722,15 @@ mod tests {
         let mut bad = req();
         bad.min_p = -1.0;
         assert!(p.add_request(1, bad).is_err());
-        assert_eq!(p.tables().logit_bias.as_ref().unwrap().active(), 0);
+        assert_eq!(p.tables().get::<LogitBiasTable>().unwrap().state.active(), 0);
         p.step_slots(&[3, 3, 0], None).unwrap();
-        let bias = p.tables().logit_bias.as_ref().unwrap();
+        let bias = &p.tables().get::<LogitBiasTable>().unwrap().state;
         assert_eq!((bias.get(2), bias.get(3).is_some()), (None, true));
         let s = p.status();
-        assert_eq!(s.rows, 3);
+        assert_eq!(s.get("rows"), 3);
         // Slot 3's bias lands on rows 0 and 1, none on row 2 (slot 0 is empty).
-        let rs = p.tables.rows.as_ref().unwrap();
-        assert_eq!(rs.logit_bias.triples(), vec![(0, 3, 1.0), (1, 3, 1.0)]);
+        let rs = p.tables().get::<LogitBiasTable>().unwrap().row_copy().unwrap();
+        assert_eq!(rs.triples().triples(), vec![(0, 3, 1.0), (1, 3, 1.0)]);
         assert!(p.step_slots(&[9], None).is_err());
     }
 

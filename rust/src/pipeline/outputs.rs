@@ -37,11 +37,7 @@ impl<S: HistorySource> Pipeline<S> {
         let checked = self
             .check(index, p, id, output_len)
             .inspect_err(|_| self.uninstall(id))?;
-        let read = checked.min_tokens.is_some()
-            || checked.penalties.is_some()
-            || checked.bad_words.is_some()
-            || checked.thinking.is_some();
-        if !read && self.sources[i].take().is_some() {
+        if !self.reads_output(&checked) && self.sources[i].take().is_some() {
             // No table reads this output: nothing to re-read every step.
             self.listed -= 1;
         }
@@ -98,17 +94,8 @@ impl<S: HistorySource> Pipeline<S> {
                 }
             }
         };
-        if let Some(t) = &tables.min_tokens {
-            t.readers().for_each(&mut sync);
-        }
-        if let Some(t) = &tables.penalties {
-            t.readers().for_each(&mut sync);
-        }
-        if let Some(t) = &tables.bad_words {
-            t.readers().for_each(&mut sync);
-        }
-        if let Some(t) = &tables.thinking {
-            t.readers().for_each(&mut sync);
+        for t in tables.iter() {
+            t.readers(&mut sync);
         }
         match junk {
             None => Ok(()),

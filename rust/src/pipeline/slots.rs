@@ -1,25 +1,27 @@
 //! The stable-slot front-end (vLLM's Model Runner V2): slot changes staged until the step,
 //! and the row-space copies of the sparse tables for each step's row → slot map.
 
-use super::{Pipeline, RequestParams, Tables};
+use super::{Pipeline, RequestParams};
 use crate::batch::BatchUpdate;
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
 use crate::history::HistorySource;
-use crate::sparse::{Padding, SparseRows};
 
-/// Row-space copies of the sparse tables (stable-slot front-end).
+/// The stable slots' row map: the exported row → slot buffer and this step's map.
 pub(super) struct RowSpace {
     pub(super) row_to_slot: HostBuffer<i64>,
     pub(super) rows: usize,
-    pub(super) logit_bias: SparseRows<f32>,
-    pub(super) min_tokens: SparseRows<f32>,
-    pub(super) bad_words: SparseRows<f32>,
-    pub(super) allowed: SparseRows<f32>,
-    pub(super) allowed_rows: HostBuffer<i64>,
-    pub(super) allowed_rows_len: usize,
-    pub(super) thinking: SparseRows<f32>,
     pub(super) map: Vec<usize>,
+}
+
+impl RowSpace {
+    pub(super) fn try_new(rows: usize) -> Result<Self> {
+        Ok(RowSpace {
+            row_to_slot: HostBuffer::try_new(rows, 0, "row_to_slot")?,
+            rows: 0,
+            map: Vec::new(),
+        })
+    }
 }
 
 impl<S: HistorySource> Pipeline<S> {
@@ -132,67 +134,9 @@ impl<S: HistorySource> Pipeline<S> {
         rs.rows = row_to_slot.len();
         rs.map.clear();
         rs.map.extend_from_slice(row_to_slot);
-        let Tables {
-            logit_bias,
-            min_tokens,
-            bad_words,
-            thinking,
-            allowed,
-            rows,
-            ..
-        } = &mut self.tables;
-        let rs = rows.as_mut().expect("checked above");
         let map = &rs.map;
-        if let Some(s) = logit_bias {
-            remap(
-                s.triples(),
-                cap,
-                map,
-                &mut rs.logit_bias,
-                Padding::FirstWithValue(-0.0),
-            );
-        }
-        if let Some(s) = min_tokens {
-            remap(
-                s.triples(),
-                cap,
-                map,
-                &mut rs.min_tokens,
-                Padding::RepeatFirst,
-            );
-        }
-        if let Some(s) = bad_words {
-            remap(
-                s.triples(),
-                cap,
-                map,
-                &mut rs.bad_words,
-                Padding::RepeatFirst,
-            );
-        }
-        if let Some(s) = thinking {
-            remap(
-                s.triples(),
-                cap,
-                map,
-                &mut rs.thinking,
-                Padding::RepeatFirst,
-            );
-        }
-        if let Some(s) = allowed {
-            if remap(s.pairs(), cap, map, &mut rs.allowed, Padding::RepeatFirst) {
-                let restricted: Vec<usize> = (0..map.len())
-                    .filter(|&r| s.is_restricted(map[r]))
-                    .collect();
-                rs.allowed_rows_len = restricted.len();
-                let padded = padded_rows(restricted.len(), rs.allowed_rows.len());
-                for (k, &r) in restricted.iter().enumerate() {
-                    rs.allowed_rows.set(k, r as i64);
-                }
-                if let Some(&first) = restricted.first() {
-                    rs.allowed_rows.fill(restricted.len(), padded, first as i64);
-                }
-            }
+        for t in &mut self.tables.list {
+            t.map_rows(map, cap);
         }
         Ok(())
     }
@@ -201,43 +145,4 @@ impl<S: HistorySource> Pipeline<S> {
     pub fn row_map(&self) -> Option<&[usize]> {
         self.tables.rows.as_ref().map(|r| r.map.as_slice())
     }
-}
-
-/// Restricted-row padding: repeats of the first up to a power of two.
-pub(super) fn padded_rows(n: usize, cap: usize) -> usize {
-    if n == 0 {
-        0
-    } else {
-        n.next_power_of_two().min(cap)
-    }
-}
-
-/// Rewrites `out` as the row-space copy of slot-space triples `src`: every row gets the triples
-/// of its slot. Returns whether `out` changed.
-pub(super) fn remap(
-    src: &SparseRows<f32>,
-    capacity: usize,
-    row_to_slot: &[usize],
-    out: &mut SparseRows<f32>,
-    pad: Padding<f32>,
-) -> bool {
-    // Triples are grouped by slot in ascending order: find each slot's range once.
-    let n = src.len();
-    let mut start = vec![0usize; capacity + 1];
-    for i in 0..n {
-        start[src.rows().get(i) as usize + 1] += 1;
-    }
-    for s in 0..capacity {
-        start[s + 1] += start[s];
-    }
-    let mut entries = Vec::new();
-    for (r, &s) in row_to_slot.iter().enumerate() {
-        for i in start[s]..start[s + 1] {
-            if entries.len() >= out.capacity() {
-                break; // cannot happen: out holds rows × per-request cap
-            }
-            entries.push((r, src.cols().get(i), src.vals().get(i)));
-        }
-    }
-    out.rebuild_if_changed(&entries, pad)
 }

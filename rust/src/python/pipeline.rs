@@ -18,7 +18,13 @@ use crate::columns::{ColumnKind, ColumnSpec};
 use crate::history::HistoryId;
 use crate::host_apply;
 use crate::pipeline::{self, PipelineConfig, RequestParams};
-use crate::thinking::ThinkingConfig;
+use crate::allowed::AllowedTable;
+use crate::bad_words::BadWordsTable;
+use crate::logit_bias::LogitBiasTable;
+use crate::min_p::MinPState;
+use crate::min_tokens::MinTokensTable;
+use crate::penalties::PenaltiesState;
+use crate::thinking::{ThinkingConfig, ThinkingTable};
 
 #[pyclass(module = "logitsproc_rs._core")]
 pub struct Pipeline {
@@ -90,7 +96,7 @@ fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResu
 
 impl Pipeline {
     fn penalties_mut(&mut self) -> Option<&mut crate::penalties::PenaltiesState<HistoryId>> {
-        self.inner.tables_mut().penalties.as_mut()
+        self.inner.tables_mut().get_mut::<PenaltiesState<HistoryId>>()
     }
 
     /// Most rows a feed or a row map may have.
@@ -99,28 +105,8 @@ impl Pipeline {
     }
 
     fn status_vec(&self) -> Vec<usize> {
-        let s = self.inner.status();
-        let mut out = vec![
-            s.batch_size,
-            s.min_p_count,
-            s.logit_bias,
-            s.min_tokens,
-            s.bad_words,
-            s.allowed,
-            s.allowed_rows,
-            s.thinking,
-            s.penalties,
-            usize::from(s.placeholders),
-            s.rows,
-            s.row_logit_bias,
-            s.row_min_tokens,
-            s.row_bad_words,
-            s.row_allowed,
-            s.row_allowed_rows,
-            s.row_thinking,
-            usize::from(s.stepping),
-        ];
-        out.extend(s.columns_active);
+        let mut out = Vec::new();
+        self.inner.status_into(&mut out);
         out
     }
 
@@ -423,10 +409,14 @@ impl Pipeline {
         self.inner.capacity()
     }
 
-    /// The numbers the processors' applies read, as a list (see `Status` in the core):
-    /// batch_size, min_p_count, logit_bias, min_tokens, bad_words, allowed, allowed_rows,
-    /// thinking, penalties, placeholders, rows, row_logit_bias, row_min_tokens, row_bad_words,
-    /// row_allowed, row_allowed_rows, row_thinking, then each column's active count.
+    /// The names of `status`'s values, in order (fixed for the pipeline's life).
+    fn status_names(&self) -> Vec<String> {
+        self.inner.status_names()
+    }
+
+    /// The numbers the processors' applies read, as a list in `status_names`' order:
+    /// `batch_size`, each table's counts (`min_p`, `logit_bias`, `rows.logit_bias`, ...,
+    /// `column.<k>`), then `placeholders`, `rows`, `stepping`.
     fn status(&self) -> Vec<usize> {
         self.status_vec()
     }
@@ -457,7 +447,7 @@ impl Pipeline {
         mapped: bool,
     ) -> PyResult<()> {
         let map = self.check_rows(rows, mapped)?;
-        let Some(state) = &self.inner.tables().min_p else {
+        let Some(state) = self.inner.tables().get::<MinPState>() else {
             return Err(PyValueError::new_err("this pipeline has no MinP table"));
         };
         // SAFETY: the Python caller checked the tensor (see the docstring).
@@ -482,7 +472,7 @@ impl Pipeline {
         float64: bool,
     ) -> PyResult<()> {
         let map = self.check_rows(rows, mapped)?;
-        let Some(state) = &self.inner.tables().penalties else {
+        let Some(state) = self.inner.tables().get::<PenaltiesState<HistoryId>>() else {
             return Err(PyValueError::new_err(
                 "this pipeline has no penalties table",
             ));
@@ -522,10 +512,10 @@ impl Pipeline {
         self.check_rows(rows, false)?;
         let t = self.inner.tables();
         let (triples, add) = match table {
-            "logit_bias" => (t.logit_bias.as_ref().map(|s| s.triples()), true),
-            "min_tokens" => (t.min_tokens.as_ref().map(|s| s.triples()), false),
-            "bad_words" => (t.bad_words.as_ref().map(|s| s.triples()), false),
-            "thinking" => (t.thinking.as_ref().map(|s| s.triples()), false),
+            "logit_bias" => (t.get::<LogitBiasTable>().map(|s| s.state.triples()), true),
+            "min_tokens" => (t.get::<MinTokensTable>().map(|s| s.state.triples()), false),
+            "bad_words" => (t.get::<BadWordsTable>().map(|s| s.state.triples()), false),
+            "thinking" => (t.get::<ThinkingTable>().map(|s| s.state.triples()), false),
             _ => return Err(PyValueError::new_err(format!("no sparse table {table:?}"))),
         };
         let Some(triples) = triples else {
@@ -551,7 +541,7 @@ impl Pipeline {
         row_stride: usize,
     ) -> PyResult<()> {
         self.check_rows(rows, false)?;
-        let Some(state) = &self.inner.tables().allowed else {
+        let Some(state) = self.inner.tables().get::<AllowedTable>().map(|t| &t.state) else {
             return Err(PyValueError::new_err("this pipeline has no allowed table"));
         };
         // SAFETY: as above.
@@ -577,8 +567,8 @@ impl Pipeline {
         let padded = self
             .inner
             .tables()
-            .spec_min_tokens
-            .as_ref()
+            .get::<MinTokensTable>()
+            .and_then(|t| t.spec.as_ref())
             .map_or(0, |s| s.padded_len());
         Ok((rows, padded))
     }
@@ -594,8 +584,8 @@ impl Pipeline {
         let padded = self
             .inner
             .tables()
-            .spec_bad_words
-            .as_ref()
+            .get::<BadWordsTable>()
+            .and_then(|t| t.spec.as_ref())
             .map_or(0, |s| s.padded_len());
         Ok((rows, padded))
     }
@@ -624,40 +614,21 @@ impl Pipeline {
     /// The stored float32 min_p of a slot (None outside the table).
     fn min_p(&self, index: i64) -> Option<f32> {
         let i = usize::try_from(index).ok()?;
-        self.inner.tables().min_p.as_ref()?.get(i)
+        self.inner.tables().get::<MinPState>()?.get(i)
     }
 
     /// Requests each table tracks, as (table name, count) pairs.
-    fn active(&self) -> Vec<(&'static str, usize)> {
-        let t = self.inner.tables();
-        let mut out = Vec::new();
-        if let Some(s) = &t.min_p {
-            out.push(("min_p", s.count()));
-        }
-        if let Some(s) = &t.logit_bias {
-            out.push(("logit_bias", s.active()));
-        }
-        if let Some(s) = &t.min_tokens {
-            out.push(("min_tokens", s.active()));
-        }
-        if let Some(s) = &t.penalties {
-            out.push(("penalties", s.active()));
-        }
-        if let Some(s) = &t.bad_words {
-            out.push(("bad_words", s.active()));
-        }
-        if let Some(s) = &t.allowed {
-            out.push(("allowed", s.active()));
-        }
-        if let Some(s) = &t.thinking {
-            out.push(("thinking", s.active()));
-        }
-        out
+    fn active(&self) -> Vec<(String, usize)> {
+        self.inner
+            .tables()
+            .iter()
+            .filter_map(|t| t.active().map(|n| (t.name().to_string(), n)))
+            .collect()
     }
 
     /// Output tokens the penalties counted for a slot (None if untracked).
     fn penalties_counted(&self, index: usize) -> Option<Vec<i32>> {
-        let s = self.inner.tables().penalties.as_ref()?;
+        let s = self.inner.tables().get::<PenaltiesState<HistoryId>>()?;
         s.counted(index).map(<[i32]>::to_vec)
     }
 
@@ -665,8 +636,7 @@ impl Pipeline {
     fn thinking_forced(&self) -> Vec<(usize, i64)> {
         self.inner
             .tables()
-            .thinking
-            .as_ref()
-            .map_or_else(Vec::new, |s| s.forced().to_vec())
+            .get::<ThinkingTable>()
+            .map_or_else(Vec::new, |s| s.state.forced().to_vec())
     }
 }

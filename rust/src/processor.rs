@@ -1,0 +1,106 @@
+//! The one shape every table of a pipeline has.
+//!
+//! A [`Table`] is the per-slot state of one processor (a built-in, or one column of a custom
+//! processor). The pipeline holds a list of them and loops: every added request is checked by
+//! every table before anything changes (`check` is pure), then every table commits the same
+//! update with its own payload, then runs its per-step work. Nothing in the pipeline names a
+//! table; the built-ins are listed once, in [`crate::registry`].
+
+use std::any::Any;
+
+use crate::arena::HasBuffers;
+use crate::batch::BatchUpdate;
+use crate::error::Result;
+use crate::history::{HistoryId, HistoryStore};
+use crate::pipeline::Fields;
+
+/// One table's checked payload for one added request; `None` is the neutral request (the
+/// table holds nothing for it). Only the table that made it reads it back.
+pub type Entry = Option<Box<dyn Any + Send + Sync>>;
+
+/// Wraps a table's own payload as an [`Entry`].
+pub fn entry<T: Any + Send + Sync>(value: Option<T>) -> Entry {
+    value.map(|v| Box::new(v) as Box<dyn Any + Send + Sync>)
+}
+
+/// Unwraps an update's entries into the table's own payload type. An entry of another type
+/// cannot happen (the pipeline hands each table back what its own `check` made).
+pub fn unbox<T: Any>(update: BatchUpdate<Entry>) -> BatchUpdate<Option<T>> {
+    update.map_added(|e| e.map(|b| *b.downcast::<T>().expect("a table's own entry")))
+}
+
+/// What `check` may read besides the request's fields: its output history, installed in the
+/// pipeline's store before the check.
+#[derive(Clone, Copy, Debug)]
+pub struct Admission {
+    pub history: HistoryId,
+    pub output_len: usize,
+}
+
+/// What a commit or a step's work may read.
+pub struct StepContext<'a> {
+    pub batch_size: usize,
+    pub store: &'a HistoryStore,
+    pub capacity: usize,
+}
+
+/// Called with each (name, value) of a table's status, in a fixed order.
+pub type StatusSink<'a> = dyn FnMut(&str, usize) + 'a;
+
+/// The per-slot state of one processor.
+pub trait Table: HasBuffers + Send + Sync + 'static {
+    /// The processor's name (the registry's, or a column's declared name).
+    fn name(&self) -> &str;
+
+    /// Checks one added request at batch index `index`; nothing is written. A table takes the
+    /// fields it owns out of `fields` (each field is read by one table; the prompt is shared).
+    fn check(&self, index: usize, fields: &mut Fields, admission: Admission) -> Result<Entry>;
+
+    /// Applies a validated update (removed, moved, and this table's entries of the added).
+    fn commit(&mut self, update: BatchUpdate<Entry>, ctx: &StepContext<'_>);
+
+    /// The per-step work of a step without a batch change (new output tokens).
+    fn step(&mut self, _ctx: &StepContext<'_>) {}
+
+    /// Requests this table tracks (`None`: not reported, as for columns).
+    fn active(&self) -> Option<usize> {
+        None
+    }
+
+    /// Whether this table holds state a step must advance even without a batch change.
+    fn stepping(&self) -> bool {
+        false
+    }
+
+    /// Whether the last step stopped at an async placeholder in some output.
+    fn saw_placeholders(&self) -> bool {
+        false
+    }
+
+    /// Looks again at the outputs that stopped at a placeholder.
+    fn restep(&mut self, _ctx: &StepContext<'_>) {}
+
+    /// Whether an entry of this table reads its request's output history each step.
+    fn reads_history(&self) -> bool {
+        false
+    }
+
+    /// The output histories this table reads each step.
+    fn readers(&self, _f: &mut dyn FnMut(&HistoryId)) {}
+
+    /// What Python reads after a step, as named counts (the same names every call).
+    fn status(&self, out: &mut StatusSink<'_>);
+
+    /// Stable slots: builds this table's row-space copy for a row → slot map.
+    fn map_rows(&mut self, _row_to_slot: &[usize], _capacity: usize) {}
+
+    /// Buffers laid out after every table's own (row-space and draft-row copies).
+    fn visit_late_buffers(
+        &mut self,
+        _f: &mut dyn FnMut(&'static str, &mut dyn crate::arena::Staged),
+    ) {
+    }
+
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
