@@ -7,6 +7,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use logitsproc_rs::batch::BatchUpdate;
+use logitsproc_rs::fields::Value;
 use logitsproc_rs::history::SharedHistory;
 use logitsproc_rs::pipeline::{Output, Pipeline, PipelineConfig, RequestParams};
 use logitsproc_rs::thinking::ThinkingConfig;
@@ -33,48 +34,57 @@ impl Lcg {
 fn params(rng: &mut Lcg) -> RequestParams<SharedHistory> {
     let mut p = RequestParams::neutral(Output::fed(Vec::new()));
     if rng.below(2) == 0 {
-        p.min_p = 0.1;
+        p.set("min_p", Value::Float(0.1));
     }
     if rng.below(4) == 0 {
         let base = rng.below(VOCAB as u64 - 5) as i64;
-        p.logit_bias = (0..5).map(|k| (base + k, 1.0)).collect();
+        p.set(
+            "logit_bias",
+            Value::Bias((0..5).map(|k| (base + k, 1.0)).collect()),
+        );
     }
     if rng.below(4) == 0 {
-        p.min_tokens = 16;
-        p.stop_token_ids = vec![2, 3];
+        p.set("min_tokens", Value::Int(16));
+        p.set("stop_token_ids", Value::Ids(Some(vec![2, 3])));
     }
     if rng.below(3) == 0 {
-        p.repetition_penalty = 1.2;
-        p.frequency_penalty = 0.5;
+        p.set("repetition_penalty", Value::Float(1.2));
+        p.set("frequency_penalty", Value::Float(0.5));
         p.prompt = Some((0..32).map(|_| rng.below(VOCAB as u64) as i64).collect());
     }
     if rng.below(3) == 0 {
-        p.bad_words = vec![vec![7], vec![8, 9]];
+        p.set("bad_words", Value::IdLists(vec![vec![7], vec![8, 9]]));
     }
     if rng.below(4) == 0 {
-        p.thinking_budget = Some(64);
+        p.set("thinking_token_budget", Value::OptInt(Some(64)));
     }
     p
 }
 
 fn pipeline(b: usize) -> Pipeline<SharedHistory> {
-    Pipeline::new(PipelineConfig {
-        capacity: b,
-        vocab_size: VOCAB,
-        min_p: true,
-        logit_bias: Some(64),
-        min_tokens: Some(16),
-        penalties: true,
-        bad_words: Some((16, 8)),
-        allowed: Some(256),
-        thinking: Some(ThinkingConfig {
-            start_ids: vec![5],
-            end_ids: vec![6],
-        }),
-        host_kernels: true,
-        ..PipelineConfig::default()
-    })
-    .expect("valid sizes")
+    let mut cfg = PipelineConfig::new(b, VOCAB)
+        .with_cap("max_logit_bias_entries", 64)
+        .with_cap("max_stop_token_ids", 16)
+        .with_cap("max_bad_words", 16)
+        .with_cap("max_bad_word_len", 8)
+        .with_cap("max_allowed_token_ids", 256);
+    for t in [
+        "min_p",
+        "logit_bias",
+        "min_tokens",
+        "penalties",
+        "bad_words",
+        "allowed",
+        "thinking",
+    ] {
+        cfg = cfg.with(t);
+    }
+    cfg.thinking = Some(ThinkingConfig {
+        start_ids: vec![5],
+        end_ids: vec![6],
+    });
+    cfg.host_kernels = true;
+    Pipeline::new(cfg).expect("valid sizes")
 }
 
 fn bench_pipeline(c: &mut Criterion) {

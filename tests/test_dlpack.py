@@ -62,31 +62,33 @@ def P(min_p: float = 0.0, logit_bias: Any = None, min_tokens: int = 0, stop: Any
 
 
 def min_p_pipeline() -> Any:
-    return _core.Pipeline(CAP, VOCAB, min_p=True)
+    return _core.Pipeline(CAP, VOCAB, tables=["min_p"])
 
 
 def logit_bias_pipeline() -> Any:
-    return _core.Pipeline(CAP, VOCAB, logit_bias=MAX_BIAS)
+    return _core.Pipeline(CAP, VOCAB, tables=["logit_bias"], caps=[("max_logit_bias_entries", MAX_BIAS)])
 
 
 def min_tokens_pipeline() -> Any:
-    return _core.Pipeline(CAP, VOCAB, min_tokens=MAX_STOP)
+    return _core.Pipeline(CAP, VOCAB, tables=["min_tokens"], caps=[("max_stop_token_ids", MAX_STOP)])
 
 
 def allowed_pipeline() -> Any:
-    return _core.Pipeline(CAP, VOCAB, allowed=3)
+    return _core.Pipeline(CAP, VOCAB, tables=["allowed"], caps=[("max_allowed_token_ids", 3)])
 
 
 def bad_words_pipeline() -> Any:
-    return _core.Pipeline(CAP, VOCAB, bad_words=(3, 4))
+    return _core.Pipeline(
+        CAP, VOCAB, tables=["bad_words"], caps=[("max_bad_words", 3), ("max_bad_word_len", 4)]
+    )
 
 
 def penalties_pipeline() -> Any:
-    return _core.Pipeline(CAP, VOCAB, penalties=True)
+    return _core.Pipeline(CAP, VOCAB, tables=["penalties"])
 
 
 def thinking_pipeline() -> Any:
-    return _core.Pipeline(CAP, VOCAB, thinking=([5], [7]))
+    return _core.Pipeline(CAP, VOCAB, tables=["thinking"], thinking=([5], [7]))
 
 
 def section_index(core: Any, name: str) -> int:
@@ -252,7 +254,12 @@ def test_accessors_return_the_same_buffer_each_time() -> None:
     i = section_index(m, "min_p.log_min_p")
     assert m.buffer(i).data_ptr == m.buffer(i).data_ptr
     # Every section of a pipeline is its own buffer.
-    p = _core.Pipeline(CAP, VOCAB, min_p=True, logit_bias=MAX_BIAS, min_tokens=MAX_STOP)
+    p = _core.Pipeline(
+        CAP,
+        VOCAB,
+        tables=["min_p", "logit_bias", "min_tokens"],
+        caps=[("max_logit_bias_entries", MAX_BIAS), ("max_stop_token_ids", MAX_STOP)],
+    )
     ptrs = [p.buffer(k).data_ptr for k in range(len(p.sections()))]
     assert len(set(ptrs)) == len(ptrs)
 
@@ -480,14 +487,14 @@ def test_no_crash_on_interpreter_shutdown(tmp_path: Path) -> None:
         from logitsproc_rs import _core
         keep = []
         for i in range(20):
-            s = _core.Pipeline(8, 50, logit_bias=4)
+            s = _core.Pipeline(8, 50, tables=["logit_bias"], caps=[("max_logit_bias_entries", 4)])
             ix = {name: k for k, (name, *_rest) in enumerate(s.sections())}
             keep.append(torch.from_dlpack(s.buffer(ix["logit_bias.rows"])))
             keep.append(np.from_dlpack(s.buffer(ix["logit_bias.vals"])))
             # never consumed
             keep.append(s.buffer(ix["logit_bias.cols"]).__dlpack__(max_version=(1, 0)))
             keep.append(s.staging(0).__dlpack__())
-            m = _core.Pipeline(8, 50, min_p=True)
+            m = _core.Pipeline(8, 50, tables=["min_p"])
             keep.append(torch.from_dlpack(m.buffer(0).__dlpack__()))
             del s, m
         gc.collect()

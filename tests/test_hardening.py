@@ -126,7 +126,7 @@ def test_an_allocation_that_fails_is_a_memory_error_in_a_subprocess() -> None:
         spec.loader.exec_module(_core)
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
         try:
-            _core.Pipeline(2**20, 50, allowed=255)
+            _core.Pipeline(2**20, 50, tables=['allowed'], caps=[('max_allowed_token_ids', 255)])
         except MemoryError as e:
             print("raised", type(e).__name__)
         """

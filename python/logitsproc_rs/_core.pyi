@@ -23,6 +23,12 @@ __all__ = [
 ]
 
 __version__: str
+
+def builtins() -> list[tuple[str, list[tuple[str, int]], list[tuple[str, str]]]]:
+    """The core's registry: ``(name, caps, fields)`` per built-in table in reading order;
+    ``caps`` as (engine-config name, default), ``fields`` as (name, SamplingParams
+    attribute)."""
+
 PAGE_SIZE: int
 SECTION_ALIGN: int
 
@@ -63,12 +69,8 @@ class Pipeline:
         capacity: int,
         vocab_size: int,
         *,
-        min_p: bool = False,
-        logit_bias: int | None = None,
-        min_tokens: int | None = None,
-        penalties: bool = False,
-        bad_words: tuple[int, int] | None = None,
-        allowed: int | None = None,
+        tables: Sequence[str] = ...,
+        caps: Sequence[tuple[str, int]] = ...,
         thinking: tuple[Sequence[int], Sequence[int]] | None = None,
         spec_tokens: int = 0,
         columns: Sequence[tuple[str, str, int, float, Callable[[Any], Any]]] = ...,
@@ -77,10 +79,10 @@ class Pipeline:
         max_rows: int | None = None,
         host_kernels: bool = False,
     ) -> Pipeline:
-        """Builds the named tables (absent ones are not built). ``logit_bias``,
-        ``min_tokens``, ``allowed``: per-request caps; ``bad_words``: (words, tokens per
-        word); ``thinking``: (start ids, end ids); ``columns``: (name, kind, width, default,
-        reader) with kind ``float``/``int``/``array``/``tokens``."""
+        """Builds the built-in ``tables`` named (see ``builtins()``), sized by the per-request
+        ``caps`` (engine-config names; a cap not given takes its default); ``thinking``:
+        (start ids, end ids), needed by the "thinking" table; ``columns``: (name, kind, width,
+        default, reader) with kind ``float``/``int``/``array``/``tokens``."""
 
     def step(
         self,

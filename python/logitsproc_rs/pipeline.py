@@ -36,13 +36,9 @@ from .params import (
     config_spec_tokens,
     config_vocab_size,
 )
+from .registry import TABLES, caps_of
 
 
-DEFAULT_MAX_LOGIT_BIAS_ENTRIES = 1024
-DEFAULT_MAX_STOP_TOKEN_IDS = 128
-DEFAULT_MAX_BAD_WORDS = 128
-DEFAULT_MAX_BAD_WORD_LEN = 64
-DEFAULT_MAX_ALLOWED_TOKEN_IDS = 4096
 
 
 def _update_signature(update: Any) -> tuple[int, ...] | None:
@@ -95,15 +91,7 @@ class Pipeline:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         tables = set(tables)
-        unknown = tables - {
-            "min_p",
-            "logit_bias",
-            "min_tokens",
-            "penalties",
-            "bad_words",
-            "allowed",
-            "thinking",
-        }
+        unknown = tables - TABLES.keys()
         if unknown:
             raise ValueError(f"unknown tables {sorted(unknown)}")
         self.vocab_size = _config_int(config_vocab_size, vllm_config, "vocab_size")
@@ -122,23 +110,8 @@ class Pipeline:
         self.core = _core.Pipeline(
             self.capacity,
             self.vocab_size,
-            min_p="min_p" in tables,
-            logit_bias=cap(vllm_config, "max_logit_bias_entries", DEFAULT_MAX_LOGIT_BIAS_ENTRIES)
-            if "logit_bias" in tables
-            else None,
-            min_tokens=cap(vllm_config, "max_stop_token_ids", DEFAULT_MAX_STOP_TOKEN_IDS)
-            if "min_tokens" in tables
-            else None,
-            penalties="penalties" in tables,
-            bad_words=(
-                cap(vllm_config, "max_bad_words", DEFAULT_MAX_BAD_WORDS),
-                cap(vllm_config, "max_bad_word_len", DEFAULT_MAX_BAD_WORD_LEN),
-            )
-            if "bad_words" in tables
-            else None,
-            allowed=cap(vllm_config, "max_allowed_token_ids", DEFAULT_MAX_ALLOWED_TOKEN_IDS)
-            if "allowed" in tables
-            else None,
+            tables=sorted(tables),
+            caps=sorted(caps_of(tables, vllm_config, cap).items()),
             thinking=thinking,
             spec_tokens=self.spec_tokens,
             columns=[c.declaration() for c in self.columns],

@@ -11,13 +11,27 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
+use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::limits::check_token;
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::registry::Build;
+use crate::row_space::{padded_rows, RowCopy};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::pipeline::Fields;
 use std::any::Any;
-use crate::row_space::{padded_rows, RowCopy};
+
+/// Per-request caps (engine-config names) and their defaults.
+pub const CAPS: &[(&str, usize)] = &[("max_allowed_token_ids", 4096)];
+
+/// The request fields allowed ids read. Duplicates are allowed in the list and the cap
+/// applies to the distinct ids, so a bounded multiple is read.
+pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
+    "allowed_token_ids",
+    FieldKind::Ids {
+        cap: "max_allowed_token_ids",
+        factor: 4,
+    },
+)];
 
 pub struct AllowedState {
     table: SlotTable<Vec<i32>>,
@@ -161,7 +175,6 @@ impl HasBuffers for AllowedState {
     }
 }
 
-
 /// Allowed ids in a pipeline: the state and its row-space copies (stable slots).
 pub struct AllowedTable {
     pub state: AllowedState,
@@ -191,7 +204,11 @@ impl AllowedTable {
                         pairs: RowCopy::try_new(
                             r * max_ids,
                             Padding::RepeatFirst,
-                            ["rows.allowed.rows", "rows.allowed.cols", "rows.allowed.vals"],
+                            [
+                                "rows.allowed.rows",
+                                "rows.allowed.cols",
+                                "rows.allowed.vals",
+                            ],
                         )?,
                         restricted: HostBuffer::try_new(r, 0, "row_to_slot")?,
                         restricted_len: 0,
@@ -214,7 +231,7 @@ impl Table for AllowedTable {
     }
 
     fn check(&self, index: usize, fields: &mut Fields, _: Admission) -> Result<processor::Entry> {
-        let ids = fields.allowed_token_ids.take();
+        let ids = fields.take_ids(&FIELDS[0]);
         Ok(processor::entry(self.state.check(index, ids)?))
     }
 
@@ -271,6 +288,17 @@ impl Table for AllowedTable {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+}
+
+/// Builds the table for a pipeline (the registry's entry).
+pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
+    let n = b.cap("max_allowed_token_ids")?;
+    Ok(Box::new(AllowedTable::try_new(
+        b.capacity,
+        b.vocab_size,
+        n,
+        b.rows,
+    )?))
 }
 
 #[cfg(test)]

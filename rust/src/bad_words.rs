@@ -8,17 +8,31 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
+use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::registry::Build;
+use crate::row_space::RowCopy;
 use crate::sparse::{
     draft_offsets, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
 };
 use crate::table::SlotTable;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::pipeline::Fields;
 use std::any::Any;
-use crate::history::HistoryId;
-use crate::row_space::RowCopy;
+
+/// Per-request caps (engine-config names) and their defaults.
+pub const CAPS: &[(&str, usize)] = &[("max_bad_words", 128), ("max_bad_word_len", 64)];
+
+/// The request fields bad words read.
+pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
+    "bad_words",
+    FieldKind::IdLists {
+        lists: "max_bad_words",
+        len: "max_bad_word_len",
+    },
+)
+.from_attr("bad_words_token_ids")];
 
 pub struct BadWordsParams<H> {
     pub words: Vec<Vec<i64>>,
@@ -268,7 +282,6 @@ impl<H> HasBuffers for BadWordsState<H> {
     }
 }
 
-
 /// BadWords in a pipeline: the state, its row-space copy (stable slots) and its draft-row masks.
 pub struct BadWordsTable {
     pub state: BadWordsState<HistoryId>,
@@ -279,8 +292,11 @@ pub struct BadWordsTable {
 
 impl BadWordsTable {
     /// `state` with a row-space copy of `row_space` triples (stable slots) and room for `spec` draft-row triples.
-    pub fn try_new(state: BadWordsState<HistoryId>, row_space: Option<usize>,
-        spec: Option<usize>) -> Result<Self> {
+    pub fn try_new(
+        state: BadWordsState<HistoryId>,
+        row_space: Option<usize>,
+        spec: Option<usize>,
+    ) -> Result<Self> {
         Ok(BadWordsTable {
             state,
             rows: row_space
@@ -288,7 +304,11 @@ impl BadWordsTable {
                     RowCopy::try_new(
                         n,
                         Padding::RepeatFirst,
-                        ["rows.bad_words.rows", "rows.bad_words.cols", "rows.bad_words.vals"],
+                        [
+                            "rows.bad_words.rows",
+                            "rows.bad_words.cols",
+                            "rows.bad_words.vals",
+                        ],
                     )
                 })
                 .transpose()?,
@@ -312,7 +332,7 @@ impl Table for BadWordsTable {
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let p = BadWordsParams {
-            words: std::mem::take(&mut fields.bad_words),
+            words: fields.take_id_lists(&FIELDS[0]),
             output: a.history,
         };
         Ok(processor::entry(self.state.check(index, p)?))
@@ -354,7 +374,10 @@ impl Table for BadWordsTable {
 
     fn status(&self, out: &mut StatusSink<'_>) {
         out("bad_words", self.state.triples().padded_len());
-        out("rows.bad_words", self.rows.as_ref().map_or(0, RowCopy::padded_len));
+        out(
+            "rows.bad_words",
+            self.rows.as_ref().map_or(0, RowCopy::padded_len),
+        );
     }
 
     fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
@@ -368,7 +391,14 @@ impl Table for BadWordsTable {
             r.visit(f);
         }
         if let Some(s) = &mut self.spec {
-            s.visit_as(["spec.bad_words.rows", "spec.bad_words.cols", "spec.bad_words.vals"], f);
+            s.visit_as(
+                [
+                    "spec.bad_words.rows",
+                    "spec.bad_words.cols",
+                    "spec.bad_words.vals",
+                ],
+                f,
+            );
         }
     }
 
@@ -379,6 +409,25 @@ impl Table for BadWordsTable {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+}
+
+/// Builds the table for a pipeline (the registry's entry).
+pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
+    let w = b.cap("max_bad_words")?;
+    let l = b.cfg.cap("max_bad_word_len");
+    if l == 0 || l > crate::limits::MAX_ELEMENTS {
+        return Err(Error::TooLarge {
+            field: "max_bad_word_len",
+            value: l,
+            max: crate::limits::MAX_ELEMENTS,
+        });
+    }
+    let state = BadWordsState::try_new(b.capacity, b.vocab_size, w, l)?;
+    Ok(Box::new(BadWordsTable::try_new(
+        state,
+        b.row_space(w),
+        b.drafts(w),
+    )?))
 }
 
 #[cfg(test)]

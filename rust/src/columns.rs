@@ -10,9 +10,9 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
+use crate::fields::Fields;
 use crate::limits::check_token;
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::pipeline::Fields;
 use std::any::Any;
 
 /// What one column holds per request.
@@ -265,7 +265,6 @@ impl HasBuffers for Column {
     }
 }
 
-
 /// One declared column in a pipeline: the `position`-th of the request's column values.
 pub struct ColumnTable {
     pub column: Column,
@@ -298,7 +297,9 @@ impl Table for ColumnTable {
         let value = fields
             .columns
             .get_mut(self.position)
-            .map_or(ColumnValue::Unset, |v| std::mem::replace(v, ColumnValue::Unset));
+            .map_or(ColumnValue::Unset, |v| {
+                std::mem::replace(v, ColumnValue::Unset)
+            });
         Ok(processor::entry(self.column.check(index, value)?))
     }
 

@@ -14,6 +14,7 @@ pub mod buffer;
 pub mod columns;
 pub mod dlpack;
 pub mod error;
+pub mod fields;
 pub mod history;
 pub mod host_apply;
 pub mod limits;

@@ -7,13 +7,25 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
+use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::limits::check_token;
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::registry::Build;
+use crate::row_space::RowCopy;
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::pipeline::Fields;
 use std::any::Any;
-use crate::row_space::RowCopy;
+
+/// Per-request caps (engine-config names) and their defaults.
+pub const CAPS: &[(&str, usize)] = &[("max_logit_bias_entries", 1024)];
+
+/// The request fields LogitBias reads.
+pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
+    "logit_bias",
+    FieldKind::Bias {
+        cap: "max_logit_bias_entries",
+    },
+)];
 
 pub struct LogitBiasState {
     table: SlotTable<Vec<(i32, f32)>>,
@@ -140,7 +152,6 @@ impl HasBuffers for LogitBiasState {
     }
 }
 
-
 /// LogitBias in a pipeline: the state and its row-space copy (stable slots).
 pub struct LogitBiasTable {
     pub state: LogitBiasState,
@@ -162,7 +173,11 @@ impl LogitBiasTable {
                     RowCopy::try_new(
                         r * max_entries,
                         Padding::FirstWithValue(-0.0),
-                        ["rows.logit_bias.rows", "rows.logit_bias.cols", "rows.logit_bias.vals"],
+                        [
+                            "rows.logit_bias.rows",
+                            "rows.logit_bias.cols",
+                            "rows.logit_bias.vals",
+                        ],
                     )
                 })
                 .transpose()?,
@@ -186,7 +201,7 @@ impl Table for LogitBiasTable {
     }
 
     fn check(&self, index: usize, fields: &mut Fields, _: Admission) -> Result<processor::Entry> {
-        let bias = std::mem::take(&mut fields.logit_bias);
+        let bias = fields.take_bias(&FIELDS[0]);
         Ok(processor::entry(self.state.check(index, bias)?))
     }
 
@@ -200,7 +215,10 @@ impl Table for LogitBiasTable {
 
     fn status(&self, out: &mut StatusSink<'_>) {
         out("logit_bias", self.state.triples().padded_len());
-        out("rows.logit_bias", self.rows.as_ref().map_or(0, RowCopy::padded_len));
+        out(
+            "rows.logit_bias",
+            self.rows.as_ref().map_or(0, RowCopy::padded_len),
+        );
     }
 
     fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
@@ -222,6 +240,17 @@ impl Table for LogitBiasTable {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+}
+
+/// Builds the table for a pipeline (the registry's entry).
+pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
+    let n = b.cap("max_logit_bias_entries")?;
+    Ok(Box::new(LogitBiasTable::try_new(
+        b.capacity,
+        b.vocab_size,
+        n,
+        b.rows,
+    )?))
 }
 
 #[cfg(test)]

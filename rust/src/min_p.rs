@@ -9,9 +9,13 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
-use crate::pipeline::Fields;
+use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::processor::{entry, unbox, Admission, Entry, StatusSink, StepContext, Table};
+use crate::registry::Build;
 use std::any::Any;
+
+/// The request fields MinP reads.
+pub const FIELDS: &[FieldSpec] = &[FieldSpec::new("min_p", FieldKind::Float { neutral: 0.0 })];
 
 pub struct MinPState {
     values: Vec<f32>,
@@ -163,7 +167,7 @@ impl Table for MinPState {
 
     fn check(&self, index: usize, fields: &mut Fields, _: Admission) -> Result<Entry> {
         // Kept as given, −0.0 included (the stored float32 is vLLM's).
-        Ok(entry(Some(Self::check(index, fields.min_p)?)))
+        Ok(entry(Some(Self::check(index, fields.float(&FIELDS[0]))?)))
     }
 
     fn commit(&mut self, update: BatchUpdate<Entry>, _: &StepContext<'_>) {
@@ -242,6 +246,11 @@ fn row_max(line: &[f32]) -> f32 {
     } else {
         max
     }
+}
+
+/// Builds the table for a pipeline (the registry's entry).
+pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
+    Ok(Box::new(MinPState::try_new(b.capacity)?))
 }
 
 #[cfg(test)]

@@ -8,17 +8,36 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
+use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::registry::Build;
+use crate::row_space::RowCopy;
 use crate::sparse::{
     draft_offsets, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
 };
 use crate::table::SlotTable;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::pipeline::Fields;
 use std::any::Any;
-use crate::history::HistoryId;
-use crate::row_space::RowCopy;
+
+/// Per-request caps (engine-config names) and their defaults.
+pub const CAPS: &[(&str, usize)] = &[("max_stop_token_ids", 128)];
+
+/// The request fields MinTokens reads: the stop ids only when `min_tokens` > 0 (a plain
+/// request's stop ids are not capped by this table).
+pub const FIELDS: &[FieldSpec] = &[
+    FieldSpec::new("min_tokens", FieldKind::Int { neutral: 0 }),
+    FieldSpec::new(
+        "stop_token_ids",
+        FieldKind::Ids {
+            cap: "max_stop_token_ids",
+            factor: 1,
+        },
+    )
+    .from_attr("all_stop_token_ids")
+    .when_positive("min_tokens"),
+];
 
 /// One added request's parameters, as read from its sampling params.
 pub struct MinTokensParams<H> {
@@ -208,7 +227,6 @@ impl<H> HasBuffers for MinTokensState<H> {
     }
 }
 
-
 /// MinTokens in a pipeline: the state, its row-space copy (stable slots) and its draft-row masks.
 pub struct MinTokensTable {
     pub state: MinTokensState<HistoryId>,
@@ -219,8 +237,11 @@ pub struct MinTokensTable {
 
 impl MinTokensTable {
     /// `state` with a row-space copy of `row_space` triples (stable slots) and room for `spec` draft-row triples.
-    pub fn try_new(state: MinTokensState<HistoryId>, row_space: Option<usize>,
-        spec: Option<usize>) -> Result<Self> {
+    pub fn try_new(
+        state: MinTokensState<HistoryId>,
+        row_space: Option<usize>,
+        spec: Option<usize>,
+    ) -> Result<Self> {
         Ok(MinTokensTable {
             state,
             rows: row_space
@@ -228,7 +249,11 @@ impl MinTokensTable {
                     RowCopy::try_new(
                         n,
                         Padding::RepeatFirst,
-                        ["rows.min_tokens.rows", "rows.min_tokens.cols", "rows.min_tokens.vals"],
+                        [
+                            "rows.min_tokens.rows",
+                            "rows.min_tokens.cols",
+                            "rows.min_tokens.vals",
+                        ],
                     )
                 })
                 .transpose()?,
@@ -252,8 +277,8 @@ impl Table for MinTokensTable {
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let p = MinTokensParams {
-            min_tokens: fields.min_tokens,
-            stop_token_ids: std::mem::take(&mut fields.stop_token_ids),
+            min_tokens: fields.int(&FIELDS[0]),
+            stop_token_ids: fields.take_ids(&FIELDS[1]).unwrap_or_default(),
             output: a.history,
             output_len: a.output_len,
         };
@@ -286,7 +311,10 @@ impl Table for MinTokensTable {
 
     fn status(&self, out: &mut StatusSink<'_>) {
         out("min_tokens", self.state.triples().padded_len());
-        out("rows.min_tokens", self.rows.as_ref().map_or(0, RowCopy::padded_len));
+        out(
+            "rows.min_tokens",
+            self.rows.as_ref().map_or(0, RowCopy::padded_len),
+        );
     }
 
     fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
@@ -300,7 +328,14 @@ impl Table for MinTokensTable {
             r.visit(f);
         }
         if let Some(s) = &mut self.spec {
-            s.visit_as(["spec.min_tokens.rows", "spec.min_tokens.cols", "spec.min_tokens.vals"], f);
+            s.visit_as(
+                [
+                    "spec.min_tokens.rows",
+                    "spec.min_tokens.cols",
+                    "spec.min_tokens.vals",
+                ],
+                f,
+            );
         }
     }
 
@@ -311,6 +346,17 @@ impl Table for MinTokensTable {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+}
+
+/// Builds the table for a pipeline (the registry's entry).
+pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
+    let n = b.cap("max_stop_token_ids")?;
+    let state = MinTokensState::try_new(b.capacity, b.vocab_size, n)?;
+    Ok(Box::new(MinTokensTable::try_new(
+        state,
+        b.row_space(n),
+        b.drafts(n),
+    )?))
 }
 
 #[cfg(test)]

@@ -23,17 +23,26 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
+use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::registry::Build;
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::pipeline::Fields;
 use std::any::Any;
-use crate::history::HistoryId;
 
 /// Bit marking "token occurs in the prompt" in a device count cell.
 pub const PROMPT_FLAG: i32 = 1 << 30;
+
+/// The request fields the penalties read; any of them off its neutral value makes the
+/// prompt read too.
+pub const FIELDS: &[FieldSpec] = &[
+    FieldSpec::new("repetition_penalty", FieldKind::Float { neutral: 1.0 }),
+    FieldSpec::new("frequency_penalty", FieldKind::Float { neutral: 0.0 }),
+    FieldSpec::new("presence_penalty", FieldKind::Float { neutral: 0.0 }),
+];
 
 /// One added request's penalty parameters.
 pub struct PenaltyParams<H> {
@@ -563,7 +572,6 @@ fn uncount(counts: &mut Counts, t: i32) {
     }
 }
 
-
 impl Table for PenaltiesState<HistoryId> {
     fn name(&self) -> &str {
         "penalties"
@@ -571,9 +579,9 @@ impl Table for PenaltiesState<HistoryId> {
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let p = PenaltyParams {
-            repetition_penalty: fields.repetition_penalty,
-            frequency_penalty: fields.frequency_penalty,
-            presence_penalty: fields.presence_penalty,
+            repetition_penalty: fields.float(&FIELDS[0]),
+            frequency_penalty: fields.float(&FIELDS[1]),
+            presence_penalty: fields.float(&FIELDS[2]),
             prompt: fields.prompt.clone(),
             output: a.history,
         };
@@ -610,6 +618,10 @@ impl Table for PenaltiesState<HistoryId> {
         true
     }
 
+    fn wants_prompt(&self, fields: &Fields) -> bool {
+        FIELDS.iter().any(|f| fields.is_set(f))
+    }
+
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
         PenaltiesState::readers(self).for_each(f);
     }
@@ -625,6 +637,14 @@ impl Table for PenaltiesState<HistoryId> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+}
+
+/// Builds the table for a pipeline (the registry's entry).
+pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
+    let cap = b.capacity;
+    let mut p = PenaltiesState::try_new(cap, b.vocab_size, (4 * cap).max(16384))?;
+    p.set_device_ops(!b.cfg.host_kernels);
+    Ok(Box::new(p))
 }
 
 #[cfg(test)]

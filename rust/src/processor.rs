@@ -11,8 +11,8 @@ use std::any::Any;
 use crate::arena::HasBuffers;
 use crate::batch::BatchUpdate;
 use crate::error::Result;
+use crate::fields::Fields;
 use crate::history::{HistoryId, HistoryStore};
-use crate::pipeline::Fields;
 
 /// One table's checked payload for one added request; `None` is the neutral request (the
 /// table holds nothing for it). Only the table that made it reads it back.
@@ -79,6 +79,12 @@ pub trait Table: HasBuffers + Send + Sync + 'static {
 
     /// Looks again at the outputs that stopped at a placeholder.
     fn restep(&mut self, _ctx: &StepContext<'_>) {}
+
+    /// Whether this table reads the request's prompt, given its fields (the prompt is read
+    /// from the engine only when some table wants it).
+    fn wants_prompt(&self, _fields: &Fields) -> bool {
+        false
+    }
 
     /// Whether an entry of this table reads its request's output history each step.
     fn reads_history(&self) -> bool {

@@ -1,25 +1,34 @@
-//! The built-in tables, listed once.
-//!
-//! Each entry says how a [`PipelineConfig`] asks for the table and builds it; the pipeline
-//! builds every entry that is asked for, in this order (which is also the arena's layout
-//! order: small, often-written buffers first, so a typical step's upload span is short), and
-//! the declared columns after the entry named [`COLUMNS_AFTER`]. Nothing else in the core
-//! names a built-in table.
+//! The built-in tables, listed once: each entry's name, the per-request caps it is sized by
+//! (with their defaults), the request fields it reads, where its buffers go in the arena, and
+//! how it is built. The pipeline, the bindings' field reader and (through the bindings) the
+//! Python side derive everything about a built-in from this list; nothing else in the core
+//! names one.
 
-use crate::allowed::AllowedTable;
-use crate::bad_words::{BadWordsState, BadWordsTable};
 use crate::error::{Error, Result};
+use crate::fields::FieldSpec;
 use crate::limits::MAX_ELEMENTS;
-use crate::logit_bias::LogitBiasTable;
-use crate::min_p::MinPState;
-use crate::min_tokens::{MinTokensState, MinTokensTable};
-use crate::penalties::PenaltiesState;
 use crate::pipeline::PipelineConfig;
 use crate::processor::Table;
-use crate::thinking::{ThinkingState, ThinkingTable};
 
-/// The sizes every table is built with.
-pub struct Sizing {
+/// One built-in table.
+pub struct Builtin {
+    pub name: &'static str,
+    /// Per-request caps (engine-config names) and their defaults.
+    pub caps: &'static [(&'static str, usize)],
+    /// The request fields it reads, in reading order.
+    pub fields: &'static [FieldSpec],
+    /// Its place in the arena: small, often-written buffers first, so a typical step's
+    /// upload span is short. Declared columns take [`COLUMNS_LAYOUT`].
+    pub layout: u8,
+    pub build: fn(&Build<'_>) -> Result<Box<dyn Table>>,
+}
+
+/// Declared columns' place in the arena (see [`Builtin::layout`]).
+pub const COLUMNS_LAYOUT: u8 = 2;
+
+/// What a table is built from: the pipeline's sizes and config.
+pub struct Build<'a> {
+    pub cfg: &'a PipelineConfig,
     pub capacity: usize,
     pub vocab_size: usize,
     /// Rows of the stable-slot front-end's row space (`None`: V1 only, no row-space copies).
@@ -30,9 +39,16 @@ pub struct Sizing {
     pub row_factor: usize,
 }
 
-impl Sizing {
-    /// Checks a per-request cap against every buffer it sizes (`capacity × cap × rows or
-    /// drafts`), naming `field` when the product is too large.
+impl Build<'_> {
+    /// A per-request cap: the config's, else the registry's default; checked against every
+    /// buffer it sizes (`capacity × cap × rows or drafts`), naming the cap when too large.
+    pub fn cap(&self, name: &'static str) -> Result<usize> {
+        let n = self.cfg.cap(name);
+        self.check(n, name)?;
+        Ok(n)
+    }
+
+    /// Checks a per-request size against every buffer it sizes.
     pub fn check(&self, per_request: usize, field: &'static str) -> Result<usize> {
         let cap = self.capacity;
         let factor = self.row_factor.max(self.spec_tokens.max(1));
@@ -48,104 +64,79 @@ impl Sizing {
     }
 
     /// Row-space triples for a per-request cap (stable slots only).
-    fn row_space(&self, per_request: usize) -> Option<usize> {
+    pub fn row_space(&self, per_request: usize) -> Option<usize> {
         self.rows.map(|r| r * per_request)
     }
 
     /// Draft-row triples for a per-request cap (speculative decoding only).
-    fn drafts(&self, per_request: usize) -> Option<usize> {
+    pub fn drafts(&self, per_request: usize) -> Option<usize> {
         (self.spec_tokens > 0).then(|| self.capacity * per_request * self.spec_tokens)
     }
 }
 
-/// One built-in: its name and how a config asks for it.
-pub struct Builtin {
-    pub name: &'static str,
-    /// `None` when the config does not ask for this table.
-    pub build: fn(&PipelineConfig, &Sizing) -> Option<Result<Box<dyn Table>>>,
+/// The default of a registered cap (`None`: no built-in declares it).
+pub fn default_cap(name: &str) -> Option<usize> {
+    BUILTINS
+        .iter()
+        .flat_map(|b| b.caps)
+        .find(|(n, _)| *n == name)
+        .map(|&(_, d)| d)
 }
 
-/// The declared columns follow this entry.
-pub const COLUMNS_AFTER: &str = "penalties";
-
-fn boxed<T: Table>(t: Result<T>) -> Result<Box<dyn Table>> {
-    t.map(|t| Box::new(t) as Box<dyn Table>)
+pub fn builtin(name: &str) -> Option<&'static Builtin> {
+    BUILTINS.iter().find(|b| b.name == name)
 }
 
+/// The built-ins, in the order requests are read and checked (errors name the first bad
+/// field in this order).
 pub const BUILTINS: &[Builtin] = &[
     Builtin {
         name: "min_p",
-        build: |cfg, s| cfg.min_p.then(|| boxed(MinPState::try_new(s.capacity))),
-    },
-    Builtin {
-        name: "penalties",
-        build: |cfg, s| {
-            cfg.penalties.then(|| {
-                let cap = s.capacity;
-                PenaltiesState::try_new(cap, s.vocab_size, (4 * cap).max(16384)).map(|mut p| {
-                    p.set_device_ops(!cfg.host_kernels);
-                    Box::new(p) as Box<dyn Table>
-                })
-            })
-        },
-    },
-    Builtin {
-        name: "thinking",
-        build: |cfg, s| {
-            cfg.thinking.clone().map(|t| {
-                let state = ThinkingState::new(s.capacity, s.vocab_size, t)?;
-                boxed(ThinkingTable::try_new(state, s.row_space(1)))
-            })
-        },
-    },
-    Builtin {
-        name: "min_tokens",
-        build: |cfg, s| {
-            cfg.min_tokens.map(|n| {
-                s.check(n, "max_stop_token_ids")?;
-                let state = MinTokensState::try_new(s.capacity, s.vocab_size, n)?;
-                boxed(MinTokensTable::try_new(state, s.row_space(n), s.drafts(n)))
-            })
-        },
-    },
-    Builtin {
-        name: "bad_words",
-        build: |cfg, s| {
-            cfg.bad_words.map(|(w, l)| {
-                s.check(w, "max_bad_words")?;
-                if l == 0 || l > MAX_ELEMENTS {
-                    return Err(Error::TooLarge {
-                        field: "max_bad_word_len",
-                        value: l,
-                        max: MAX_ELEMENTS,
-                    });
-                }
-                let state = BadWordsState::try_new(s.capacity, s.vocab_size, w, l)?;
-                boxed(BadWordsTable::try_new(state, s.row_space(w), s.drafts(w)))
-            })
-        },
+        caps: &[],
+        fields: crate::min_p::FIELDS,
+        layout: 0,
+        build: crate::min_p::build,
     },
     Builtin {
         name: "logit_bias",
-        build: |cfg, s| {
-            cfg.logit_bias.map(|n| {
-                s.check(n, "max_logit_bias_entries")?;
-                boxed(LogitBiasTable::try_new(
-                    s.capacity,
-                    s.vocab_size,
-                    n,
-                    s.rows,
-                ))
-            })
-        },
+        caps: crate::logit_bias::CAPS,
+        fields: crate::logit_bias::FIELDS,
+        layout: 6,
+        build: crate::logit_bias::build,
+    },
+    Builtin {
+        name: "min_tokens",
+        caps: crate::min_tokens::CAPS,
+        fields: crate::min_tokens::FIELDS,
+        layout: 4,
+        build: crate::min_tokens::build,
+    },
+    Builtin {
+        name: "penalties",
+        caps: &[],
+        fields: crate::penalties::FIELDS,
+        layout: 1,
+        build: crate::penalties::build,
+    },
+    Builtin {
+        name: "bad_words",
+        caps: crate::bad_words::CAPS,
+        fields: crate::bad_words::FIELDS,
+        layout: 5,
+        build: crate::bad_words::build,
     },
     Builtin {
         name: "allowed",
-        build: |cfg, s| {
-            cfg.allowed.map(|n| {
-                s.check(n, "max_allowed_token_ids")?;
-                boxed(AllowedTable::try_new(s.capacity, s.vocab_size, n, s.rows))
-            })
-        },
+        caps: crate::allowed::CAPS,
+        fields: crate::allowed::FIELDS,
+        layout: 7,
+        build: crate::allowed::build,
+    },
+    Builtin {
+        name: "thinking",
+        caps: &[],
+        fields: crate::thinking::FIELDS,
+        layout: 3,
+        build: crate::thinking::build,
     },
 ];

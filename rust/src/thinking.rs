@@ -30,15 +30,16 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
+use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_config_token;
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::registry::Build;
+use crate::row_space::RowCopy;
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::pipeline::Fields;
 use std::any::Any;
-use crate::history::HistoryId;
-use crate::row_space::RowCopy;
 
 /// The model's reasoning delimiters (vLLM `ReasoningConfig.reasoning_{start,end}_token_ids`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -47,6 +48,9 @@ pub struct ThinkingConfig {
     /// Forced, one token per step, when the budget runs out. Empty disables every request.
     pub end_ids: Vec<i64>,
 }
+
+/// The request fields the thinking budget reads; a budget (even −1) makes the prompt read.
+pub const FIELDS: &[FieldSpec] = &[FieldSpec::new("thinking_token_budget", FieldKind::OptInt)];
 
 /// One added request's parameters.
 pub struct ThinkingParams<H> {
@@ -579,7 +583,6 @@ impl<H: TokenHistory> ThinkingState<H> {
     }
 }
 
-
 /// Thinking in a pipeline: the state, its row-space copy (stable slots).
 pub struct ThinkingTable {
     pub state: ThinkingState<HistoryId>,
@@ -596,7 +599,11 @@ impl ThinkingTable {
                     RowCopy::try_new(
                         n,
                         Padding::RepeatFirst,
-                        ["rows.thinking.rows", "rows.thinking.cols", "rows.thinking.vals"],
+                        [
+                            "rows.thinking.rows",
+                            "rows.thinking.cols",
+                            "rows.thinking.vals",
+                        ],
                     )
                 })
                 .transpose()?,
@@ -617,7 +624,7 @@ impl Table for ThinkingTable {
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let p = ThinkingParams {
-            budget: fields.thinking_budget,
+            budget: fields.opt_int(&FIELDS[0]),
             prompt: fields.prompt.clone(),
             output: a.history,
         };
@@ -647,13 +654,20 @@ impl Table for ThinkingTable {
         true
     }
 
+    fn wants_prompt(&self, fields: &Fields) -> bool {
+        fields.is_set(&FIELDS[0])
+    }
+
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
         self.state.readers().for_each(f);
     }
 
     fn status(&self, out: &mut StatusSink<'_>) {
         out("thinking", self.state.triples().padded_len());
-        out("rows.thinking", self.rows.as_ref().map_or(0, RowCopy::padded_len));
+        out(
+            "rows.thinking",
+            self.rows.as_ref().map_or(0, RowCopy::padded_len),
+        );
     }
 
     fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
@@ -686,6 +700,18 @@ impl Table for ThinkingTable {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
+}
+
+/// Builds the table for a pipeline (the registry's entry).
+pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
+    let Some(t) = b.cfg.thinking.clone() else {
+        return Err(Error::Config {
+            field: "thinking",
+            message: "the thinking budget needs the reasoning start and end ids".into(),
+        });
+    };
+    let state = ThinkingState::new(b.capacity, b.vocab_size, t)?;
+    Ok(Box::new(ThinkingTable::try_new(state, b.row_space(1))?))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@
 use std::sync::{Arc, RwLock};
 
 use logitsproc_rs::batch::{BatchUpdate, BatchUpdateBuilder, Move, MoveDirectionality};
+use logitsproc_rs::fields::Value;
 use logitsproc_rs::history::{SharedHistory, TokenHistory};
 use logitsproc_rs::logit_bias::{LogitBiasState, LogitBiasTable};
 use logitsproc_rs::min_p::MinPState;
@@ -462,10 +463,10 @@ fn request_params(r: &Req) -> RequestParams<SharedHistory> {
         tokens: r.output.read().unwrap().clone(),
         source: Some(r.output.clone()),
     });
-    p.min_p = r.min_p;
-    p.logit_bias = r.bias.clone();
-    p.min_tokens = r.min_tokens;
-    p.stop_token_ids = r.stop.clone();
+    p.set("min_p", Value::Float(r.min_p));
+    p.set("logit_bias", Value::Bias(r.bias.clone()));
+    p.set("min_tokens", Value::Int(r.min_tokens));
+    p.set("stop_token_ids", Value::Ids(Some(r.stop.clone())));
     p
 }
 
@@ -487,14 +488,14 @@ impl Harness {
             mt: MinTokensState::new(cap, VOCAB, MAX_STOP),
             mt_m: (0..cap).map(|_| None).collect(),
             mt_bs: 0,
-            pipe: Pipeline::new(PipelineConfig {
-                capacity: cap,
-                vocab_size: VOCAB,
-                min_p: true,
-                logit_bias: Some(MAX_BIAS),
-                min_tokens: Some(MAX_STOP),
-                ..PipelineConfig::default()
-            })
+            pipe: Pipeline::new(
+                PipelineConfig::new(cap, VOCAB)
+                    .with("min_p")
+                    .with("logit_bias")
+                    .with_cap("max_logit_bias_entries", MAX_BIAS)
+                    .with("min_tokens")
+                    .with_cap("max_stop_token_ids", MAX_STOP),
+            )
             .expect("valid sizes"),
             atomic: (
                 MinPState::new(cap),

@@ -15,25 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..params import SamplingParams
+from ..registry import FIELD_TABLE as REGISTRY_FIELD_TABLE
 
 NAMESPACE = "logitsproc_rs"
 
-# The fields our built-in tables read, the table that reads each, and the name the core gives
-# it in its errors ("request at index i: field 'f': ...").
-FIELD_TABLE = {
-    "min_p": "min_p",
-    "logit_bias": "logit_bias",
-    "min_tokens": "min_tokens",
-    "stop_token_ids": "min_tokens",
-    "all_stop_token_ids": "min_tokens",
-    "presence_penalty": "penalties",
-    "frequency_penalty": "penalties",
-    "repetition_penalty": "penalties",
-    "bad_words": "bad_words",
-    "bad_words_token_ids": "bad_words",
-    "allowed_token_ids": "allowed",
-    "thinking_token_budget": "thinking",
-}
+# The fields our built-in tables read and the table that reads each, by the name the core
+# gives it in its errors and by its SamplingParams attribute (the core's registry).
+FIELD_TABLE = REGISTRY_FIELD_TABLE
 # What a request may put in extra_args["logitsproc_rs"]: vLLM's names of those fields.
 NAMESPACE_FIELDS = frozenset(FIELD_TABLE) - {"all_stop_token_ids", "bad_words"}
 _NEUTRAL = SamplingParams(max_tokens=None)

@@ -25,13 +25,7 @@ from typing import Any
 import torch
 
 from ..params import SamplingParams
-from ..pipeline import (
-    DEFAULT_MAX_ALLOWED_TOKEN_IDS,
-    DEFAULT_MAX_BAD_WORD_LEN,
-    DEFAULT_MAX_BAD_WORDS,
-    DEFAULT_MAX_LOGIT_BIAS_ENTRIES,
-    DEFAULT_MAX_STOP_TOKEN_IDS,
-)
+from ..registry import CAP_DEFAULTS
 from ._fields import FIELD_TABLE
 
 logger = logging.getLogger("logitsproc_rs")
@@ -56,21 +50,21 @@ def check_caps(where: str, ours: SamplingParams, request: Any, tables: Iterable[
             )
 
     if "logit_bias" in tables and ours.logit_bias:
-        over("logit_bias", len(ours.logit_bias), DEFAULT_MAX_LOGIT_BIAS_ENTRIES)
+        over("logit_bias", len(ours.logit_bias), CAP_DEFAULTS["max_logit_bias_entries"])
     if "min_tokens" in tables and ours.min_tokens:
         named = set(ours.stop_token_ids or ()) | set(getattr(request, "stop_token_ids", None) or ())
-        over("stop_token_ids", len(named) + 1, DEFAULT_MAX_STOP_TOKEN_IDS, "stop ids (with EOS)")
+        over("stop_token_ids", len(named) + 1, CAP_DEFAULTS["max_stop_token_ids"], "stop ids (with EOS)")
     if "bad_words" in tables and ours.bad_words_token_ids:
         words = ours.bad_words_token_ids
-        over("bad_words_token_ids", len(words), DEFAULT_MAX_BAD_WORDS, "words")
+        over("bad_words_token_ids", len(words), CAP_DEFAULTS["max_bad_words"], "words")
         over(
             "bad_words_token_ids",
             max(map(len, words)),
-            DEFAULT_MAX_BAD_WORD_LEN,
+            CAP_DEFAULTS["max_bad_word_len"],
             "tokens in a word",
         )
     if "allowed" in tables and ours.allowed_token_ids:
-        over("allowed_token_ids", len(set(ours.allowed_token_ids)), DEFAULT_MAX_ALLOWED_TOKEN_IDS)
+        over("allowed_token_ids", len(set(ours.allowed_token_ids)), CAP_DEFAULTS["max_allowed_token_ids"])
 
 
 def refused_index(error: ValueError, candidates: Iterable[int]) -> int | None:

@@ -3,8 +3,8 @@
 use super::Pipeline;
 use crate::bad_words::BadWordsTable;
 use crate::error::{Error, Result};
-use crate::min_tokens::MinTokensTable;
 use crate::history::HistorySource;
+use crate::min_tokens::MinTokensTable;
 
 impl<S: HistorySource> Pipeline<S> {
     /// Draft-row masks of MinTokens (vLLM `apply_with_spec_decode`); returns the layout's row

@@ -22,12 +22,13 @@ use std::ops::{Deref, DerefMut};
 
 use crate::arena::{Arena, HasBuffers, Staged, Upload};
 use crate::batch::{BatchUpdate, Move};
-use crate::columns::{Column, ColumnSpec, ColumnTable, ColumnValue};
+use crate::columns::{Column, ColumnSpec, ColumnTable};
 use crate::error::{Error, Result};
+use crate::fields::{FieldSpec, Fields};
 use crate::history::{HistoryId, HistorySource, HistoryStore};
 use crate::limits::check_sizes;
 use crate::processor::{Admission, Entry, StepContext, Table};
-use crate::registry::{Sizing, BUILTINS, COLUMNS_AFTER};
+use crate::registry::{builtin, Build, BUILTINS, COLUMNS_LAYOUT};
 use crate::table::SlotTable;
 use crate::thinking::ThinkingConfig;
 
@@ -44,16 +45,12 @@ pub struct PipelineConfig {
     /// Slots (`max_num_seqs`).
     pub capacity: usize,
     pub vocab_size: usize,
-    pub min_p: bool,
-    /// LogitBias with at most this many entries per request.
-    pub logit_bias: Option<usize>,
-    /// MinTokens with at most this many stop ids per request.
-    pub min_tokens: Option<usize>,
-    pub penalties: bool,
-    /// Bad words: (words per request, tokens per word).
-    pub bad_words: Option<(usize, usize)>,
-    /// Allowed token ids, at most this many per request.
-    pub allowed: Option<usize>,
+    /// The built-in tables to build, by registry name ([`crate::registry::BUILTINS`]).
+    pub tables: Vec<String>,
+    /// Per-request caps by engine-config name (`max_logit_bias_entries`, ...); a cap not
+    /// given takes the registry's default.
+    pub caps: Vec<(String, usize)>,
+    /// The reasoning start and end ids (the thinking budget's engine-wide setting).
     pub thinking: Option<ThinkingConfig>,
     /// Draft tokens per request under speculative decoding (0: off).
     pub spec_tokens: usize,
@@ -65,6 +62,39 @@ pub struct PipelineConfig {
     /// The processors apply on the host from the tables themselves (the CPU path): the
     /// penalties keep no device count matrix, so its row copies and additions are skipped.
     pub host_kernels: bool,
+}
+
+impl PipelineConfig {
+    pub fn new(capacity: usize, vocab_size: usize) -> Self {
+        PipelineConfig {
+            capacity,
+            vocab_size,
+            ..PipelineConfig::default()
+        }
+    }
+
+    /// Asks for the built-in table `name`.
+    pub fn with(mut self, name: &str) -> Self {
+        self.tables.push(name.to_string());
+        self
+    }
+
+    /// Sets the per-request cap `name`.
+    pub fn with_cap(mut self, name: &str, value: usize) -> Self {
+        self.caps.retain(|(n, _)| n != name);
+        self.caps.push((name.to_string(), value));
+        self
+    }
+
+    /// The per-request cap `name`: as given, else the registry's default (0 if none).
+    pub fn cap(&self, name: &str) -> usize {
+        self.caps
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, v)| v)
+            .or_else(|| crate::registry::default_cap(name))
+            .unwrap_or(0)
+    }
 }
 
 /// A new request's output so far, and where later tokens come from: `source` is the engine's
@@ -84,45 +114,6 @@ impl<S> Output<S> {
     }
 }
 
-/// Every field any table reads from one added request, read once. Each table takes the
-/// fields it owns in its `check`.
-pub struct Fields {
-    pub min_p: f64,
-    pub logit_bias: Vec<(i64, f64)>,
-    pub min_tokens: i64,
-    pub stop_token_ids: Vec<i64>,
-    pub repetition_penalty: f64,
-    pub frequency_penalty: f64,
-    pub presence_penalty: f64,
-    /// Prompt token ids (`None` for prompt-embeds requests).
-    pub prompt: Option<Vec<i64>>,
-    pub bad_words: Vec<Vec<i64>>,
-    pub allowed_token_ids: Option<Vec<i64>>,
-    pub thinking_budget: Option<i64>,
-    /// One value per declared column, in declaration order.
-    pub columns: Vec<ColumnValue>,
-}
-
-impl Fields {
-    /// Every field at its neutral value.
-    pub fn neutral() -> Self {
-        Fields {
-            min_p: 0.0,
-            logit_bias: Vec::new(),
-            min_tokens: 0,
-            stop_token_ids: Vec::new(),
-            repetition_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            prompt: None,
-            bad_words: Vec::new(),
-            allowed_token_ids: None,
-            thinking_budget: None,
-            columns: Vec::new(),
-        }
-    }
-}
-
 /// One added request: its fields and its output.
 pub struct RequestParams<S> {
     pub fields: Fields,
@@ -133,7 +124,7 @@ impl<S> RequestParams<S> {
     /// A request with every parameter at its neutral value.
     pub fn neutral(output: Output<S>) -> Self {
         RequestParams {
-            fields: Fields::neutral(),
+            fields: Fields::default(),
             output,
         }
     }
@@ -156,20 +147,23 @@ impl<S> DerefMut for RequestParams<S> {
 /// The tables of one pipeline, in layout order, and the stable slots' row map (what the
 /// arena lays out).
 pub struct Tables {
+    /// In the order requests are checked.
     list: Vec<Box<dyn Table>>,
+    /// Indices into `list` in arena layout order.
+    layout: Vec<usize>,
     rows: Option<RowSpace>,
 }
 
 impl HasBuffers for Tables {
     fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        for t in &mut self.list {
-            t.visit_buffers(f);
+        for &k in &self.layout {
+            self.list[k].visit_buffers(f);
         }
         if let Some(r) = &mut self.rows {
             f("rows.row_to_slot", &mut r.row_to_slot);
         }
-        for t in &mut self.list {
-            t.visit_late_buffers(f);
+        for &k in &self.layout {
+            self.list[k].visit_late_buffers(f);
         }
     }
 }
@@ -182,7 +176,9 @@ impl Tables {
 
     /// The first table of type `T`, if the pipeline has one.
     pub fn get<T: Table>(&self) -> Option<&T> {
-        self.list.iter().find_map(|t| t.as_any().downcast_ref::<T>())
+        self.list
+            .iter()
+            .find_map(|t| t.as_any().downcast_ref::<T>())
     }
 
     pub fn get_mut<T: Table>(&mut self) -> Option<&mut T> {
@@ -226,6 +222,8 @@ pub struct Pipeline<S> {
     batch_size: usize,
     steps: u64,
     columns: usize,
+    /// The request fields the tables read, in reading order.
+    fields: Vec<FieldSpec>,
     /// Stable slots: checked changes waiting for the next step, in call order.
     pending: Vec<(usize, Option<Checked>)>,
 }
@@ -245,34 +243,45 @@ impl<S: HistorySource> Pipeline<S> {
         };
         check_sizes(cap, cfg.vocab_size, &[row_factor])?;
         let v = cfg.vocab_size;
-        let sizing = Sizing {
+        let build = Build {
+            cfg: &cfg,
             capacity: cap,
             vocab_size: v,
             rows: cfg.stable_slots.then_some(rows_cap.max(1)),
             spec_tokens: spec,
             row_factor,
         };
-        for c in &cfg.columns {
-            sizing.check(c.width(), "column width")?;
+        if let Some(t) = cfg.tables.iter().find(|t| builtin(t).is_none()) {
+            return Err(Error::Config {
+                field: "tables",
+                message: format!("unknown table {t:?}"),
+            });
         }
         let mut list: Vec<Box<dyn Table>> = Vec::new();
-        let n_columns = cfg.columns.len();
+        let mut ranks = Vec::new();
+        let mut fields = Vec::new();
         for b in BUILTINS {
-            if let Some(t) = (b.build)(&cfg, &sizing) {
-                list.push(t?);
-            }
-            if b.name == COLUMNS_AFTER {
-                for (k, c) in cfg.columns.iter().enumerate() {
-                    let col = Column::new(c.clone(), cap, v)?;
-                    list.push(Box::new(ColumnTable::new(col, k)));
-                }
+            if cfg.tables.iter().any(|t| t == b.name) {
+                list.push((b.build)(&build)?);
+                ranks.push(b.layout);
+                fields.extend_from_slice(b.fields);
             }
         }
+        for c in &cfg.columns {
+            build.check(c.width(), "column width")?;
+        }
+        for (k, c) in cfg.columns.iter().enumerate() {
+            let col = Column::new(c.clone(), cap, v)?;
+            list.push(Box::new(ColumnTable::new(col, k)));
+            ranks.push(COLUMNS_LAYOUT);
+        }
+        let mut layout: Vec<usize> = (0..list.len()).collect();
+        layout.sort_by_key(|&k| ranks[k]);
         let rows = cfg
             .stable_slots
             .then(|| RowSpace::try_new(rows_cap.max(1)))
             .transpose()?;
-        let mut tables = Tables { list, rows };
+        let mut tables = Tables { list, layout, rows };
         let arena = Arena::new(&mut tables, "")?;
         let stable = cfg.stable_slots;
         Ok(Pipeline {
@@ -290,7 +299,8 @@ impl<S: HistorySource> Pipeline<S> {
             spec_tokens: spec,
             batch_size: if stable { cap } else { 0 },
             steps: 0,
-            columns: n_columns,
+            columns: cfg.columns.len(),
+            fields,
             pending: Vec::new(),
         })
     }
@@ -317,6 +327,16 @@ impl<S: HistorySource> Pipeline<S> {
     /// Steps applied since construction.
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// The request fields this pipeline's tables read, in reading order.
+    pub fn fields(&self) -> &[FieldSpec] {
+        &self.fields
+    }
+
+    /// Whether some table reads the prompt of a request with these fields.
+    pub fn wants_prompt(&self, fields: &Fields) -> bool {
+        self.tables.list.iter().any(|t| t.wants_prompt(fields))
     }
 
     pub fn tables(&self) -> &Tables {
@@ -606,40 +626,47 @@ impl Status {
 mod tests {
     use super::*;
     use crate::batch::Move;
+    use crate::fields::Value;
     use crate::history::SharedHistory;
     use crate::logit_bias::LogitBiasTable;
 
     fn pipeline(stable: bool, token_feed_cap: usize) -> Pipeline<SharedHistory> {
-        Pipeline::new(PipelineConfig {
-            capacity: 4,
-            vocab_size: 16,
-            min_p: true,
-            logit_bias: Some(4),
-            min_tokens: Some(4),
-            penalties: true,
-            bad_words: Some((4, 4)),
-            allowed: Some(8),
-            thinking: Some(ThinkingConfig {
-                start_ids: vec![1],
-                end_ids: vec![2],
-            }),
-            stable_slots: stable,
-            max_rows: Some(token_feed_cap),
-            ..PipelineConfig::default()
-        })
-        .unwrap()
+        let mut cfg = PipelineConfig::new(4, 16)
+            .with_cap("max_logit_bias_entries", 4)
+            .with_cap("max_stop_token_ids", 4)
+            .with_cap("max_bad_words", 4)
+            .with_cap("max_bad_word_len", 4)
+            .with_cap("max_allowed_token_ids", 8);
+        for t in [
+            "min_p",
+            "logit_bias",
+            "min_tokens",
+            "penalties",
+            "bad_words",
+            "allowed",
+            "thinking",
+        ] {
+            cfg = cfg.with(t);
+        }
+        cfg.thinking = Some(ThinkingConfig {
+            start_ids: vec![1],
+            end_ids: vec![2],
+        });
+        cfg.stable_slots = stable;
+        cfg.max_rows = Some(token_feed_cap);
+        Pipeline::new(cfg).unwrap()
     }
 
     fn req() -> RequestParams<SharedHistory> {
         let mut p = RequestParams::neutral(Output::fed(Vec::new()));
-        p.min_p = 0.5;
-        p.logit_bias = vec![(3, 1.0)];
-        p.min_tokens = 5;
-        p.stop_token_ids = vec![4];
-        p.repetition_penalty = 1.5;
-        p.bad_words = vec![vec![5, 6]];
-        p.allowed_token_ids = Some(vec![3, 4, 6]);
-        p.thinking_budget = Some(3);
+        p.set("min_p", Value::Float(0.5));
+        p.set("logit_bias", Value::Bias(vec![(3, 1.0)]));
+        p.set("min_tokens", Value::Int(5));
+        p.set("stop_token_ids", Value::Ids(Some(vec![4])));
+        p.set("repetition_penalty", Value::Float(1.5));
+        p.set("bad_words", Value::IdLists(vec![vec![5, 6]]));
+        p.set("allowed_token_ids", Value::Ids(Some(vec![3, 4, 6])));
+        p.set("thinking_token_budget", Value::OptInt(Some(3)));
         p.prompt = Some(vec![1, 7]);
         p
     }
@@ -669,12 +696,12 @@ mod tests {
         for bad in 0..6 {
             let mut r = req();
             match bad {
-                0 => r.min_p = 2.0,
-                1 => r.logit_bias = vec![(16, 1.0)],
-                2 => r.stop_token_ids = vec![99],
-                3 => r.repetition_penalty = f64::NAN,
-                4 => r.bad_words = vec![vec![]],
-                _ => r.thinking_budget = Some(-7),
+                0 => r.set("min_p", Value::Float(2.0)),
+                1 => r.set("logit_bias", Value::Bias(vec![(16, 1.0)])),
+                2 => r.set("stop_token_ids", Value::Ids(Some(vec![99]))),
+                3 => r.set("repetition_penalty", Value::Float(f64::NAN)),
+                4 => r.set("bad_words", Value::IdLists(vec![vec![]])),
+                _ => r.set("thinking_token_budget", Value::OptInt(Some(-7))),
             }
             let mut u = BatchUpdate::new(3);
             u.added = vec![(1, req()), (2, r)];
@@ -687,13 +714,7 @@ mod tests {
 
     #[test]
     fn a_bad_token_feed_stops_the_update_too() {
-        let mut p = Pipeline::new(PipelineConfig {
-            capacity: 4,
-            vocab_size: 16,
-            penalties: true,
-            ..PipelineConfig::default()
-        })
-        .unwrap();
+        let mut p = Pipeline::new(PipelineConfig::new(4, 16).with("penalties")).unwrap();
         let mut u = BatchUpdate::new(1);
         u.added = vec![(0, req())];
         p.step(Some(u), None).unwrap();
@@ -720,16 +741,24 @@ mod tests {
         p.remove_request(2).unwrap();
         p.add_request(3, req()).unwrap();
         let mut bad = req();
-        bad.min_p = -1.0;
+        bad.set("min_p", Value::Float(-1.0));
         assert!(p.add_request(1, bad).is_err());
-        assert_eq!(p.tables().get::<LogitBiasTable>().unwrap().state.active(), 0);
+        assert_eq!(
+            p.tables().get::<LogitBiasTable>().unwrap().state.active(),
+            0
+        );
         p.step_slots(&[3, 3, 0], None).unwrap();
         let bias = &p.tables().get::<LogitBiasTable>().unwrap().state;
         assert_eq!((bias.get(2), bias.get(3).is_some()), (None, true));
         let s = p.status();
         assert_eq!(s.get("rows"), 3);
         // Slot 3's bias lands on rows 0 and 1, none on row 2 (slot 0 is empty).
-        let rs = p.tables().get::<LogitBiasTable>().unwrap().row_copy().unwrap();
+        let rs = p
+            .tables()
+            .get::<LogitBiasTable>()
+            .unwrap()
+            .row_copy()
+            .unwrap();
         assert_eq!(rs.triples().triples(), vec![(0, 3, 1.0), (1, 3, 1.0)]);
         assert!(p.step_slots(&[9], None).is_err());
     }

@@ -2,14 +2,12 @@
 //! buffers (`HostBufferView`); parsing of vLLM-shaped Python objects lives in `update.rs` and
 //! `params.rs`, error mapping in `errors.rs`.
 
-#[macro_use]
-mod update;
-
 mod buffer;
 mod errors;
 mod history;
 mod params;
 mod pipeline;
+mod update;
 
 use pyo3::prelude::*;
 
@@ -21,6 +19,28 @@ mod _core {
     use super::pipeline::Pipeline;
 
     use pyo3::prelude::*;
+
+    /// The built-in tables, from the core's registry: `(name, caps, fields)` per table in
+    /// reading order, with `caps` as `(engine-config name, default)` and `fields` as
+    /// `(name, SamplingParams attribute)`.
+    #[allow(clippy::type_complexity)]
+    #[pyfunction]
+    fn builtins() -> Vec<(
+        &'static str,
+        Vec<(&'static str, usize)>,
+        Vec<(&'static str, &'static str)>,
+    )> {
+        crate::registry::BUILTINS
+            .iter()
+            .map(|b| {
+                (
+                    b.name,
+                    b.caps.to_vec(),
+                    b.fields.iter().map(|f| (f.name, f.attr)).collect(),
+                )
+            })
+            .collect()
+    }
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -4,25 +4,30 @@
 //! unset (duck-typed params), a wrong type is a `ValueError` naming the request and field.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 
 use super::errors::bad_value;
 use super::history::{output_of, PyListSource};
-use super::update::{bounded_ints, extract_as, token_ids, AddedEntry};
+use super::update::{bounded_ints, extract_as, param_named, token_ids, AddedEntry};
 use crate::columns::{ColumnKind, ColumnValue};
-use crate::pipeline::RequestParams;
+use crate::fields::{FieldKind, FieldSpec, Value};
+use crate::pipeline::{Pipeline, PipelineConfig, RequestParams};
 
-/// Which fields the pipeline's tables read, and how to read the declared columns.
+/// One field the pipeline's tables read, with its attribute name interned once and its caps
+/// resolved.
+struct FieldReader {
+    spec: FieldSpec,
+    attr: Py<PyString>,
+    /// The read bound: `Ids`' cap × factor, `IdLists`' lists, `Bias`' entries.
+    cap: usize,
+    /// `IdLists`: most ids in one list.
+    len: usize,
+}
+
+/// How the fields the pipeline's tables declare are read from a request's params, and how
+/// to read the declared columns.
 pub struct Reader {
-    pub min_p: bool,
-    pub logit_bias: Option<usize>,
-    pub min_tokens: Option<usize>,
-    pub penalties: bool,
-    pub bad_words: Option<usize>,
-    /// Most tokens in one bad word (read no further).
-    pub bad_word_len: usize,
-    pub allowed: Option<usize>,
-    pub thinking: bool,
+    fields: Vec<FieldReader>,
     pub token_feed: bool,
     /// Per column: its kind, and a callable `params -> value | None`.
     pub columns: Vec<(String, ColumnKind, Py<PyAny>)>,
@@ -57,106 +62,139 @@ fn bounded_ids(
 }
 
 impl Reader {
-    pub fn read(&self, e: &AddedEntry<'_>) -> PyResult<RequestParams<PyListSource>> {
+    pub fn new(
+        py: Python<'_>,
+        fields: &[FieldSpec],
+        cfg: &PipelineConfig,
+        token_feed: bool,
+        columns: Vec<(String, ColumnKind, Py<PyAny>)>,
+    ) -> Self {
+        let fields = fields
+            .iter()
+            .map(|spec| {
+                let (cap, len) = match &spec.kind {
+                    FieldKind::Ids { cap, factor } => (cfg.cap(cap).saturating_mul(*factor), 0),
+                    FieldKind::IdLists { lists, len } => (cfg.cap(lists), cfg.cap(len)),
+                    FieldKind::Bias { cap } => (cfg.cap(cap), 0),
+                    _ => (0, 0),
+                };
+                FieldReader {
+                    spec: spec.clone(),
+                    attr: PyString::intern(py, spec.attr).unbind(),
+                    cap,
+                    len,
+                }
+            })
+            .collect();
+        Reader {
+            fields,
+            token_feed,
+            columns,
+        }
+    }
+
+    pub fn read(
+        &self,
+        pipeline: &Pipeline<PyListSource>,
+        e: &AddedEntry<'_>,
+    ) -> PyResult<RequestParams<PyListSource>> {
+        let py = e.params.py();
         let mut p = RequestParams::neutral(output_of(e, self.token_feed)?);
-        if self.min_p {
-            p.min_p = float_param!(e, "min_p", 0.0)?;
-        }
-        if let Some(cap) = self.logit_bias {
-            p.logit_bias = read_logit_bias(e, cap)?;
-        }
-        if let Some(cap) = self.min_tokens {
-            let min = param!(e, "min_tokens")?;
-            if !min.is_none() {
-                p.min_tokens = int_of(e.index, "min_tokens", &min)?;
-            }
-            if p.min_tokens > 0 {
-                let stop = param!(e, "all_stop_token_ids")?;
-                if !stop.is_none() {
-                    p.stop_token_ids = bounded_ids(e.index, "stop_token_ids", &stop, cap)?;
+        for f in &self.fields {
+            if let Some(gate) = f.spec.when_positive {
+                if !matches!(p.get(gate), Some(Value::Int(n)) if *n > 0) {
+                    continue;
                 }
             }
+            let v = param_named(e.index, &e.params, f.spec.attr, f.attr.bind(py))?;
+            let index = e.index;
+            let name = f.spec.name;
+            let value = match &f.spec.kind {
+                FieldKind::Float { neutral } => Value::Float(if v.is_none() {
+                    *neutral
+                } else {
+                    extract_as::<f64>(index, f.spec.attr, &v, "a float")?
+                }),
+                FieldKind::Int { neutral } => Value::Int(if v.is_none() {
+                    *neutral
+                } else {
+                    int_of(index, name, &v)?
+                }),
+                FieldKind::OptInt => Value::OptInt(
+                    (!v.is_none())
+                        .then(|| int_of(index, name, &v))
+                        .transpose()?,
+                ),
+                FieldKind::Ids { .. } => Value::Ids(
+                    (!v.is_none())
+                        .then(|| bounded_ids(index, name, &v, f.cap))
+                        .transpose()?,
+                ),
+                FieldKind::IdLists { .. } => Value::IdLists(read_id_lists(index, name, &v, f)?),
+                FieldKind::Bias { .. } => Value::Bias(read_bias(index, name, &v, f.cap)?),
+            };
+            p.set(name, value);
         }
-        if self.penalties {
-            p.repetition_penalty = float_param!(e, "repetition_penalty", 1.0)?;
-            p.frequency_penalty = float_param!(e, "frequency_penalty", 0.0)?;
-            p.presence_penalty = float_param!(e, "presence_penalty", 0.0)?;
-        }
-        if let Some(cap) = self.bad_words {
-            let words = param!(e, "bad_words_token_ids")?;
-            if !words.is_none() {
-                let iter = words.try_iter().map_err(|_| {
-                    bad_value(e.index, "bad_words", "expected a list of token-id lists")
-                })?;
-                for w in iter {
-                    if p.bad_words.len() == cap {
-                        return Err(bad_value(
-                            e.index,
-                            "bad_words",
-                            format!("more words than the per-request cap of {cap}"),
-                        ));
-                    }
-                    p.bad_words
-                        .push(bounded_ids(e.index, "bad_words", &w?, self.bad_word_len)?);
-                }
-            }
-        }
-        if let Some(cap) = self.allowed {
-            let ids = param!(e, "allowed_token_ids")?;
-            if !ids.is_none() {
-                // Duplicates are allowed in the list; the cap applies to the distinct ids,
-                // so read a bounded multiple.
-                p.allowed_token_ids = Some(bounded_ids(
-                    e.index,
-                    "allowed_token_ids",
-                    &ids,
-                    cap.saturating_mul(4),
-                )?);
-            }
-        }
-        if self.thinking {
-            let b = param!(e, "thinking_token_budget")?;
-            if !b.is_none() {
-                p.thinking_budget = Some(int_of(e.index, "thinking_token_budget", &b)?);
-            }
-        }
-        let wants_prompt = (self.penalties
-            && (p.repetition_penalty != 1.0
-                || p.frequency_penalty != 0.0
-                || p.presence_penalty != 0.0))
-            || p.thinking_budget.is_some();
-        if wants_prompt && !e.prompt_tok_ids.is_none() {
+        if pipeline.wants_prompt(&p.fields) && !e.prompt_tok_ids.is_none() {
             p.prompt = Some(token_ids(e.index, "prompt_tok_ids", &e.prompt_tok_ids)?);
         }
         for (name, kind, reader) in &self.columns {
-            let v = reader
-                .bind(e.params.py())
-                .call1((&e.params,))
-                .map_err(|err| {
-                    bad_value(
-                        e.index,
-                        "column",
-                        format!("'{name}': reading it from the params raised {err}"),
-                    )
-                })?;
+            let v = reader.bind(py).call1((&e.params,)).map_err(|err| {
+                bad_value(
+                    e.index,
+                    "column",
+                    format!("'{name}': reading it from the params raised {err}"),
+                )
+            })?;
             p.columns.push(column_value(e.index, name, kind, &v)?);
         }
         Ok(p)
     }
 }
 
-fn read_logit_bias(e: &AddedEntry<'_>, cap: usize) -> PyResult<Vec<(i64, f64)>> {
-    let lb = param!(e, "logit_bias")?;
+/// Lists of token ids (bad words): at most `f.cap` lists of at most `f.len` ids.
+fn read_id_lists(
+    index: usize,
+    field: &'static str,
+    v: &Bound<'_, PyAny>,
+    f: &FieldReader,
+) -> PyResult<Vec<Vec<i64>>> {
+    let mut out = Vec::new();
+    if v.is_none() {
+        return Ok(out);
+    }
+    let iter = v
+        .try_iter()
+        .map_err(|_| bad_value(index, field, "expected a list of token-id lists"))?;
+    for w in iter {
+        if out.len() == f.cap {
+            return Err(bad_value(
+                index,
+                field,
+                format!("more words than the per-request cap of {}", f.cap),
+            ));
+        }
+        out.push(bounded_ids(index, field, &w?, f.len)?);
+    }
+    Ok(out)
+}
+
+fn read_bias(
+    index: usize,
+    field: &'static str,
+    lb: &Bound<'_, PyAny>,
+    cap: usize,
+) -> PyResult<Vec<(i64, f64)>> {
     if lb.is_none() {
         return Ok(Vec::new());
     }
     let dict = lb
         .cast::<PyDict>()
-        .map_err(|_| bad_value(e.index, "logit_bias", "expected a dict or None"))?;
+        .map_err(|_| bad_value(index, field, "expected a dict or None"))?;
     if dict.len() > cap {
         return Err(bad_value(
-            e.index,
-            "logit_bias",
+            index,
+            field,
             format!("{} entries exceed the per-request cap of {cap}", dict.len()),
         ));
     }
@@ -167,18 +205,15 @@ fn read_logit_bias(e: &AddedEntry<'_>, cap: usize) -> PyResult<Vec<(i64, f64)>> 
         let (k, v): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
         // Int keys only (vLLM's contract); our SamplingParams turns JSON digit-string keys
         // into ints before they reach the core.
-        let token = int_of(e.index, "logit_bias", &k)?;
+        let token = int_of(index, field, &k)?;
         if v.is_instance_of::<PyBool>() {
             return Err(bad_value(
-                e.index,
-                "logit_bias",
+                index,
+                field,
                 "a bias must be a float, got a bool",
             ));
         }
-        out.push((
-            token,
-            extract_as::<f64>(e.index, "logit_bias", &v, "float biases")?,
-        ));
+        out.push((token, extract_as::<f64>(index, field, &v, "float biases")?));
     }
     Ok(out)
 }

@@ -12,18 +12,18 @@ use super::errors::bad_value;
 use super::history::PyListSource;
 use super::params::Reader;
 use super::update::{bounded_ints, parse_update, AddedEntry};
+use crate::allowed::AllowedTable;
 use crate::arena::Upload;
+use crate::bad_words::BadWordsTable;
 use crate::batch::BatchUpdate;
 use crate::columns::{ColumnKind, ColumnSpec};
 use crate::history::HistoryId;
 use crate::host_apply;
-use crate::pipeline::{self, PipelineConfig, RequestParams};
-use crate::allowed::AllowedTable;
-use crate::bad_words::BadWordsTable;
 use crate::logit_bias::LogitBiasTable;
 use crate::min_p::MinPState;
 use crate::min_tokens::MinTokensTable;
 use crate::penalties::PenaltiesState;
+use crate::pipeline::{self, PipelineConfig, RequestParams};
 use crate::thinking::{ThinkingConfig, ThinkingTable};
 
 #[pyclass(module = "logitsproc_rs._core")]
@@ -96,7 +96,9 @@ fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResu
 
 impl Pipeline {
     fn penalties_mut(&mut self) -> Option<&mut crate::penalties::PenaltiesState<HistoryId>> {
-        self.inner.tables_mut().get_mut::<PenaltiesState<HistoryId>>()
+        self.inner
+            .tables_mut()
+            .get_mut::<PenaltiesState<HistoryId>>()
     }
 
     /// Most rows a feed or a row map may have.
@@ -116,7 +118,7 @@ impl Pipeline {
     ) -> PyResult<BatchUpdate<RequestParams<PyListSource>>> {
         // Valid updates hold at most `capacity` adds, removals and moves; allow slack.
         let max = self.inner.capacity().saturating_mul(4).saturating_add(16);
-        parse_update(bu, max, |e| self.reader.read(e))
+        parse_update(bu, max, |e| self.reader.read(&self.inner, e))
     }
 
     fn check_rows(&self, rows: usize, mapped: bool) -> PyResult<Option<&[usize]>> {
@@ -155,23 +157,20 @@ fn detach_if_large<T: Send>(py: Python<'_>, elements: usize, f: impl FnOnce() ->
 
 #[pymethods]
 impl Pipeline {
-    /// Builds the tables named by the keyword arguments (absent ones are not built):
-    /// `logit_bias`, `min_tokens`, `allowed` are per-request caps; `bad_words` is
-    /// `(words, tokens per word)`; `thinking` is `(start_ids, end_ids)`.
+    /// Builds the built-in tables named in `tables` (see `builtins()`), sized by the
+    /// per-request `caps` (engine-config names; a cap not given takes its default), and the
+    /// declared `columns`; `thinking` is `(start_ids, end_ids)`, needed by the "thinking"
+    /// table.
     #[new]
-    #[pyo3(signature = (capacity, vocab_size, *, min_p=false, logit_bias=None, min_tokens=None,
-                        penalties=false, bad_words=None, allowed=None, thinking=None,
-                        spec_tokens=0, columns=Vec::new(), stable_slots=false, token_feed=false,
-                        max_rows=None, host_kernels=false))]
+    #[pyo3(signature = (capacity, vocab_size, *, tables=Vec::new(), caps=Vec::new(),
+                        thinking=None, spec_tokens=0, columns=Vec::new(), stable_slots=false,
+                        token_feed=false, max_rows=None, host_kernels=false))]
     fn new(
+        py: Python<'_>,
         capacity: usize,
         vocab_size: usize,
-        min_p: bool,
-        logit_bias: Option<usize>,
-        min_tokens: Option<usize>,
-        penalties: bool,
-        bad_words: Option<(usize, usize)>,
-        allowed: Option<usize>,
+        tables: Vec<String>,
+        caps: Vec<(String, usize)>,
         thinking: Option<(Vec<i64>, Vec<i64>)>,
         spec_tokens: usize,
         columns: Vec<ColumnDecl>,
@@ -193,12 +192,8 @@ impl Pipeline {
         let cfg = PipelineConfig {
             capacity,
             vocab_size,
-            min_p,
-            logit_bias,
-            min_tokens,
-            penalties,
-            bad_words,
-            allowed,
+            tables,
+            caps,
             thinking: thinking.map(|(start_ids, end_ids)| ThinkingConfig { start_ids, end_ids }),
             spec_tokens,
             columns: specs,
@@ -206,22 +201,9 @@ impl Pipeline {
             max_rows,
             host_kernels,
         };
-        let reader = Reader {
-            min_p,
-            logit_bias,
-            min_tokens,
-            penalties,
-            bad_words: bad_words.map(|b| b.0),
-            bad_word_len: bad_words.map_or(0, |b| b.1),
-            allowed,
-            thinking: cfg.thinking.is_some(),
-            token_feed,
-            columns: readers,
-        };
-        Ok(Pipeline {
-            inner: pipeline::Pipeline::new(cfg)?,
-            reader,
-        })
+        let inner = pipeline::Pipeline::new(cfg.clone())?;
+        let reader = Reader::new(py, inner.fields(), &cfg, token_feed, readers);
+        Ok(Pipeline { inner, reader })
     }
 
     /// One step: the token feed (if given), then the batch update (or, with None, only the
@@ -275,7 +257,7 @@ impl Pipeline {
             output_tok_ids: output_tok_ids
                 .unwrap_or_else(|| pyo3::types::PyList::empty(py).into_any()),
         };
-        let p = self.reader.read(&entry)?;
+        let p = self.reader.read(&self.inner, &entry)?;
         Ok(self.inner.add_request(slot, p)?)
     }
 

@@ -5,32 +5,6 @@
 //! `(index1, index2, direction)`, direction any enum whose name is SWAP or UNIDIRECTIONAL, or
 //! its value 1 / 2). Every malformed piece becomes a `ValueError` naming the request and field.
 
-/// `param!(entry, "field")`: reads `entry.params.field` (see [`param_named`]) with the
-/// attribute name interned once per call site.
-macro_rules! param {
-    ($e:expr, $field:literal) => {
-        $crate::python::update::param_named(
-            $e.index,
-            &$e.params,
-            $field,
-            pyo3::intern!($e.params.py(), $field),
-        )
-    };
-}
-
-/// `float_param!(entry, "field", default)`: a float field, `None` or missing giving `default`.
-macro_rules! float_param {
-    ($e:expr, $field:literal, $default:expr) => {
-        $crate::python::update::float_named(
-            $e.index,
-            &$e.params,
-            $field,
-            pyo3::intern!($e.params.py(), $field),
-            $default,
-        )
-    };
-}
-
 use pyo3::exceptions::PyAttributeError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -238,7 +212,7 @@ pub fn parse_update<'py, A>(
 
 /// Reads `params.<field>`. A missing attribute reads as `None` ("not set"), so a duck-typed
 /// params object only needs the fields it uses; any other error from a property propagates.
-/// `name` is the interned Python string of `field` (see the `param!` macro).
+/// `name` is the interned Python string of `field`.
 pub fn param_named<'py>(
     index: usize,
     params: &Bound<'py, PyAny>,
@@ -251,21 +225,6 @@ pub fn param_named<'py>(
         Err(e) if e.is_instance_of::<PyAttributeError>(py) => Ok(py.None().into_bound(py)),
         Err(e) => Err(bad_value(index, field, format!("reading it raised {e}"))),
     }
-}
-
-/// Reads a float field; `None` (or missing) gives `default`.
-pub fn float_named(
-    index: usize,
-    params: &Bound<'_, PyAny>,
-    field: &'static str,
-    name: &Bound<'_, PyString>,
-    default: f64,
-) -> PyResult<f64> {
-    let v = param_named(index, params, field, name)?;
-    if v.is_none() {
-        return Ok(default);
-    }
-    extract_as::<f64>(index, field, &v, "a float")
 }
 
 /// Extracts a value, mapping a type mismatch to a `ValueError` naming request and field.

@@ -1,0 +1,162 @@
+//! The request fields tables read: declared by each table ([`FieldSpec`]), read once per added
+//! request by whoever drives the pipeline (the bindings read them from `SamplingParams` by
+//! kind), and handed to every table's `check` as one [`Fields`].
+
+use crate::columns::ColumnValue;
+
+/// How a field is read and what it holds when the request does not set it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FieldKind {
+    /// A float; unset reads as `neutral`.
+    Float { neutral: f64 },
+    /// An int (not a bool); unset reads as `neutral`.
+    Int { neutral: i64 },
+    /// An optional int (not a bool).
+    OptInt,
+    /// Optional token ids, read no further than `factor ×` the cap named `cap` (a longer
+    /// list is refused).
+    Ids { cap: &'static str, factor: usize },
+    /// Lists of token ids: at most the cap `lists` of lists, of at most the cap `len` ids.
+    IdLists {
+        lists: &'static str,
+        len: &'static str,
+    },
+    /// `token -> bias` (a dict), at most the cap named `cap` entries.
+    Bias { cap: &'static str },
+}
+
+/// One field a table reads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FieldSpec {
+    /// The name tables take it by, and errors name.
+    pub name: &'static str,
+    /// The `SamplingParams` attribute it is read from.
+    pub attr: &'static str,
+    pub kind: FieldKind,
+    /// Read only when this `Int` field (declared before it) is > 0.
+    pub when_positive: Option<&'static str>,
+}
+
+impl FieldSpec {
+    pub const fn new(name: &'static str, kind: FieldKind) -> Self {
+        FieldSpec {
+            name,
+            attr: name,
+            kind,
+            when_positive: None,
+        }
+    }
+
+    /// The same field read from another attribute.
+    pub const fn from_attr(mut self, attr: &'static str) -> Self {
+        self.attr = attr;
+        self
+    }
+
+    /// The same field, read only when `int_field` is > 0.
+    pub const fn when_positive(mut self, int_field: &'static str) -> Self {
+        self.when_positive = Some(int_field);
+        self
+    }
+}
+
+/// A field's value as read.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    Float(f64),
+    Int(i64),
+    OptInt(Option<i64>),
+    Ids(Option<Vec<i64>>),
+    IdLists(Vec<Vec<i64>>),
+    Bias(Vec<(i64, f64)>),
+}
+
+/// Everything the tables read from one added request, read once. A table takes the values it
+/// owns; a field the request did not set (or that was not read) is at its neutral value.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Fields {
+    values: Vec<(&'static str, Value)>,
+    /// Prompt token ids, read when some table wants them (`None` for prompt-embeds requests).
+    pub prompt: Option<Vec<i64>>,
+    /// One value per declared column, in declaration order.
+    pub columns: Vec<ColumnValue>,
+}
+
+impl Fields {
+    /// Sets (or replaces) a field's value.
+    pub fn set(&mut self, name: &'static str, value: Value) {
+        match self.values.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = value,
+            None => self.values.push((name, value)),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.values.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    fn take(&mut self, name: &str) -> Option<Value> {
+        let k = self.values.iter().position(|(n, _)| *n == name)?;
+        Some(self.values.swap_remove(k).1)
+    }
+
+    /// A float field (its neutral value when unset).
+    pub fn float(&self, spec: &FieldSpec) -> f64 {
+        match (self.get(spec.name), &spec.kind) {
+            (Some(Value::Float(v)), _) => *v,
+            (_, FieldKind::Float { neutral }) => *neutral,
+            _ => f64::NAN,
+        }
+    }
+
+    /// An int field (its neutral value when unset).
+    pub fn int(&self, spec: &FieldSpec) -> i64 {
+        match (self.get(spec.name), &spec.kind) {
+            (Some(Value::Int(v)), _) => *v,
+            (_, FieldKind::Int { neutral }) => *neutral,
+            _ => 0,
+        }
+    }
+
+    pub fn opt_int(&self, spec: &FieldSpec) -> Option<i64> {
+        match self.get(spec.name) {
+            Some(Value::OptInt(v)) => *v,
+            _ => None,
+        }
+    }
+
+    pub fn take_ids(&mut self, spec: &FieldSpec) -> Option<Vec<i64>> {
+        match self.take(spec.name) {
+            Some(Value::Ids(v)) => v,
+            _ => None,
+        }
+    }
+
+    pub fn take_id_lists(&mut self, spec: &FieldSpec) -> Vec<Vec<i64>> {
+        match self.take(spec.name) {
+            Some(Value::IdLists(v)) => v,
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn take_bias(&mut self, spec: &FieldSpec) -> Vec<(i64, f64)> {
+        match self.take(spec.name) {
+            Some(Value::Bias(v)) => v,
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether the field is set to something other than its neutral value.
+    pub fn is_set(&self, spec: &FieldSpec) -> bool {
+        match (self.get(spec.name), &spec.kind) {
+            (None, _) => false,
+            (Some(Value::Float(v)), FieldKind::Float { neutral }) => v != neutral,
+            (Some(Value::Int(v)), FieldKind::Int { neutral }) => v != neutral,
+            (Some(Value::OptInt(v)), _) => v.is_some(),
+            (Some(Value::Ids(v)), _) => v.is_some(),
+            (Some(Value::IdLists(v)), _) => !v.is_empty(),
+            (Some(Value::Bias(v)), _) => !v.is_empty(),
+            (Some(_), _) => true,
+        }
+    }
+}
