@@ -47,7 +47,7 @@ def last_occurrence(seq: Sequence[int], pattern: Sequence[int], lo: int = 0) -> 
 def resolved_prefix(output: Sequence[int]) -> list[int]:
     """The output up to its first negative id. Async scheduling appends -1 placeholders that
     are replaced later; vLLM's holder only runs after that replacement, so a placeholder is
-    treated as 'not generated yet' (a choice, see SEMANTICS.md)."""
+    treated as 'not generated yet' (a choice, see docs/semantics.md)."""
     out = []
     for t in output:
         if t < 0:

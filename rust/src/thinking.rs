@@ -4,7 +4,7 @@
 //! Reproduces vLLM 0.25.1's `ThinkingBudgetStateHolder` (`vllm/v1/sample/thinking_budget_state.py`)
 //! for non-speculative decoding, except its SWAP bug: batch moves use [`SlotTable`] semantics
 //! (a SWAP with one side empty moves the state; a UNIDIRECTIONAL move discards the destination's
-//! stale state). The rules, with vLLM line references, are in `SEMANTICS.md`; in short:
+//! stale state). The rules are in `docs/semantics.md` ("Thinking budget"); in short:
 //!
 //! * **Prompt.** If the prompt's last start marker begins after its last end marker, the request
 //!   starts inside thinking, with the prompt tokens after that marker already counted.
