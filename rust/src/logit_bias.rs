@@ -221,6 +221,10 @@ impl Table for LogitBiasTable {
         );
     }
 
+    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
+        Some((self.state.triples(), true))
+    }
+
     fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
         if let Some(r) = &mut self.rows {
             r.remap(self.state.triples(), capacity, row_to_slot);

@@ -317,6 +317,10 @@ impl Table for MinTokensTable {
         );
     }
 
+    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
+        Some((self.state.triples(), false))
+    }
+
     fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
         if let Some(r) = &mut self.rows {
             r.remap(self.state.triples(), capacity, row_to_slot);

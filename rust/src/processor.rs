@@ -13,6 +13,7 @@ use crate::batch::BatchUpdate;
 use crate::error::Result;
 use crate::fields::Fields;
 use crate::history::{HistoryId, HistoryStore};
+use crate::sparse::SparseRows;
 
 /// One table's checked payload for one added request; `None` is the neutral request (the
 /// table holds nothing for it). Only the table that made it reads it back.
@@ -96,6 +97,13 @@ pub trait Table: HasBuffers + Send + Sync + 'static {
 
     /// What Python reads after a step, as named counts (the same names every call).
     fn status(&self, out: &mut StatusSink<'_>);
+
+    /// The `(row, token, value)` triples this table writes on V1 rows, and whether their
+    /// values add to the logits (else they overwrite them); `None` for a table applied
+    /// otherwise.
+    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
+        None
+    }
 
     /// Stable slots: builds this table's row-space copy for a row → slot map.
     fn map_rows(&mut self, _row_to_slot: &[usize], _capacity: usize) {}

@@ -19,7 +19,6 @@ use crate::batch::BatchUpdate;
 use crate::columns::{ColumnKind, ColumnSpec};
 use crate::history::HistoryId;
 use crate::host_apply;
-use crate::logit_bias::LogitBiasTable;
 use crate::min_p::MinPState;
 use crate::min_tokens::MinTokensTable;
 use crate::penalties::PenaltiesState;
@@ -492,17 +491,10 @@ impl Pipeline {
         row_stride: usize,
     ) -> PyResult<()> {
         self.check_rows(rows, false)?;
-        let t = self.inner.tables();
-        let (triples, add) = match table {
-            "logit_bias" => (t.get::<LogitBiasTable>().map(|s| s.state.triples()), true),
-            "min_tokens" => (t.get::<MinTokensTable>().map(|s| s.state.triples()), false),
-            "bad_words" => (t.get::<BadWordsTable>().map(|s| s.state.triples()), false),
-            "thinking" => (t.get::<ThinkingTable>().map(|s| s.state.triples()), false),
-            _ => return Err(PyValueError::new_err(format!("no sparse table {table:?}"))),
-        };
-        let Some(triples) = triples else {
+        let Some((triples, add)) = self.inner.tables().named(table).and_then(|t| t.triples())
+        else {
             return Err(PyValueError::new_err(format!(
-                "this pipeline has no {table} table"
+                "this pipeline has no {table} table with triples"
             )));
         };
         // SAFETY: the Python caller checked the tensor (see unsafe_apply_min_p_cpu).
