@@ -170,18 +170,6 @@ class ReferenceThinking:
         return None
 
 
-def reference_forced_tokens(
-    prompt: Sequence[int] | None,
-    outputs: Sequence[Sequence[int]],
-    budget: int | None,
-    start_ids: Sequence[int],
-    end_ids: Sequence[int],
-) -> list[int | None]:
-    """Forced token (or None) at each step, given the request's output at each step."""
-    ref = ReferenceThinking(prompt, budget, start_ids, end_ids)
-    return [ref.step(out) for out in outputs]
-
-
 class RefThinkingBudgetLogitsProcessor(LogitsProcessor):
     """Reference of ``ThinkingBudgetLogitsProcessor``: one ``ReferenceThinking`` per slot,
     stepped once per ``update_state``; ``apply`` writes 1e9 at each forced (row, token)."""
