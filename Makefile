@@ -10,7 +10,7 @@ DEPS := "maturin>=1.9.4,<2" "pytest>=8" "hypothesis>=6" "ruff>=0.6" "mypy>=1.10"
 
 EXTRAS_STAMP := $(VENV)/.extras-stamp
 
-.PHONY: help venv extras build gpu-build test test-rust test-python test-engine demo bench bench-rust bench-python bench-engine lint fmt clean
+.PHONY: help venv extras build test test-rust test-python test-engine demo bench bench-rust bench-python bench-engine lint fmt clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -33,8 +33,6 @@ build: $(STAMP)  ## build the Rust extension (release, abi3: what ships) into py
 	@# a per-version build left from before abi3 would shadow the new one on import
 	rm -f python/logitsproc_rs/_core.cpython-*.so
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --release --skip-install -q
-
-gpu-build: build  ## the abi3 extension to carry to the GPU machine (benches/gpu_check.sh)
 
 test: test-rust test-python  ## cargo test + pytest (what CI runs)
 
