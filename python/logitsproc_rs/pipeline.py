@@ -404,7 +404,9 @@ class Pipeline:
         """The device (or zero-copy host) view of an arena section."""
         return self.arena.views[self._by_name[name][occurrence]]
 
-    def triples(self, table: str, n: int, rowspace: bool = False) -> tuple[torch.Tensor, ...]:
+    def triples(
+        self, table: str, n: int, rowspace: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The first ``n`` (padded) triples of a sparse table, cached per length."""
         prefix = f"rows.{table}" if rowspace else table
         key = (prefix, n)
@@ -415,7 +417,9 @@ class Pipeline:
             )
         return views
 
-    def dense(self, name: str, rows: int, rowspace: bool, width: int = 1, occurrence: int = 0):
+    def dense(
+        self, name: str, rows: int, rowspace: bool, width: int = 1, occurrence: int = 0
+    ) -> torch.Tensor:
         """Per-slot values lined up with the logits' rows: the prefix (V1) or gathered through
         the row map (stable slots). Shape ``[rows, width]``."""
         base = self.section(name, occurrence)
