@@ -34,7 +34,7 @@ build: $(STAMP)  ## build the Rust extension (release, abi3: what ships) into py
 	rm -f python/logitsproc_rs/_core.cpython-*.so
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --release --skip-install -q
 
-test: test-rust test-python  ## cargo test + pytest (what CI runs)
+test: test-rust test-python  ## cargo test + pytest (CI runs it after lint)
 
 test-rust:  ## Rust unit and property tests (no Python needed)
 	cargo test --workspace -q
@@ -59,12 +59,13 @@ bench-python: build  ## update_state / apply per step vs batch size, ours vs the
 bench-engine: build extras  ## our processors' per-step cost inside a real vLLM engine (section 6 of bench-report.md); ARGS="--baseline DIR --label NAME" adds another checkout
 	$(RUN) benches/engine_cost.py $(ARGS)
 
-lint: build  ## rustfmt, clippy, ruff, and the type stub checked against the built module
+lint: build  ## rustfmt, clippy, ruff, mypy, and the type stub checked against the built module
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --workspace --features python -- -D warnings
 	$(VENV)/bin/ruff check python tests benches examples
 	$(VENV)/bin/ruff format --check python tests benches examples
+	$(VENV)/bin/mypy python/logitsproc_rs
 	$(RUN) -m mypy.stubtest logitsproc_rs._core
 
 fmt:  ## format Rust and Python
