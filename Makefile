@@ -10,7 +10,7 @@ DEPS := "maturin>=1.9.4,<2" "pytest>=8" "hypothesis>=6" "ruff>=0.6" "mypy>=1.10"
 
 EXTRAS_STAMP := $(VENV)/.extras-stamp
 
-.PHONY: help venv extras build gpu-build test test-rust test-python test-engine demo bench bench-rust bench-python bench-engine lint fmt clean
+.PHONY: help venv extras build test test-rust test-python test-engine demo bench bench-rust bench-python bench-engine lint fmt clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -34,9 +34,7 @@ build: $(STAMP)  ## build the Rust extension (release, abi3: what ships) into py
 	rm -f python/logitsproc_rs/_core.cpython-*.so
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --release --skip-install -q
 
-gpu-build: build  ## the abi3 extension to carry to the GPU machine (benches/gpu_check.sh)
-
-test: test-rust test-python  ## cargo test + pytest (what CI runs)
+test: test-rust test-python  ## cargo test + pytest (CI runs it after lint)
 
 test-rust:  ## Rust unit and property tests (no Python needed)
 	cargo test --workspace -q
@@ -61,12 +59,13 @@ bench-python: build  ## update_state / apply per step vs batch size, ours vs the
 bench-engine: build extras  ## our processors' per-step cost inside a real vLLM engine (section 6 of bench-report.md); ARGS="--baseline DIR --label NAME" adds another checkout
 	$(RUN) benches/engine_cost.py $(ARGS)
 
-lint: build  ## rustfmt, clippy, ruff, and the type stub checked against the built module
+lint: build  ## rustfmt, clippy, ruff, mypy, and the type stub checked against the built module
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --workspace --features python -- -D warnings
 	$(VENV)/bin/ruff check python tests benches examples
 	$(VENV)/bin/ruff format --check python tests benches examples
+	$(VENV)/bin/mypy python/logitsproc_rs
 	$(RUN) -m mypy.stubtest logitsproc_rs._core
 
 fmt:  ## format Rust and Python

@@ -2,7 +2,7 @@
 # The device check, run on the GPU machine from the repository root:
 #   run(command="bash benches/gpu_check.sh", carry=["python/logitsproc_rs/_core.abi3.so"])
 # That machine's python3 already has torch with CUDA (and pytest) but no Rust toolchain, so the
-# extension travels prebuilt: `make gpu-build` makes an abi3 build (any CPython >= 3.10).
+# extension travels prebuilt: `make build` makes an abi3 build (any CPython >= 3.10).
 # Everything it prints also lands in $OUT (the device tool brings that folder back).
 set -uo pipefail
 OUT=${OUT:-/tmp/logitsproc_gpu_check}

@@ -71,8 +71,6 @@ def na(reason: str) -> str:
     return f"{NA} [{NOTES.index(reason) + 1}]"
 
 
-NO_CALL = "this build's `LogitsProcessors` has no `update_state` method (the one-call API)"
-
 # Targets (host time per step).
 T_PIPE_LIST_256 = 10.0  # µs, whole pipeline update_state at B=256, list feed
 T_PIPE_FEED_256 = 8.0  # µs, the same with the token feed
@@ -155,12 +153,6 @@ def loop_update(procs: LogitsProcessors, update: Any) -> None:
     """vLLM's way: every processor's ``update_state``, one by one."""
     for p in procs.all:
         p.update_state(update)
-
-
-def container_call(procs: LogitsProcessors) -> Callable[..., Any] | None:
-    """The container's one-call ``update_state`` when the library has it."""
-    fn = getattr(procs, "update_state", None)
-    return fn if callable(fn) else None
 
 
 def uploaded(procs: LogitsProcessors | None) -> int | None:
@@ -353,11 +345,9 @@ def bench_pipeline_update(
         cfg = pipeline_cfg(b, vocab)
         p_loop = build_logitsprocs(cfg, dev, pin)
         p_call = build_logitsprocs(cfg, dev, pin)
-        call = container_call(p_call)
+        call = p_call.update_state
         p_feed, feed_note = build_token_feed(cfg, dev)
-        feed = container_call(p_feed) if p_feed is not None else None
-        if p_feed is not None and feed is None:
-            feed_note = na(NO_CALL)
+        feed = p_feed.update_state if p_feed is not None else None
         ref = build_reference_logitsprocs(cfg, dev)
         features = processor_features(p_loop) & processor_features(ref)
         sim = ChurnSimulator(
@@ -369,8 +359,6 @@ def bench_pipeline_update(
             max_tokens=bp.NEVER,
         )
         runs = {k: Run() for k in PIPE_KEYS}
-        if call is None:
-            runs["call"].note = na(NO_CALL)
         runs["feed"].note = feed_note
         step_bytes: list[int] = []
         for step in range(warm + steps):
@@ -380,10 +368,9 @@ def bench_pipeline_update(
             rows = sim.batch.rows()
             m = step >= warm
             tasks: list[tuple[str, Callable[..., Any], tuple, dict]] = [
-                ("loop", loop_update, (p_loop, update), {})
+                ("loop", loop_update, (p_loop, update), {}),
+                ("call", call, (update,), {}),
             ]
-            if call is not None:
-                tasks.append(("call", call, (update,), {}))
             if feed is not None:
                 toks = last_tokens(before, lens)
                 tasks.append(("feed", feed, (update,), {"sampled_token_ids": toks}))
@@ -403,14 +390,14 @@ def bench_pipeline_update(
         res.pipe[b] = runs
         res.pipe_bytes[b] = f"{statistics.median(step_bytes):,.0f}" if step_bytes else NA
         res.pipe_agree[b] = pipeline_agreement(
-            p_loop, p_call if call else None, p_feed if feed else None, ref, len(rows), vocab, dev
+            p_loop, p_call, p_feed if feed else None, ref, len(rows), vocab, dev
         )
         if b == unchanged_b:
             progress(f"  unchanged step, B={b}")
             bench_unchanged(
                 res,
                 p_loop,
-                p_call if call else None,
+                p_call,
                 p_feed if feed else None,
                 ref,
                 rows,
@@ -465,8 +452,8 @@ def bench_unchanged(
     """The same batch again: update None, no list grows, the token feed all -1."""
     clock = Clock(dev)
     runs = {k: Run() for k in PIPE_KEYS}
-    call = container_call(p_call) if p_call is not None else None
-    feed = container_call(p_feed) if p_feed is not None else None
+    call = p_call.update_state if p_call is not None else None
+    feed = p_feed.update_state if p_feed is not None else None
     none_tokens = torch.full((len(rows),), -1, dtype=torch.int64)  # host, as the API wants
     for i in range(reps + 20):
         m = i >= 20
@@ -502,11 +489,8 @@ def bench_trio_update(
         cfg = EngineConfig(max_num_seqs=b, vocab_size=vocab)
         ours, ref = bp.trio(cfg, dev)
         ours2, _ = bp.trio(cfg, dev)
-        call = container_call(ours2)
         vllm = bp.VllmTrio(b, dev)
         runs = {k: Run() for k in TRIO_KEYS}
-        if call is None:
-            runs["call"].note = na(NO_CALL)
         pkg = None
         if vllm_mods is None:
             runs["vllm_pkg"].note = "not importable"
@@ -523,9 +507,8 @@ def bench_trio_update(
                 ("loop", loop_update, (ours, update)),
                 ("ref", loop_update, (ref, update)),
                 ("vllm", vllm.update_state, (update,)),
+                ("call", ours2.update_state, (update,)),
             ]
-            if call is not None:
-                tasks.append(("call", call, (update,)))
             if pkg is not None:
                 tasks.append(("vllm_pkg", pkg.update_state, (pkg.convert(update),)))
             for key, fn, a in rotated(tasks, step):

@@ -633,7 +633,8 @@ spec.loader.exec_module(_core)
     "expr",
     [
         "_core.Pipeline(2**62, 50, tables=['min_p'])",
-        "_core.Pipeline(2**40, 50, tables=['logit_bias'], caps=[('max_logit_bias_entries', 2**30)])",
+        "_core.Pipeline(2**40, 50, tables=['logit_bias'], "
+        "caps=[('max_logit_bias_entries', 2**30)])",
         "_core.Pipeline(2**33, 50, tables=['min_tokens'], caps=[('max_stop_token_ids', 2**31)])",
         "_core.Pipeline(2**62, 50, tables=['logit_bias'], caps=[('max_logit_bias_entries', 4)])",
         "build_logitsprocs(EngineConfig(max_num_seqs=2**40, vocab_size=50), 'cpu', False)",

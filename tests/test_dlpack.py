@@ -66,11 +66,15 @@ def min_p_pipeline() -> Any:
 
 
 def logit_bias_pipeline() -> Any:
-    return _core.Pipeline(CAP, VOCAB, tables=["logit_bias"], caps=[("max_logit_bias_entries", MAX_BIAS)])
+    return _core.Pipeline(
+        CAP, VOCAB, tables=["logit_bias"], caps=[("max_logit_bias_entries", MAX_BIAS)]
+    )
 
 
 def min_tokens_pipeline() -> Any:
-    return _core.Pipeline(CAP, VOCAB, tables=["min_tokens"], caps=[("max_stop_token_ids", MAX_STOP)])
+    return _core.Pipeline(
+        CAP, VOCAB, tables=["min_tokens"], caps=[("max_stop_token_ids", MAX_STOP)]
+    )
 
 
 def allowed_pipeline() -> Any:

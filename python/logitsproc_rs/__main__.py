@@ -447,9 +447,11 @@ def run_demo(args: argparse.Namespace) -> int:
                 if r.params.sampling_type != SamplingType.RANDOM_SEED:
                     continue
                 if r.req_id not in gens:
+                    seed = r.params.seed
+                    assert seed is not None  # RANDOM_SEED means a seed
                     gens[r.req_id] = (
-                        torch.Generator(device=device).manual_seed(r.params.seed),
-                        torch.Generator(device=device).manual_seed(r.params.seed),
+                        torch.Generator(device=device).manual_seed(seed),
+                        torch.Generator(device=device).manual_seed(seed),
                     )
                 gen_ours[i], gen_ref[i] = gens[r.req_id]
             md_ours = SamplingMetadata.from_params(

@@ -87,7 +87,7 @@ def apply_token_bitmask_(
     if kernels.use_triton(logits, any_float=True):
         # Store-only: −inf where a bit is clear, no logit read (out-of-range device indices
         # write nothing, where the torch path raises).
-        return kernels.ops().token_bitmask_(logits, words.contiguous(), idx, width)
+        return kernels.triton_ops().token_bitmask_(logits, words.contiguous(), idx, width)
     bits = (words.unsqueeze(-1) >> _shifts(logits.device)) & 1
     blocked = (bits == 0).view(words.shape[0], -1)[:, :width]
     if idx is None:

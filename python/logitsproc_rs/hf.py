@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from .interface import BatchUpdate
+from .interface import AddedRequest, BatchUpdate
 from .loader import build_logitsprocs, validate_sampling_params
 from .params import _SAMPLING_EPS, EngineConfig, SamplingParams
 from .sampler import Sampler, SamplingMetadata
@@ -244,7 +244,7 @@ class HFLogitsProcessor:
         temp = self._md.temperature
         self._greedy = None if temp is None else (temp < _SAMPLING_EPS).unsqueeze(1)
         self._key = (vocab, dev)
-        added = []
+        added: list[AddedRequest] = []
         ids = input_ids.tolist()
         keep = mask.tolist() if mask is not None else None
         for i, p in enumerate(self.params):
@@ -271,6 +271,7 @@ class HFLogitsProcessor:
         greedy = None if md.all_random else logits.argmax(dim=-1, keepdim=True)
         logits = self._sampler.random_logits(logits, md)
         if greedy is not None:
+            assert self._greedy is not None  # set wherever temperature is (not all greedy)
             # Greedy rows in a sampled batch: only their argmax can be drawn.
             others = torch.ones_like(logits, dtype=torch.bool).scatter_(1, greedy, False)
             logits = logits.masked_fill_(others & self._greedy, float("-inf"))

@@ -39,8 +39,6 @@ from .params import (
 from .registry import TABLES, caps_of
 
 
-
-
 def _update_signature(update: Any) -> tuple[int, ...] | None:
     """Cheap fingerprint of an update object (identity, sizes): catches an update mutated
     between the processors of one step."""
@@ -134,9 +132,7 @@ class Pipeline:
         self._status_index = {n: i for i, n in enumerate(self.core.status_names())}
         self._placeholders = self._status_index["placeholders"]
         # Counts of the tables' work (every entry but the sizes).
-        self._work = [
-            i for n, i in self._status_index.items() if n not in ("batch_size", "rows")
-        ]
+        self._work = [i for n, i in self._status_index.items() if n not in ("batch_size", "rows")]
         self.idle = True  # nothing applied, no per-step state (refreshed with the status)
         self._views: list[Any] = []
         # Step protocol: a view has taken part in the current step when its `_pipe_epoch` (or
@@ -385,7 +381,9 @@ class Pipeline:
         """The device (or zero-copy host) view of an arena section."""
         return self.arena.views[self._by_name[name][occurrence]]
 
-    def triples(self, table: str, n: int, rowspace: bool = False) -> tuple[torch.Tensor, ...]:
+    def triples(
+        self, table: str, n: int, rowspace: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The first ``n`` (padded) triples of a sparse table, cached per length."""
         prefix = f"rows.{table}" if rowspace else table
         key = (prefix, n)
@@ -396,7 +394,9 @@ class Pipeline:
             )
         return views
 
-    def dense(self, name: str, rows: int, rowspace: bool, width: int = 1, occurrence: int = 0):
+    def dense(
+        self, name: str, rows: int, rowspace: bool, width: int = 1, occurrence: int = 0
+    ) -> torch.Tensor:
         """Per-slot values lined up with the logits' rows: the prefix (V1) or gathered through
         the row map (stable slots). Shape ``[rows, width]``."""
         base = self.section(name, occurrence)

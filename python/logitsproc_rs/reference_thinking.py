@@ -69,7 +69,7 @@ class ReferenceThinking:
         if budget is not None and budget < -1:
             raise ValueError("thinking_token_budget must be >= 0 or -1 (unlimited)")
         self.tracked = budget is not None and budget != -1
-        self.budget = budget if self.tracked else -1
+        self.budget: int = -1 if budget is None else budget  # -1: untracked
         self.start = list(start_ids)
         self.end = list(end_ids)
         ks = len(self.start)
@@ -170,18 +170,6 @@ class ReferenceThinking:
         return None
 
 
-def reference_forced_tokens(
-    prompt: Sequence[int] | None,
-    outputs: Sequence[Sequence[int]],
-    budget: int | None,
-    start_ids: Sequence[int],
-    end_ids: Sequence[int],
-) -> list[int | None]:
-    """Forced token (or None) at each step, given the request's output at each step."""
-    ref = ReferenceThinking(prompt, budget, start_ids, end_ids)
-    return [ref.step(out) for out in outputs]
-
-
 class RefThinkingBudgetLogitsProcessor(LogitsProcessor):
     """Reference of ``ThinkingBudgetLogitsProcessor``: one ``ReferenceThinking`` per slot,
     stepped once per ``update_state``; ``apply`` writes 1e9 at each forced (row, token)."""
@@ -213,7 +201,7 @@ class RefThinkingBudgetLogitsProcessor(LogitsProcessor):
             self.batch_size = batch_update.batch_size
         self.forced = {}
         self.placeholders = False
-        self.seen: dict[int, int] = {}  # row -> usable output length at its last step
+        self.seen = {}  # row -> usable output length at its last step
         for row, (ref, output) in self.states.items():
             if row < self.batch_size:
                 self._step_row(row, ref, output)

@@ -77,7 +77,7 @@ class SamplingMetadata:
         logprobs = None
         for p in params:
             greedy = p is None or p.sampling_type == SamplingType.GREEDY
-            temps.append(0.0 if greedy else float(p.temperature))
+            temps.append(0.0 if greedy or p is None else float(p.temperature))
             top_ps.append(1.0 if p is None else float(p.top_p))
             k = 0 if p is None else p.top_k
             top_ks.append(k if 0 < k < vocab_size else vocab_size)
@@ -268,5 +268,6 @@ class Sampler:
         probs = logits.softmax(dim=-1, dtype=torch.float32)
         sampled = random_sample(probs, md.generators)
         if greedy is not None:
+            assert md.temperature is not None  # random rows exist: not all greedy
             sampled = torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)
         return SamplerOutput(sampled, logits)

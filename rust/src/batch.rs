@@ -166,16 +166,6 @@ impl<A> BatchUpdate<A> {
         replay_rest(&self.removed, &self.moved, store);
     }
 
-    /// The same structure with every payload replaced (tables that only need the shape).
-    pub fn shape_with<B>(&self, mut f: impl FnMut(usize, &A) -> B) -> BatchUpdate<B> {
-        BatchUpdate {
-            batch_size: self.batch_size,
-            removed: self.removed.clone(),
-            added: self.added.iter().map(|(i, a)| (*i, f(*i, a))).collect(),
-            moved: self.moved.clone(),
-        }
-    }
-
     /// True when the update adds, removes or moves nothing.
     pub fn is_empty(&self) -> bool {
         self.removed.is_empty() && self.added.is_empty() && self.moved.is_empty()

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .. import kernels
+
+if TYPE_CHECKING:
+    from ..pipeline import Pipeline
 
 
 def host_kernel_ok(logits: torch.Tensor, allow_float64: bool = False) -> bool:
@@ -20,7 +25,7 @@ def host_kernel_ok(logits: torch.Tensor, allow_float64: bool = False) -> bool:
         size = 8
     else:
         return False
-    end = logits.storage_offset() + (logits.shape[0] - 1) * logits.stride(0) + logits.shape[1]
+    end = int(logits.storage_offset()) + (logits.shape[0] - 1) * logits.stride(0) + logits.shape[1]
     return (
         logits.dim() == 2
         and logits.stride(1) == 1
@@ -30,7 +35,7 @@ def host_kernel_ok(logits: torch.Tensor, allow_float64: bool = False) -> bool:
     )
 
 
-def host_sparse_(pipe, table: str, logits: torch.Tensor, rowspace: bool) -> bool:
+def host_sparse_(pipe: Pipeline, table: str, logits: torch.Tensor, rowspace: bool) -> bool:
     """Rust applies a V1 table's triples in place on host float32 logits (one pass, no
     torch op); ``False`` where it cannot, and the caller takes the torch path."""
     if rowspace or not pipe.host_kernels or not host_kernel_ok(logits):
@@ -56,7 +61,7 @@ def put_sparse_(
     """In place: ``logits[rows[k], cols[k]] = vals[k]`` (duplicates write the same value).
     ``choice``: the kernels backend (see ``logitsproc_rs.kernels``)."""
     if kernels.use_triton(logits, choice):
-        return kernels.ops().sparse_(logits, rows, cols, vals, add=False)
+        return kernels.triton_ops().sparse_(logits, rows, cols, vals, add=False)
     return logits.index_put_((rows, cols), vals)
 
 
@@ -72,5 +77,5 @@ def add_sparse_(
     Pairs are unique except the padding, whose value is −0.0 (``x + −0.0 == x`` exactly).
     """
     if kernels.use_triton(logits, choice):
-        return kernels.ops().sparse_(logits, rows, cols, vals, add=True)
+        return kernels.triton_ops().sparse_(logits, rows, cols, vals, add=True)
     return logits.index_put_((rows, cols), vals, accumulate=True)

@@ -41,7 +41,9 @@ class AllowedTokenIdsLogitsProcessor(PipelineView):
         if kernels.use_triton(logits, kernels.pipeline_choice(pipe)):
             # The pairs become a bitmask (allowed = set bit), applied as the grammar's is:
             # store-only, no gather or scatter of logits.
-            return kernels.ops().keep_only_(logits, rows, cols, restricted, self._scratch(logits))
+            return kernels.triton_ops().keep_only_(
+                logits, rows, cols, restricted, self._scratch(logits)
+            )
         return keep_only_(logits, rows, cols, restricted)
 
     def _scratch(self, logits: torch.Tensor) -> torch.Tensor:

@@ -43,7 +43,7 @@ class MinPLogitsProcessor(PipelineView):
         if kernels.use_triton(logits, kernels.pipeline_choice(pipe)):
             # One kernel: the row max, then the mask; rows without a min_p are not read.
             row_map = pipe.row_map(rows) if rowspace else None
-            return kernels.ops().min_p_(logits, pipe.section("min_p.log_min_p"), row_map)
+            return kernels.triton_ops().min_p_(logits, pipe.section("min_p.log_min_p"), row_map)
         return min_p_mask_(logits, pipe.dense("min_p.log_min_p", rows, rowspace))
 
     def get_min_p_by_index(self, index: int) -> float:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..kernels import pipeline_choice
-from ..pipeline import PipelineView
+from ..pipeline import Pipeline, PipelineView
 from ._common import host_sparse_, put_sparse_
 
 
@@ -38,7 +38,9 @@ class MinTokensLogitsProcessor(PipelineView):
         return _spec_apply(pipe, "MinTokensLogitsProcessor", "spec.min_tokens", logits, rows, n)
 
 
-def _spec_apply(pipe, name: str, table: str, logits: torch.Tensor, rows: int, n: int):
+def _spec_apply(
+    pipe: Pipeline, name: str, table: str, logits: torch.Tensor, rows: int, n: int
+) -> torch.Tensor:
     if logits.dim() != 2 or logits.shape[0] != rows or logits.shape[1] != pipe.vocab_size:
         raise ValueError(
             f"{name}.apply_with_spec_decode: logits of shape {list(logits.shape)} do not match "

@@ -94,7 +94,7 @@ class PenaltiesLogitsProcessor(PipelineView):
         if kernels.use_triton(logits, kernels.pipeline_choice(pipe)):
             # One fused pass: reads the count rows in place (through the row map in row
             # space), no [rows, V] temporaries, neutral rows untouched.
-            return kernels.ops().penalties_(
+            return kernels.triton_ops().penalties_(
                 logits,
                 cells,
                 *(pipe.section(f"penalties.{k}") for k in ("repetition", "frequency", "presence")),

@@ -77,6 +77,14 @@ def ops() -> ModuleType | None:
     return _ops
 
 
+def triton_ops() -> ModuleType:
+    """The kernels module, where ``use_triton`` said yes (it does only once triton imported)."""
+    mod = ops()
+    if mod is None:
+        raise RuntimeError(f"triton does not import: {_import_error}")
+    return mod
+
+
 def use_triton(logits: torch.Tensor, choice: str | None = None, any_float: bool = False) -> bool:
     """Whether this apply runs the Triton kernel: float32 logits (any float dtype with
     ``any_float``, for store-only kernels) with unit column stride, and the backend allows it.

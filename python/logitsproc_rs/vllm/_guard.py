@@ -53,7 +53,12 @@ def check_caps(where: str, ours: SamplingParams, request: Any, tables: Iterable[
         over("logit_bias", len(ours.logit_bias), CAP_DEFAULTS["max_logit_bias_entries"])
     if "min_tokens" in tables and ours.min_tokens:
         named = set(ours.stop_token_ids or ()) | set(getattr(request, "stop_token_ids", None) or ())
-        over("stop_token_ids", len(named) + 1, CAP_DEFAULTS["max_stop_token_ids"], "stop ids (with EOS)")
+        over(
+            "stop_token_ids",
+            len(named) + 1,
+            CAP_DEFAULTS["max_stop_token_ids"],
+            "stop ids (with EOS)",
+        )
     if "bad_words" in tables and ours.bad_words_token_ids:
         words = ours.bad_words_token_ids
         over("bad_words_token_ids", len(words), CAP_DEFAULTS["max_bad_words"], "words")
@@ -64,7 +69,11 @@ def check_caps(where: str, ours: SamplingParams, request: Any, tables: Iterable[
             "tokens in a word",
         )
     if "allowed" in tables and ours.allowed_token_ids:
-        over("allowed_token_ids", len(set(ours.allowed_token_ids)), CAP_DEFAULTS["max_allowed_token_ids"])
+        over(
+            "allowed_token_ids",
+            len(set(ours.allowed_token_ids)),
+            CAP_DEFAULTS["max_allowed_token_ids"],
+        )
 
 
 def refused_index(error: ValueError, candidates: Iterable[int]) -> int | None:

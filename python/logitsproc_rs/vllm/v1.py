@@ -170,7 +170,10 @@ class _Group:
             self.follow(update, converted, refused)
         self.idle = pipe.idle and not self.forced
         self.checked = _nothing
-        self.shape = (pipe.count("batch_size"), pipe.vocab_size)  # what an idle step's logits must be
+        self.shape = (
+            pipe.count("batch_size"),
+            pipe.vocab_size,
+        )  # what an idle step's logits must be
 
     _update: Any = None
     _signature: Any = None

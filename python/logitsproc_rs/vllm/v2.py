@@ -268,7 +268,9 @@ class _Group:
         row_of[slots] = np.arange(slots.size)
         self.snapshot = (row_of, starts, host, event)
 
-    def gather(self, slots: np.ndarray, starts: np.ndarray, width: int, pinned: bool = False):
+    def gather(
+        self, slots: np.ndarray, starts: np.ndarray, width: int, pinned: bool = False
+    ) -> torch.Tensor:
         """``[total_len, all_token_ids[start : start + width]]`` of each slot, on the host: one
         gather on the device and one copy (non-blocking into pinned memory when ``pinned``)."""
         rs = self.req_states
@@ -363,7 +365,7 @@ class _Group:
 class _Bridge(_V2LogitsProcessor):
     """One of our processors (``INNER``) as an MRV2 ``LogitsProcessor``."""
 
-    INNER: type[PipelineView] = PipelineView
+    INNER: type[PipelineView]
     NAMESPACE: str | None = NAMESPACE
 
     @classmethod
