@@ -11,11 +11,11 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use logitsproc_rs::bad_words::{BadWordsParams, BadWordsState};
 use logitsproc_rs::batch::BatchUpdate;
 use logitsproc_rs::history::SharedHistory;
-use logitsproc_rs::penalties::{PenaltiesState, PenaltyParams};
-use logitsproc_rs::thinking::{ThinkingConfig, ThinkingParams, ThinkingState};
+use logitsproc_rs::tables::bad_words::{BadWordsParams, BadWordsState};
+use logitsproc_rs::tables::penalties::{PenaltiesState, PenaltyParams};
+use logitsproc_rs::tables::thinking::{ThinkingConfig, ThinkingParams, ThinkingState};
 
 const B: usize = 256;
 const VOCAB: usize = 32_000;

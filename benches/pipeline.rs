@@ -10,7 +10,7 @@ use logitsproc_rs::batch::BatchUpdate;
 use logitsproc_rs::fields::Value;
 use logitsproc_rs::history::SharedHistory;
 use logitsproc_rs::pipeline::{Output, Pipeline, PipelineConfig, RequestParams};
-use logitsproc_rs::thinking::ThinkingConfig;
+use logitsproc_rs::tables::thinking::ThinkingConfig;
 
 const VOCAB: usize = 32_000;
 

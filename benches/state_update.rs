@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion, Throughput};
 use logitsproc_rs::batch::{BatchUpdate, BatchUpdateBuilder, Move};
 use logitsproc_rs::history::{SharedHistory, TokenHistory};
-use logitsproc_rs::logit_bias::LogitBiasState;
-use logitsproc_rs::min_p::MinPState;
-use logitsproc_rs::min_tokens::{MinTokensParams, MinTokensState};
+use logitsproc_rs::tables::logit_bias::LogitBiasState;
+use logitsproc_rs::tables::min_p::MinPState;
+use logitsproc_rs::tables::min_tokens::{MinTokensParams, MinTokensState};
 
 const SIZES: [usize; 3] = [64, 256, 1024];
 const STEPS: usize = 2000;

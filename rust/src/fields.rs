@@ -2,7 +2,7 @@
 //! request by whoever drives the pipeline (the bindings read them from `SamplingParams` by
 //! kind), and handed to every table's `check` as one [`Fields`].
 
-use crate::columns::ColumnValue;
+use crate::tables::columns::ColumnValue;
 
 /// How a field is read and what it holds when the request does not set it.
 #[derive(Clone, Debug, PartialEq)]

@@ -6,29 +6,21 @@
 //! zero-copy through DLPack. The PyO3 bindings live in [`python`] behind the `python` feature,
 //! so `cargo test` and `cargo bench` need no interpreter.
 
-pub mod allowed;
 pub mod arena;
-pub mod bad_words;
 pub mod batch;
 pub mod buffer;
-pub mod columns;
 pub mod dlpack;
 pub mod error;
 pub mod fields;
 pub mod history;
 pub mod host_apply;
 pub mod limits;
-pub mod logit_bias;
-pub mod min_p;
-pub mod min_tokens;
-pub mod penalties;
 pub mod pipeline;
 pub mod processor;
-pub mod registry;
 pub mod row_space;
 pub mod sparse;
 pub mod table;
-pub mod thinking;
+pub mod tables;
 
 #[cfg(feature = "python")]
 mod python;

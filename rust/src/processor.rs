@@ -4,7 +4,7 @@
 //! processor). The pipeline holds a list of them and loops: every added request is checked by
 //! every table before anything changes (`check` is pure), then every table commits the same
 //! update with its own payload, then runs its per-step work. Nothing in the pipeline names a
-//! table; the built-ins are listed once, in [`crate::registry`].
+//! table; the built-ins are listed once, in [`crate::tables`].
 
 use std::any::Any;
 

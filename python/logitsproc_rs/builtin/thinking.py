@@ -1,6 +1,6 @@
 """Thinking budget: once a request has spent its reasoning budget, force the end marker.
 
-vLLM 0.25.1's ``ThinkingBudgetStateHolder`` semantics (see rust/src/thinking.rs for the rules):
+vLLM 0.25.1's ``ThinkingBudgetStateHolder`` semantics (see rust/src/tables/thinking.rs for the rules):
 the start/end markers may be several tokens long; a request whose thinking tokens reach
 ``thinking_token_budget`` gets the end sequence forced one token per step, by setting that one
 logit to 1e9 (nothing else is masked, and it overrides an earlier −inf); a new start marker after

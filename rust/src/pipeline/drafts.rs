@@ -1,10 +1,10 @@
 //! Speculative decoding's draft rows on the V1 path (vLLM's rejection-sampler layout).
 
 use super::Pipeline;
-use crate::bad_words::BadWordsTable;
 use crate::error::{Error, Result};
 use crate::history::HistorySource;
-use crate::min_tokens::MinTokensTable;
+use crate::tables::bad_words::BadWordsTable;
+use crate::tables::min_tokens::MinTokensTable;
 
 impl<S: HistorySource> Pipeline<S> {
     /// Draft-row masks of MinTokens (vLLM `apply_with_spec_decode`); returns the layout's row

@@ -22,15 +22,15 @@ use std::ops::{Deref, DerefMut};
 
 use crate::arena::{Arena, HasBuffers, Staged, Upload};
 use crate::batch::{BatchUpdate, Move};
-use crate::columns::{Column, ColumnSpec, ColumnTable};
 use crate::error::{Error, Result};
 use crate::fields::{FieldSpec, Fields};
 use crate::history::{HistoryId, HistorySource, HistoryStore};
 use crate::limits::check_sizes;
 use crate::processor::{Admission, Entry, StepContext, Table};
-use crate::registry::{builtin, Build, BUILTINS, COLUMNS_LAYOUT};
 use crate::table::SlotTable;
-use crate::thinking::ThinkingConfig;
+use crate::tables::columns::{Column, ColumnSpec, ColumnTable};
+use crate::tables::thinking::ThinkingConfig;
+use crate::tables::{builtin, Build, BUILTINS, COLUMNS_LAYOUT};
 
 mod drafts;
 mod outputs;
@@ -45,7 +45,7 @@ pub struct PipelineConfig {
     /// Slots (`max_num_seqs`).
     pub capacity: usize,
     pub vocab_size: usize,
-    /// The built-in tables to build, by registry name ([`crate::registry::BUILTINS`]).
+    /// The built-in tables to build, by registry name ([`crate::tables::BUILTINS`]).
     pub tables: Vec<String>,
     /// Per-request caps by engine-config name (`max_logit_bias_entries`, ...); a cap not
     /// given takes the registry's default.
@@ -92,7 +92,7 @@ impl PipelineConfig {
             .iter()
             .find(|(n, _)| n == name)
             .map(|&(_, v)| v)
-            .or_else(|| crate::registry::default_cap(name))
+            .or_else(|| crate::tables::default_cap(name))
             .unwrap_or(0)
     }
 }
@@ -628,7 +628,7 @@ mod tests {
     use crate::batch::Move;
     use crate::fields::Value;
     use crate::history::SharedHistory;
-    use crate::logit_bias::LogitBiasTable;
+    use crate::tables::logit_bias::LogitBiasTable;
 
     fn pipeline(stable: bool, token_feed_cap: usize) -> Pipeline<SharedHistory> {
         let mut cfg = PipelineConfig::new(4, 16)
@@ -727,7 +727,7 @@ mod tests {
         assert_eq!(p.history(0), Some(&[3][..]));
         assert_eq!(
             p.tables()
-                .get::<crate::penalties::PenaltiesState<HistoryId>>()
+                .get::<crate::tables::penalties::PenaltiesState<HistoryId>>()
                 .unwrap()
                 .counted(0),
             Some(&[3][..])

@@ -30,7 +30,7 @@ mod _core {
         Vec<(&'static str, usize)>,
         Vec<(&'static str, &'static str)>,
     )> {
-        crate::registry::BUILTINS
+        crate::tables::BUILTINS
             .iter()
             .map(|b| {
                 (

@@ -9,9 +9,9 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 use super::errors::bad_value;
 use super::history::{output_of, PyListSource};
 use super::update::{bounded_ints, extract_as, param_named, token_ids, AddedEntry};
-use crate::columns::{ColumnKind, ColumnValue};
 use crate::fields::{FieldKind, FieldSpec, Value};
 use crate::pipeline::{Pipeline, PipelineConfig, RequestParams};
+use crate::tables::columns::{ColumnKind, ColumnValue};
 
 /// One field the pipeline's tables read, with its attribute name interned once and its caps
 /// resolved.

@@ -12,18 +12,18 @@ use super::errors::bad_value;
 use super::history::PyListSource;
 use super::params::Reader;
 use super::update::{bounded_ints, parse_update, AddedEntry};
-use crate::allowed::AllowedTable;
 use crate::arena::Upload;
-use crate::bad_words::BadWordsTable;
 use crate::batch::BatchUpdate;
-use crate::columns::{ColumnKind, ColumnSpec};
 use crate::history::HistoryId;
 use crate::host_apply;
-use crate::min_p::MinPState;
-use crate::min_tokens::MinTokensTable;
-use crate::penalties::PenaltiesState;
 use crate::pipeline::{self, PipelineConfig, RequestParams};
-use crate::thinking::{ThinkingConfig, ThinkingTable};
+use crate::tables::allowed::AllowedTable;
+use crate::tables::bad_words::BadWordsTable;
+use crate::tables::columns::{ColumnKind, ColumnSpec};
+use crate::tables::min_p::MinPState;
+use crate::tables::min_tokens::MinTokensTable;
+use crate::tables::penalties::PenaltiesState;
+use crate::tables::thinking::{ThinkingConfig, ThinkingTable};
 
 #[pyclass(module = "logitsproc_rs._core")]
 pub struct Pipeline {
@@ -94,7 +94,9 @@ fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResu
 }
 
 impl Pipeline {
-    fn penalties_mut(&mut self) -> Option<&mut crate::penalties::PenaltiesState<HistoryId>> {
+    fn penalties_mut(
+        &mut self,
+    ) -> Option<&mut crate::tables::penalties::PenaltiesState<HistoryId>> {
         self.inner
             .tables_mut()
             .get_mut::<PenaltiesState<HistoryId>>()
@@ -580,7 +582,7 @@ impl Pipeline {
 
     #[getter]
     fn prompt_flag(&self) -> i32 {
-        crate::penalties::PROMPT_FLAG
+        crate::tables::penalties::PROMPT_FLAG
     }
 
     // --- inspection (tests, debugging) ---

@@ -28,9 +28,9 @@ use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::registry::Build;
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
+use crate::tables::Build;
 use std::any::Any;
 
 /// Bit marking "token occurs in the prompt" in a device count cell.

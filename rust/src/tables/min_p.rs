@@ -11,7 +11,7 @@ use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::processor::{entry, unbox, Admission, Entry, StatusSink, StepContext, Table};
-use crate::registry::Build;
+use crate::tables::Build;
 use std::any::Any;
 
 /// The request fields MinP reads.

@@ -1,8 +1,18 @@
-//! The built-in tables, listed once: each entry's name, the per-request caps it is sized by
-//! (with their defaults), the request fields it reads, where its buffers go in the arena, and
-//! how it is built. The pipeline, the bindings' field reader and (through the bindings) the
-//! Python side derive everything about a built-in from this list; nothing else in the core
-//! names one.
+//! The tables: one file per built-in processor, plus `columns` (the tables custom processors
+//! declare), and the registry that lists the built-ins once. Each entry gives the table's name,
+//! the per-request caps it is sized by (with their defaults), the request fields it reads,
+//! where its buffers go in the arena, and how it is built. The pipeline, the bindings' field
+//! reader and (through `_core.builtins()`) the Python side derive everything about a built-in
+//! from this list; nothing else in the core names one.
+
+pub mod allowed;
+pub mod bad_words;
+pub mod columns;
+pub mod logit_bias;
+pub mod min_p;
+pub mod min_tokens;
+pub mod penalties;
+pub mod thinking;
 
 use crate::error::{Error, Result};
 use crate::fields::FieldSpec;
@@ -93,50 +103,50 @@ pub const BUILTINS: &[Builtin] = &[
     Builtin {
         name: "min_p",
         caps: &[],
-        fields: crate::min_p::FIELDS,
+        fields: min_p::FIELDS,
         layout: 0,
-        build: crate::min_p::build,
+        build: min_p::build,
     },
     Builtin {
         name: "logit_bias",
-        caps: crate::logit_bias::CAPS,
-        fields: crate::logit_bias::FIELDS,
+        caps: logit_bias::CAPS,
+        fields: logit_bias::FIELDS,
         layout: 6,
-        build: crate::logit_bias::build,
+        build: logit_bias::build,
     },
     Builtin {
         name: "min_tokens",
-        caps: crate::min_tokens::CAPS,
-        fields: crate::min_tokens::FIELDS,
+        caps: min_tokens::CAPS,
+        fields: min_tokens::FIELDS,
         layout: 4,
-        build: crate::min_tokens::build,
+        build: min_tokens::build,
     },
     Builtin {
         name: "penalties",
         caps: &[],
-        fields: crate::penalties::FIELDS,
+        fields: penalties::FIELDS,
         layout: 1,
-        build: crate::penalties::build,
+        build: penalties::build,
     },
     Builtin {
         name: "bad_words",
-        caps: crate::bad_words::CAPS,
-        fields: crate::bad_words::FIELDS,
+        caps: bad_words::CAPS,
+        fields: bad_words::FIELDS,
         layout: 5,
-        build: crate::bad_words::build,
+        build: bad_words::build,
     },
     Builtin {
         name: "allowed",
-        caps: crate::allowed::CAPS,
-        fields: crate::allowed::FIELDS,
+        caps: allowed::CAPS,
+        fields: allowed::FIELDS,
         layout: 7,
-        build: crate::allowed::build,
+        build: allowed::build,
     },
     Builtin {
         name: "thinking",
         caps: &[],
-        fields: crate::thinking::FIELDS,
+        fields: thinking::FIELDS,
         layout: 3,
-        build: crate::thinking::build,
+        build: thinking::build,
     },
 ];

@@ -35,10 +35,10 @@ use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_config_token;
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::registry::Build;
 use crate::row_space::RowCopy;
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
+use crate::tables::Build;
 use std::any::Any;
 
 /// The model's reasoning delimiters (vLLM `ReasoningConfig.reasoning_{start,end}_token_ids`).

@@ -14,10 +14,10 @@ use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::limits::check_token;
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::registry::Build;
 use crate::row_space::{padded_rows, RowCopy};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
+use crate::tables::Build;
 use std::any::Any;
 
 /// Per-request caps (engine-config names) and their defaults.

@@ -13,12 +13,12 @@ use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::registry::Build;
 use crate::row_space::RowCopy;
 use crate::sparse::{
     draft_offsets, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
 };
 use crate::table::SlotTable;
+use crate::tables::Build;
 use std::any::Any;
 
 /// Per-request caps (engine-config names) and their defaults.
