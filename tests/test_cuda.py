@@ -178,7 +178,8 @@ def test_device_arena_on_the_gpu() -> None:
     lo, hi = arena.arena.data_ptr(), arena.arena.data_ptr() + arena.arena.numel()
     for v in arena.views:
         assert lo <= v.data_ptr() and v.data_ptr() + v.numel() * v.element_size() <= hi
-    assert pipe.cells is not None and pipe.cells.device.type == "cuda"
+    cells = pipe.device_state["penalties"].cells  # the penalties' count matrix
+    assert cells is not None and cells.device.type == "cuda"
 
 
 def test_staging_copies_pinned_after_registration() -> None:

@@ -265,7 +265,9 @@ def test_more_count_updates_than_one_upload_chunk():
     dev = make_emulated(PenaltiesLogitsProcessor, cfg)
     host = make(PenaltiesLogitsProcessor, cfg)
     ref = make(RefPenaltiesLogitsProcessor, cfg)
-    assert not dev.pipeline.host_kernels and dev.pipeline.cells is not None
+    assert (
+        not dev.pipeline.host_kernels and dev.pipeline.device_state["penalties"].cells is not None
+    )
     assert host.pipeline.host_kernels
     chunk = len(dev.pipeline.section("penalties.ops_rows"))
     assert chunk == 16_384

@@ -46,9 +46,10 @@ from .loader import (
     validate_sampling_params,
 )
 from .params import EngineConfig, SamplingParams, SamplingType
-from .pipeline import Pipeline, PipelineView
+from .pipeline import Pipeline
 from .sampler import LogprobsTensors, Sampler, SamplerOutput, SamplingMetadata
 from .state import BatchUpdateBuilder, LogitsProcessors
+from .views import PipelineView
 
 # One version source: rust/Cargo.toml, compiled into the extension (and copied into the
 # wheel's metadata by maturin).

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .pipeline import PipelineView
+from .views import PipelineView
 
 Reader = Callable[[Any], Any]
 

@@ -22,8 +22,9 @@ from .builtin import (
 )
 from .interface import LogitsProcessor
 from .params import as_engine_config
-from .pipeline import Pipeline, PipelineView
+from .pipeline import Pipeline
 from .state import LogitsProcessors
+from .views import PipelineView
 
 STR_POOLING_REJECTS_LOGITSPROCS = "Pooling models do not support custom logits processors."
 STR_SPEC_DEC_REJECTS_LOGITSPROCS = (

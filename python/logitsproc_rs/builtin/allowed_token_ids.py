@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..pipeline import PipelineView
+from ..views import PipelineView
 from ._common import host_sparse_
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..kernels import pipeline_choice
-from ..pipeline import PipelineView
+from ..views import PipelineView
 from ._common import host_sparse_, put_sparse_
 from .min_tokens import _spec_apply
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import pipeline_choice
-from ..pipeline import PipelineView
+from ..views import PipelineView
 from ._common import add_sparse_, host_sparse_
 
 

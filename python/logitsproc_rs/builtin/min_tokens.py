@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import torch
 
 from ..kernels import pipeline_choice
-from ..pipeline import Pipeline, PipelineView
+from ..pipeline import Pipeline
+from ..views import PipelineView
 from ._common import host_sparse_, put_sparse_
 
 

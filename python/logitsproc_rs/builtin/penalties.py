@@ -4,10 +4,11 @@ Each step Rust reads only the newly generated tokens of each request, so a step 
 at 16 or 4,096 generated tokens. On the CPU, Rust then applies the penalties in place, touching
 only the tokens each request has seen (its counts live in the Rust state). On a device the
 pipeline holds one int32 matrix ``cells[capacity + 1, V]``: the output count of each (slot,
-token), plus ``PROMPT_FLAG`` for prompt tokens; row ``capacity`` stays zero. Rust hands back row
-copies (moved requests take their counts along, new ones copy the zero row) and ``(row, token,
-delta)`` additions, which the pipeline applies after the step's upload; the apply is one fused
-Triton pass over the logits and the count rows (``kernels``), or a few dense torch ops.
+token), plus ``PROMPT_FLAG`` for prompt tokens; row ``capacity`` stays zero (``PenaltyCounts``,
+this processor's device state). Rust hands back row copies (moved requests take their counts
+along, new ones copy the zero row) and ``(row, token, delta)`` additions, applied after each
+upload; the apply is one fused Triton pass over the logits and the count rows (``kernels``),
+or a few dense torch ops.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..pipeline import PipelineView
+from ..pipeline import Pipeline
+from ..views import PipelineView
 from ._common import host_kernel_ok
 
 
@@ -50,10 +52,50 @@ def apply_penalties_(
     return logits
 
 
+class PenaltyCounts:
+    """The device count matrix ``cells[capacity + 1, V]`` (int32) of a device pipeline, kept
+    in step with the core: the row copies and the first chunk of count additions go up with
+    the step's upload, then are applied (more chunks, rarely, with more uploads)."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self._pipe = pipe
+        # Allocated up front (an engine sizes its KV cache after the processors exist).
+        self.cells = torch.zeros(
+            (pipe.capacity + 1, pipe.vocab_size), dtype=torch.int32, device=pipe.device
+        )
+        self._copies = 0
+        self._chunk = 0
+
+    def before_upload(self) -> None:
+        core = self._pipe.core
+        self._copies = core.take_penalty_copies()
+        self._chunk = core.next_penalty_chunk()
+
+    def after_upload(self) -> None:
+        pipe, cells = self._pipe, self.cells
+        n, m = self._copies, self._chunk
+        if n:
+            dst = pipe.section("penalties.copy_dst")[:n]
+            src = pipe.section("penalties.copy_src")[:n]
+            cells[dst] = cells[src]  # the right side is gathered (copied) first
+        while m:
+            rows, cols, vals = (
+                pipe.section(f"penalties.ops_{k}")[:m] for k in ("rows", "cols", "vals")
+            )
+            cells.index_put_((rows, cols), vals, accumulate=True)
+            m = pipe.core.next_penalty_chunk()
+            if m:
+                pipe.arena.upload_in_apply()
+
+
 class PenaltiesLogitsProcessor(PipelineView):
     """Not argmax-invariant. Runs after the other non-invariant processors (vLLM's order)."""
 
     TABLES = ("penalties",)
+
+    def attach(self, pipeline: Pipeline) -> None:
+        if not pipeline.host_kernels and "penalties" not in pipeline.device_state:
+            pipeline.attach_device_state("penalties", PenaltyCounts(pipeline))
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -89,8 +131,9 @@ class PenaltiesLogitsProcessor(PipelineView):
                 work.data_ptr(), rows, work.shape[1], work.stride(0), rowspace, f64
             )
             return logits.copy_(work)
-        cells = pipe.cells
-        assert cells is not None
+        counts = pipe.device_state["penalties"]
+        assert isinstance(counts, PenaltyCounts)
+        cells = counts.cells
         if kernels.use_triton(logits, kernels.pipeline_choice(pipe)):
             # One fused pass: reads the count rows in place (through the row map in row
             # space), no [rows, V] temporaries, neutral rows untouched.

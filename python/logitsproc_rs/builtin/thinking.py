@@ -1,7 +1,7 @@
 """Thinking budget: once a request has spent its reasoning budget, force the end marker.
 
-vLLM 0.25.1's ``ThinkingBudgetStateHolder`` semantics (see rust/src/tables/thinking.rs for the rules):
-the start/end markers may be several tokens long; a request whose thinking tokens reach
+vLLM 0.25.1's ``ThinkingBudgetStateHolder`` semantics (rust/src/tables/thinking.rs has the
+rules): the start/end markers may be several tokens long; a request whose thinking tokens reach
 ``thinking_token_budget`` gets the end sequence forced one token per step, by setting that one
 logit to 1e9 (nothing else is masked, and it overrides an earlier −inf); a new start marker after
 a forced end is closed at once; a prompt that already opened a thinking section counts its
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import pipeline_choice
-from ..pipeline import PipelineView
+from ..views import PipelineView
 from ._common import host_sparse_, put_sparse_
 
 

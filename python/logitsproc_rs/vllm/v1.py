@@ -49,7 +49,9 @@ from vllm.v1.sample.logits_processor import LogitsProcessor as VllmLogitsProcess
 
 from .. import builtin
 from ..interface import BatchUpdate, process_dict_updates
-from ..pipeline import Pipeline, PipelineView, _update_signature
+from ..pipeline import Pipeline
+from ..step_protocol import update_signature
+from ..views import PipelineView
 from . import _guard
 from ._fields import FIELD_TABLE, NAMESPACE, Routed, routed_params
 
@@ -140,7 +142,7 @@ class _Group:
         if not first:
             # The pipeline checks that this is the step's update; a different one is a
             # protocol error there, so it gets the raw update.
-            same = update is self._update and _update_signature(update) == self._signature
+            same = update is self._update and update_signature(update) == self._signature
             view.update_state(self._converted if same else update)
             return
         while True:
@@ -163,7 +165,7 @@ class _Group:
         # Held (not an id) until the next step: the joining members compare identity.
         self._update, self._signature, self._converted = (
             update,
-            _update_signature(update),
+            update_signature(update),
             converted,
         )
         if update is not None:

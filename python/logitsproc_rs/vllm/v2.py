@@ -59,7 +59,8 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 from .. import builtin
 from ..columns import ColumnLogitsProcessor
 from ..params import config_spec_tokens
-from ..pipeline import Pipeline, PipelineView
+from ..pipeline import Pipeline
+from ..views import PipelineView
 from . import _guard
 from ._fields import FIELD_TABLE, NAMESPACE, Routed, routed_params
 

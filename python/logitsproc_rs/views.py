@@ -1,0 +1,77 @@
+"""The base of every processor whose state lives in a ``Pipeline``: a thin view that reads its
+own tables' device views in ``apply``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .interface import BatchUpdate, LogitsProcessor
+from .pipeline import Pipeline
+
+
+class PipelineView(LogitsProcessor):
+    """Base of processors whose state lives in a ``Pipeline``.
+
+    ``TABLES`` names the core tables the processor needs. Built the vLLM way
+    (``cls(vllm_config, device, is_pin_memory)``) a processor gets a pipeline of its own;
+    ``build_logitsprocs`` builds one pipeline for all of them and passes ``pipeline=``.
+    """
+
+    TABLES: tuple[str, ...] = ()
+    COLUMNS: tuple[Any, ...] = ()
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        device: torch.device | str,
+        is_pin_memory: bool,
+        *,
+        pipeline: Pipeline | None = None,
+    ) -> None:
+        if pipeline is None:
+            pipeline = Pipeline(
+                vllm_config, device, is_pin_memory, tables=self.TABLES, columns=self.COLUMNS
+            )
+        self._pipe = pipeline
+        self._column_index = self._find_columns()
+        pipeline.register(self)
+        self.attach(pipeline)
+
+    def attach(self, pipeline: Pipeline) -> None:
+        """Called once the processor is registered with its pipeline: where a processor
+        sets up device-side state of its own (``Pipeline.attach_device_state``)."""
+
+    def _find_columns(self) -> list[int]:
+        """Positions of this processor's declared columns in its pipeline (by identity)."""
+        out = []
+        for c in self.COLUMNS:
+            for k, d in enumerate(self._pipe.columns):
+                if d is c and k not in out:
+                    out.append(k)
+                    break
+            else:
+                raise ValueError(f"{type(self).__name__}: column {c.name!r} is not in the pipeline")
+        return out
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self._pipe
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        self._pipe.update_from_view(self, batch_update)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = self._pipe.check_logits(self, logits, False)
+        self._pipe.before_apply()
+        return self._apply(logits, False)
+
+    def apply_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """Stable slots: apply with rows lined up through the pipeline's last row map."""
+        logits = self._pipe.check_logits(self, logits, True)
+        self._pipe.before_apply()
+        return self._apply(logits, True)
+
+    def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
+        raise NotImplementedError
