@@ -30,4 +30,4 @@ pub mod thinking;
 mod python;
 
 pub use batch::{BatchUpdate, BatchUpdateBuilder, Move, MoveDirectionality};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
