@@ -27,8 +27,14 @@ import torch
 from . import _core
 from . import kernels as _kernels
 from ._arena import DeviceArena
+from .errors import ConfigError, ProtocolError
 from .interface import BatchUpdate, LogitsProcessor
 from .params import (
+    DEFAULT_MAX_ALLOWED_TOKEN_IDS,
+    DEFAULT_MAX_BAD_WORD_LEN,
+    DEFAULT_MAX_BAD_WORDS,
+    DEFAULT_MAX_LOGIT_BIAS_ENTRIES,
+    DEFAULT_MAX_STOP_TOKEN_IDS,
     EngineConfig,
     as_engine_config,
     config_cap,
@@ -43,12 +49,6 @@ THINKING, PENALTIES, PLACEHOLDERS, ROWS = 7, 8, 9, 10
 ROW_OFFSET = 9  # row-space entries: status[ROW_OFFSET + k] mirrors status[k] for tables 2..7
 STEPPING = 17  # some table holds state a step must advance even without a batch change
 COLUMNS = 18
-
-DEFAULT_MAX_LOGIT_BIAS_ENTRIES = 1024
-DEFAULT_MAX_STOP_TOKEN_IDS = 128
-DEFAULT_MAX_BAD_WORDS = 128
-DEFAULT_MAX_BAD_WORD_LEN = 64
-DEFAULT_MAX_ALLOWED_TOKEN_IDS = 4096
 
 
 def _update_signature(update: Any) -> tuple[int, ...] | None:
@@ -269,7 +269,7 @@ class Pipeline:
             batch_update is not self._step_update
             or _update_signature(batch_update) != self._step_sig
         ):
-            raise RuntimeError(
+            raise ProtocolError(
                 f"{type(view).__name__}.update_state: the processors of one pipeline were given "
                 "different batch updates in one step (or the update was changed between them). "
                 "Call update_state on every processor with the same update each step, or call "
@@ -497,9 +497,11 @@ def _config_int(read: Any, config: Any, field: str, least: int = 1) -> int:
     try:
         value = read(config)
     except Exception as e:
-        raise ValueError(f"config field '{field}': could not be read ({e})") from e
+        raise ConfigError(f"config field '{field}': could not be read ({e})", field=field) from e
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"config field '{field}': must be an int >= {least}, got {value!r}")
+        raise ConfigError(
+            f"config field '{field}': must be an int >= {least}, got {value!r}", field=field
+        )
     return value
 
 

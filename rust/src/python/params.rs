@@ -6,7 +6,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList};
 
-use super::errors::bad_value;
+use super::errors::{bad_column, bad_value};
 use super::history::{output_of, PyListSource};
 use super::update::{bounded_ints, extract_as, token_ids, AddedEntry};
 use crate::columns::{ColumnKind, ColumnValue};
@@ -133,10 +133,10 @@ impl Reader {
                 .bind(e.params.py())
                 .call1((&e.params,))
                 .map_err(|err| {
-                    bad_value(
+                    bad_column(
                         e.index,
-                        "column",
-                        format!("'{name}': reading it from the params raised {err}"),
+                        name,
+                        format!("reading it from the params raised {err}"),
                     )
                 })?;
             p.columns.push(column_value(e.index, name, kind, &v)?);
@@ -193,11 +193,11 @@ fn column_value(
         return Ok(ColumnValue::Unset);
     }
     let bad = |what: &str| {
-        bad_value(
+        bad_column(
             index,
-            "column",
+            name,
             format!(
-                "'{name}': expected {what}, got {}",
+                "expected {what}, got {}",
                 v.repr().map(|r| r.to_string()).unwrap_or_default()
             ),
         )
