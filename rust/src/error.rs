@@ -118,12 +118,10 @@ impl Error {
     /// For an error that names a request: the message after `request at index i: field 'f': `.
     pub fn detail(&self) -> Option<String> {
         match self {
-            Error::IndexOutOfRange { capacity, .. } => Some(format!(
-                "index must be in [0, {capacity}) (max_num_seqs)"
-            )),
-            Error::DuplicateAdd { .. } => {
-                Some("index added twice in one batch update".to_string())
+            Error::IndexOutOfRange { capacity, .. } => {
+                Some(format!("index must be in [0, {capacity}) (max_num_seqs)"))
             }
+            Error::DuplicateAdd { .. } => Some("index added twice in one batch update".to_string()),
             Error::InvalidParam { message, .. } => Some(message.clone()),
             Error::TooManyEntries { count, cap, .. } => Some(format!(
                 "{count} entries exceed the per-request cap of {cap}"
@@ -140,7 +138,10 @@ impl Error {
                 field: "column",
                 message,
                 ..
-            } => message.strip_prefix('\'')?.split_once("': ").map(|(name, _)| name),
+            } => message
+                .strip_prefix('\'')?
+                .split_once("': ")
+                .map(|(name, _)| name),
             _ => None,
         }
     }
@@ -254,7 +255,10 @@ mod tests {
             batch_size: 9,
             capacity: 8,
         };
-        assert_eq!((e.kind(), e.field(), e.index()), (BatchUpdate, Some("batch_size"), None));
+        assert_eq!(
+            (e.kind(), e.field(), e.index()),
+            (BatchUpdate, Some("batch_size"), None)
+        );
         assert_eq!(Error::RemovedAfterRead.kind(), Protocol);
         assert_eq!(Error::Protocol("x".into()).field(), None);
         let e = Error::OutOfMemory {

@@ -132,7 +132,13 @@ pub fn bad_column(index: usize, name: &str, detail: impl std::fmt::Display) -> P
 /// A `BatchUpdateError` (a `ValueError`) for a malformed entry of an update's list that names
 /// a request (`request at index i: field 'moved': ...`).
 pub fn bad_entry(index: usize, field: &str, detail: impl std::fmt::Display) -> PyErr {
-    located(ErrorKind::BatchUpdate, index, field, None, detail.to_string())
+    located(
+        ErrorKind::BatchUpdate,
+        index,
+        field,
+        None,
+        detail.to_string(),
+    )
 }
 
 /// A `BatchUpdateError` (a `ValueError`) for a malformed batch-update structure (not tied to
