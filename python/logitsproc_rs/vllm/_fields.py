@@ -90,6 +90,6 @@ def routed_params(index: int | None, request: Any, namespace: str) -> SamplingPa
         # The error names the sampling field (``field``), and so does ours, inside the
         # namespace: "field 'extra_args['logitsproc_rs']['min_p']'".
         key = getattr(e, "field", None)
-        if key in ns:
+        if isinstance(key, str) and key in ns:
             raise RequestError.located(index, key, str(e), label=f"{field}[{key!r}]") from e
         raise RequestError.located(index, field, str(e)) from e
