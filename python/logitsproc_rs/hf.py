@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from .errors import RequestError, with_context
 from .interface import AddedRequest, BatchUpdate
 from .loader import build_logitsprocs, validate_sampling_params
 from .params import _SAMPLING_EPS, EngineConfig, SamplingParams
@@ -111,7 +111,7 @@ def _row_params(i: int, p: Any) -> Any:
         try:
             return SamplingParams(**p)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"row {i}: {e}") from e
+            raise with_context(e, f"row {i}: ") from e
     if p is None:
         return SamplingParams(temperature=0.0)
     if not hasattr(p, "sampling_type"):
@@ -154,7 +154,7 @@ class HFLogitsProcessor:
             try:
                 validate_sampling_params(self.engine_config, p)
             except ValueError as e:
-                raise ValueError(f"row {i}: {e}") from e
+                raise with_context(e, f"row {i}: ") from e
         self.reset(attention_mask)
 
     def reset(self, attention_mask: torch.Tensor | None = None) -> None:
@@ -256,9 +256,14 @@ class HFLogitsProcessor:
             self.procs.update_state(BatchUpdate(rows, [], added, []))
         except ValueError as e:
             self.procs = None  # nothing half-built survives a rejected batch
-            # The core names the request by its batch index, which is the row here.
-            msg = re.sub(r"request at index (\d+)", r"row \1", str(e))
-            raise ValueError(f"HFLogitsProcessor: bad SamplingParams: {msg}") from e
+            err = e
+            if isinstance(e, RequestError) and e.index is not None and e.detail is not None:
+                # The core names the request by its batch index, which is the row here.
+                assert e.field is not None
+                err = RequestError.located(
+                    e.index, e.field, e.detail, where=f"row {e.index}", column=e.column
+                )
+            raise with_context(err, "HFLogitsProcessor: bad SamplingParams: ") from e
         self._prompt = input_ids.clone()
         self._last = input_ids[:, -1].to("cpu", torch.int64)
 

@@ -91,9 +91,20 @@ class LogitsProcessor(ABC):
 RequestLogitsProcessor = Callable[..., "torch.Tensor"]
 
 
+def direction_name(direction: Any) -> str | None:
+    """A move's direction as ``"SWAP"`` or ``"UNIDIRECTIONAL"``: any enum member of that name
+    (ours, vLLM's), or its value 2 / 1; ``None`` for anything else. The rule every Python
+    reader of moves uses (the core's is ``direction`` in ``rust/src/python/update.rs``)."""
+    name = getattr(direction, "name", None)
+    if name is None and isinstance(direction, int) and not isinstance(direction, bool):
+        name = {1: "UNIDIRECTIONAL", 2: "SWAP"}.get(direction)
+    return name if name in ("SWAP", "UNIDIRECTIONAL") else None
+
+
 def is_swap(direction: Any) -> bool:
-    """Whether a move's direction is SWAP, for our enum and vLLM's alike (by name)."""
-    return getattr(direction, "name", None) == "SWAP"
+    """Whether a move's direction is SWAP (``direction_name``); anything else moves one way,
+    as vLLM's ``direct == MoveDirectionality.SWAP``."""
+    return direction_name(direction) == "SWAP"
 
 
 def process_dict_updates(

@@ -20,7 +20,8 @@ from .builtin import (
     MinTokensLogitsProcessor,
     ThinkingBudgetLogitsProcessor,
 )
-from .interface import LogitsProcessor
+from .errors import BatchUpdateError
+from .interface import LogitsProcessor, direction_name
 from .params import as_engine_config
 from .pipeline import Pipeline
 from .state import LogitsProcessors
@@ -112,10 +113,11 @@ def _vllm_batch_update(module: ModuleType, update: Any) -> Any:
     direction = module.MoveDirectionality
     moved = []
     for a, b, d in update.moved:
-        name = getattr(d, "name", None)
-        if name not in ("SWAP", "UNIDIRECTIONAL"):
-            raise ValueError(
-                f"batch update: field 'moved': direction must be SWAP or UNIDIRECTIONAL, got {d!r}"
+        name = direction_name(d)
+        if name is None:
+            raise BatchUpdateError(
+                f"batch update: field 'moved': direction must be SWAP or UNIDIRECTIONAL, got {d!r}",
+                field="moved",
             )
         moved.append((a, b, direction[name]))
     return module.BatchUpdate(

@@ -2,7 +2,8 @@
 
 Field names are vLLM 0.25.1's, so code written for vLLM reads them unchanged; processors also
 accept vLLM's own ``SamplingParams`` (they only read attributes). Values are validated on
-construction with vLLM's ranges; a bad one raises ``ValueError`` naming the field.
+construction with vLLM's ranges; a bad one raises ``ValueError`` naming the field (a
+``RequestError``, or a ``ConfigError`` for the engine's settings, with the field as ``field``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,20 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from types import SimpleNamespace
 from typing import Any
+
+from .errors import ConfigError, LogitsprocError, RequestError
+from .registry import CAP_DEFAULTS
+
+# A request with this repetition penalty (and zero frequency and presence penalties) has
+# none: the one neutral value every Python reader compares with.
+NEUTRAL_REPETITION_PENALTY = 1.0
+# The per-request caps' defaults (the core's registry): ``EngineConfig``'s, and what a vLLM
+# engine gets.
+DEFAULT_MAX_LOGIT_BIAS_ENTRIES = CAP_DEFAULTS["max_logit_bias_entries"]
+DEFAULT_MAX_STOP_TOKEN_IDS = CAP_DEFAULTS["max_stop_token_ids"]
+DEFAULT_MAX_BAD_WORDS = CAP_DEFAULTS["max_bad_words"]
+DEFAULT_MAX_BAD_WORD_LEN = CAP_DEFAULTS["max_bad_word_len"]
+DEFAULT_MAX_ALLOWED_TOKEN_IDS = CAP_DEFAULTS["max_allowed_token_ids"]
 
 _SAMPLING_EPS = 1e-5  # temperature below this is greedy (vLLM sampler.py:17)
 _MAX_TEMP = 1e-2  # 0 < temperature < this is raised to it (vLLM sampling_params.py:449-458)
@@ -32,13 +47,13 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _token_ids(name: str, ids: Any) -> list[int]:
+def _token_ids(name: str, ids: Any, error: type[LogitsprocError] = RequestError) -> list[int]:
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-        raise ValueError(f"{name} must be a list of token ids, got {ids!r}")
+        raise error(f"{name} must be a list of token ids, got {ids!r}", field=name)
     out = list(ids)
     for t in out:
         if not _is_int(t) or t < 0:
-            raise ValueError(f"{name} must contain non-negative int token ids, got {t!r}")
+            raise error(f"{name} must contain non-negative int token ids, got {t!r}", field=name)
     return out
 
 
@@ -48,11 +63,17 @@ def validate_thinking_token_budget(budget: Any) -> int | None:
     if budget is None:
         return None
     if not _is_int(budget):
-        raise ValueError(f"thinking_token_budget must be an int, got {type(budget).__name__}")
+        raise RequestError(
+            f"thinking_token_budget must be an int, got {type(budget).__name__}",
+            field="thinking_token_budget",
+        )
     if budget == -1:
         return None
     if budget < 0:
-        raise ValueError(f"thinking_token_budget must be -1 (unlimited) or >= 0, got {budget}")
+        raise RequestError(
+            f"thinking_token_budget must be -1 (unlimited) or >= 0, got {budget}",
+            field="thinking_token_budget",
+        )
     return budget
 
 
@@ -63,7 +84,7 @@ class SamplingParams:
     n: int = 1
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = NEUTRAL_REPETITION_PENALTY
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -103,71 +124,97 @@ class SamplingParams:
         def number(name: str, lo: float, hi: float, lo_open: bool = False) -> None:
             v = getattr(self, name)
             if not _is_number(v) or math.isnan(v):
-                raise ValueError(f"{name} must be a number, got {v!r}")
+                raise RequestError(f"{name} must be a number, got {v!r}", field=name)
             if (v <= lo if lo_open else v < lo) or v > hi:
                 lo_b = "(" if lo_open else "["
-                raise ValueError(f"{name} must be in {lo_b}{lo}, {hi}], got {v}")
+                raise RequestError(f"{name} must be in {lo_b}{lo}, {hi}], got {v}", field=name)
 
         if not _is_int(self.n) or self.n < 1:
-            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
+            raise RequestError(f"n must be an int >= 1, got {self.n!r}", field="n")
         number("presence_penalty", -2.0, 2.0)
         number("frequency_penalty", -2.0, 2.0)
         number("repetition_penalty", 0.0, math.inf, lo_open=True)
         if math.isinf(self.repetition_penalty):
-            raise ValueError("repetition_penalty must be finite and > 0, got inf")
+            raise RequestError(
+                "repetition_penalty must be finite and > 0, got inf", field="repetition_penalty"
+            )
         number("temperature", 0.0, math.inf)
         if math.isinf(self.temperature):
-            raise ValueError("temperature must be finite, got inf")
+            raise RequestError("temperature must be finite, got inf", field="temperature")
         number("top_p", 0.0, 1.0, lo_open=True)
         if not _is_int(self.top_k) or self.top_k < -1:
-            raise ValueError(
-                f"top_k must be -1, 0 (disabled) or a positive int, got {self.top_k!r}"
+            raise RequestError(
+                f"top_k must be -1, 0 (disabled) or a positive int, got {self.top_k!r}",
+                field="top_k",
             )
         number("min_p", 0.0, 1.0)
         if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+            raise RequestError(f"seed must be an int or None, got {self.seed!r}", field="seed")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+            raise RequestError(
+                f"max_tokens must be an int >= 1, got {self.max_tokens!r}", field="max_tokens"
+            )
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+            raise RequestError(
+                f"min_tokens must be an int >= 0, got {self.min_tokens!r}", field="min_tokens"
+            )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}"
+            raise RequestError(
+                f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}",
+                field="min_tokens",
             )
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
-            raise ValueError(f"logprobs must be an int >= 0, got {self.logprobs!r}")
+            raise RequestError(
+                f"logprobs must be an int >= 0, got {self.logprobs!r}", field="logprobs"
+            )
         if self.stop_token_ids is not None:
             self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
         if self.eos_token_id is not None and (
             not _is_int(self.eos_token_id) or self.eos_token_id < 0
         ):
-            raise ValueError(f"eos_token_id must be a non-negative int, got {self.eos_token_id!r}")
+            raise RequestError(
+                f"eos_token_id must be a non-negative int, got {self.eos_token_id!r}",
+                field="eos_token_id",
+            )
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
-                raise ValueError(f"logit_bias must be a dict, got {type(self.logit_bias).__name__}")
+                raise RequestError(
+                    f"logit_bias must be a dict, got {type(self.logit_bias).__name__}",
+                    field="logit_bias",
+                )
             clean: dict[int, float] = {}
             for k, v in self.logit_bias.items():
                 tok = int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k
                 if not _is_int(tok) or tok < 0:
-                    raise ValueError(f"logit_bias keys must be non-negative token ids, got {k!r}")
+                    raise RequestError(
+                        f"logit_bias keys must be non-negative token ids, got {k!r}",
+                        field="logit_bias",
+                    )
                 if not _is_number(v) or not math.isfinite(v):
-                    raise ValueError(f"logit_bias value for token {k} must be finite, got {v!r}")
+                    raise RequestError(
+                        f"logit_bias value for token {k} must be finite, got {v!r}",
+                        field="logit_bias",
+                    )
                 clean[tok] = float(v)
             self.logit_bias = clean
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
-            raise ValueError(
-                f"extra_args must be a dict or None, got {type(self.extra_args).__name__}"
+            raise RequestError(
+                f"extra_args must be a dict or None, got {type(self.extra_args).__name__}",
+                field="extra_args",
             )
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
             if not self.allowed_token_ids:
-                raise ValueError("allowed_token_ids must not be empty")
+                raise RequestError("allowed_token_ids must not be empty", field="allowed_token_ids")
         if self.bad_words_token_ids is not None:
             words = []
             for w in self.bad_words_token_ids:
                 w = _token_ids("bad_words_token_ids", w)
                 if not w:
-                    raise ValueError("bad_words_token_ids must not contain an empty word")
+                    raise RequestError(
+                        "bad_words_token_ids must not contain an empty word",
+                        field="bad_words_token_ids",
+                    )
                 words.append(w)
             self.bad_words_token_ids = words
 
@@ -197,11 +244,11 @@ class EngineConfig:
     max_num_seqs: int = 256
     vocab_size: int = 32000
     # Stated per-request caps: the Rust tables are sized max_num_seqs × cap and never grow.
-    max_logit_bias_entries: int = 1024
-    max_stop_token_ids: int = 128
-    max_bad_words: int = 128
-    max_bad_word_len: int = 64
-    max_allowed_token_ids: int = 4096
+    max_logit_bias_entries: int = DEFAULT_MAX_LOGIT_BIAS_ENTRIES
+    max_stop_token_ids: int = DEFAULT_MAX_STOP_TOKEN_IDS
+    max_bad_words: int = DEFAULT_MAX_BAD_WORDS
+    max_bad_word_len: int = DEFAULT_MAX_BAD_WORD_LEN
+    max_allowed_token_ids: int = DEFAULT_MAX_ALLOWED_TOKEN_IDS
     # Speculative decoding: number of draft tokens per request, or None when off.
     num_speculative_tokens: int | None = None
     # Reasoning ("thinking") markers; both None when the model has no thinking section.
@@ -220,25 +267,31 @@ class EngineConfig:
         ):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
-                raise ValueError(f"EngineConfig.{name} must be an int >= 1, got {v!r}")
+                raise ConfigError(f"EngineConfig.{name} must be an int >= 1, got {v!r}", field=name)
         if self.vocab_size >= 2**31:
-            raise ValueError("EngineConfig.vocab_size must be < 2**31 (token ids are int32)")
+            raise ConfigError(
+                "EngineConfig.vocab_size must be < 2**31 (token ids are int32)", field="vocab_size"
+            )
         if self.num_speculative_tokens is not None and (
             not _is_int(self.num_speculative_tokens) or self.num_speculative_tokens < 1
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"EngineConfig.num_speculative_tokens must be None or an int >= 1, "
-                f"got {self.num_speculative_tokens!r}"
+                f"got {self.num_speculative_tokens!r}",
+                field="num_speculative_tokens",
             )
         starts, ends = self.reasoning_start_token_ids, self.reasoning_end_token_ids
         if (starts is None) != (ends is None):
-            raise ValueError(
+            raise ConfigError(
                 "EngineConfig.reasoning_start_token_ids and reasoning_end_token_ids "
-                "must be set together"
+                "must be set together",
+                field="reasoning_start_token_ids",
             )
         if starts is not None:
-            self.reasoning_start_token_ids = _token_ids("reasoning_start_token_ids", starts)
-            self.reasoning_end_token_ids = _token_ids("reasoning_end_token_ids", ends)
+            self.reasoning_start_token_ids = _token_ids(
+                "reasoning_start_token_ids", starts, ConfigError
+            )
+            self.reasoning_end_token_ids = _token_ids("reasoning_end_token_ids", ends, ConfigError)
 
     @property
     def scheduler_config(self) -> SimpleNamespace:
@@ -273,7 +326,7 @@ def as_engine_config(config: Any) -> Any:
     known = EngineConfig.__dataclass_fields__
     unknown = sorted(str(k) for k in config if k not in known)
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"config: unknown field(s) {unknown}; a config mapping takes EngineConfig's fields "
             f"({', '.join(known)})"
         )

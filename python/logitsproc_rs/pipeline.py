@@ -25,6 +25,7 @@ import torch
 from . import _core
 from . import kernels as _kernels
 from ._arena import DeviceArena
+from .errors import ConfigError
 from .host_ints import host_ints
 from .interface import BatchUpdate
 from .logits_check import checked_logits
@@ -343,7 +344,9 @@ def _config_int(read: Any, config: Any, field: str, least: int = 1) -> int:
     try:
         value = read(config)
     except Exception as e:
-        raise ValueError(f"config field '{field}': could not be read ({e})") from e
+        raise ConfigError(f"config field '{field}': could not be read ({e})", field=field) from e
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"config field '{field}': must be an int >= {least}, got {value!r}")
+        raise ConfigError(
+            f"config field '{field}': must be an int >= {least}, got {value!r}", field=field
+        )
     return value

@@ -19,18 +19,20 @@ request's history on every step (penalty counts, bad-word matches), as vLLM 0.25
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from .interface import BatchUpdate, LogitsProcessor
-from .params import _SAMPLING_EPS
+# vLLM's helper (builtin.py:289-327, kept with its quirks) is the reference's bookkeeping too:
+# added, removed, moved; an added request whose state is None clears its slot; a UNIDIRECTIONAL
+# move discards the destination's old state and empties the source; a SWAP exchanges, also
+# when one side is empty.
+from .interface import BatchUpdate, LogitsProcessor, process_dict_updates
+from .params import _SAMPLING_EPS, NEUTRAL_REPETITION_PENALTY
 from .sampler import LOGPROBS_MODES, LogprobsTensors, SamplerOutput, SamplingMetadata
 from .state import LogitsProcessors
-
-T = TypeVar("T")
 
 __all__ = [
     "REFERENCE_LOGITS_PROCESSORS",
@@ -49,53 +51,6 @@ __all__ = [
     "ref_apply_token_bitmask",
     "ref_gather_logprobs",
 ]
-
-
-def _is_swap(direction: Any) -> bool:
-    """True for SWAP, False for UNIDIRECTIONAL: any enum with that name (or value 2 / 1)."""
-    name = getattr(direction, "name", None)
-    if name is None and isinstance(direction, int) and not isinstance(direction, bool):
-        name = {1: "UNIDIRECTIONAL", 2: "SWAP"}.get(direction)
-    if name not in ("SWAP", "UNIDIRECTIONAL"):
-        raise ValueError(f"move direction must be SWAP or UNIDIRECTIONAL, got {direction!r}")
-    return name == "SWAP"
-
-
-def process_dict_updates(
-    req_entries: dict[int, T],
-    batch_update: BatchUpdate | None,
-    new_state: Callable[[Any, list[int] | None, list[int]], T | None],
-) -> bool:
-    """Apply one ``BatchUpdate`` to a slot → state dict; mirrors ``process_dict_updates``
-    (builtin.py:289-327). Order: added, removed, moved. An added request whose ``new_state``
-    is ``None`` clears its slot; a UNIDIRECTIONAL move discards the destination's old state
-    and empties the source; a SWAP exchanges, also when one side is empty. Returns whether
-    anything changed."""
-    if batch_update is None:
-        return False
-    updated = False
-    for index, params, prompt_tok_ids, output_tok_ids in batch_update.added:
-        state = new_state(params, prompt_tok_ids, output_tok_ids)
-        if state is not None:
-            req_entries[index] = state
-            updated = True
-        elif req_entries.pop(index, None) is not None:
-            updated = True
-    for index in batch_update.removed:
-        if req_entries.pop(index, None) is not None:
-            updated = True
-    for a_index, b_index, direction in batch_update.moved:
-        swap = _is_swap(direction)
-        a_entry = req_entries.pop(a_index, None)
-        b_entry = req_entries.pop(b_index, None)
-        if a_entry is not None:
-            req_entries[b_index] = a_entry
-            updated = True
-        if b_entry is not None:
-            updated = True
-            if swap:
-                req_entries[a_index] = b_entry
-    return updated
 
 
 class RefMinTokensLogitsProcessor(LogitsProcessor):
@@ -360,11 +315,11 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
         params: Any, prompt: list[int] | None, output: list[int]
     ) -> tuple[tuple[float, float, float], list[int] | None, list[int]] | None:
         values = (
-            float(np.float32(_param(params, "repetition_penalty", 1.0))),
+            float(np.float32(_param(params, "repetition_penalty", NEUTRAL_REPETITION_PENALTY))),
             float(np.float32(_param(params, "frequency_penalty", 0.0))),
             float(np.float32(_param(params, "presence_penalty", 0.0))),
         )
-        if values == (1.0, 0.0, 0.0):
+        if values == (NEUTRAL_REPETITION_PENALTY, 0.0, 0.0):
             return None
         return (values, None if prompt is None else list(prompt), output)
 

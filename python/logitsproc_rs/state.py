@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from .errors import ProtocolError, with_context
 from .interface import AddedRequest, BatchUpdate, LogitsProcessor, MovedRequest
 
 
@@ -44,7 +45,7 @@ class BatchUpdateBuilder:
 
     def removed_append(self, index: int) -> None:
         if self._is_removed_sorted:
-            raise RuntimeError(
+            raise ProtocolError(
                 "Cannot register new removed request after self.removed has been read."
             )
         self._removed.append(index)
@@ -162,6 +163,6 @@ def _named(p: Any, what: str, fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
     except ValueError as e:
-        raise ValueError(f"{type(p).__name__}.{what}: {e}") from e
+        raise with_context(e, f"{type(p).__name__}.{what}: ") from e
     except Exception as e:
         raise RuntimeError(f"{type(p).__name__}.{what} raised {e!r}") from e

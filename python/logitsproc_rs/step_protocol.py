@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .errors import ProtocolError
+
 
 def update_signature(update: Any) -> tuple[int, ...] | None:
     """Cheap fingerprint of an update object (identity, sizes): catches an update mutated
@@ -67,7 +69,7 @@ class StepProtocol:
             self._update = batch_update
             return
         if batch_update is not self._update or update_signature(batch_update) != self._signature:
-            raise RuntimeError(
+            raise ProtocolError(
                 f"{type(view).__name__}.update_state: the processors of one pipeline were given "
                 "different batch updates in one step (or the update was changed between them). "
                 "Call update_state on every processor with the same update each step, or call "

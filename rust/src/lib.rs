@@ -26,4 +26,4 @@ pub mod tables;
 mod python;
 
 pub use batch::{BatchUpdate, BatchUpdateBuilder, Move, MoveDirectionality};
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..errors import RequestError
 from ..kernels import pipeline_choice
 from ..views import PipelineView
 from ._common import host_sparse_, put_sparse_
@@ -51,15 +52,13 @@ def _draft_ids(spec_token_ids: Sequence[Sequence[int]]) -> list[list[int]]:
         try:
             row = list(ids)
         except TypeError:
-            raise ValueError(
-                f"request at index {r}: field 'spec_token_ids': expected a list of token ids, "
-                f"got {ids!r}"
+            raise RequestError.located(
+                r, "spec_token_ids", f"expected a list of token ids, got {ids!r}"
             ) from None
         for t in row:
             if isinstance(t, bool) or not isinstance(t, int):
-                raise ValueError(
-                    f"request at index {r}: field 'spec_token_ids': expected int token ids, "
-                    f"got {t!r}"
+                raise RequestError.located(
+                    r, "spec_token_ids", f"expected int token ids, got {t!r}"
                 )
         out.append(row)
     return out

@@ -14,13 +14,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import RequestError
 from ..params import SamplingParams
 from ..registry import FIELD_TABLE as REGISTRY_FIELD_TABLE
 
 NAMESPACE = "logitsproc_rs"
 
 # The fields our built-in tables read and the table that reads each, by the name the core
-# gives it in its errors and by its SamplingParams attribute (the core's registry).
+# gives it in its errors and by its SamplingParams attribute (the core's registry). The errors'
+# ``processor`` is read here (``logitsproc_rs.errors``).
 FIELD_TABLE = REGISTRY_FIELD_TABLE
 # What a request may put in extra_args["logitsproc_rs"]: vLLM's names of those fields.
 NAMESPACE_FIELDS = frozenset(FIELD_TABLE) - {"all_stop_token_ids", "bad_words"}
@@ -53,28 +55,29 @@ class Routed:
 
 def routed_params(index: int | None, request: Any, namespace: str) -> SamplingParams:
     """Our checked ``SamplingParams`` from ``request.extra_args[namespace]`` (neutral when
-    unset). A bad value is a ``ValueError`` naming the request and the field."""
-    where = "request" if index is None else f"request at index {index}"
+    unset). A bad value is a ``RequestError`` naming the request and the field."""
     extra = getattr(request, "extra_args", None)
     ns = extra.get(namespace) if isinstance(extra, Mapping) else None
     if ns is None:
         return _NEUTRAL
     field = f"extra_args[{namespace!r}]"
     if not isinstance(ns, Mapping):
-        raise ValueError(
-            f"{where}: field '{field}': expected a dict of sampling fields, got {type(ns).__name__}"
+        raise RequestError.located(
+            index, field, f"expected a dict of sampling fields, got {type(ns).__name__}"
         )
     unknown = sorted(str(k) for k in ns if k not in NAMESPACE_FIELDS)
     if unknown:
-        raise ValueError(
-            f"{where}: field '{field}': unknown field(s) {unknown}; expected some of "
-            f"{sorted(NAMESPACE_FIELDS)}"
+        raise RequestError.located(
+            index,
+            field,
+            f"unknown field(s) {unknown}; expected some of {sorted(NAMESPACE_FIELDS)}",
         )
     try:
         return SamplingParams(max_tokens=None, **ns)
     except ValueError as e:
-        # Our SamplingParams' messages start with the field's name.
-        key = next((k for k in sorted(ns, key=len, reverse=True) if str(e).startswith(k)), None)
-        if key is not None:
-            field += f"[{key!r}]"
-        raise ValueError(f"{where}: field '{field}': {e}") from e
+        # The error names the sampling field (``field``), and so does ours, inside the
+        # namespace: "field 'extra_args['logitsproc_rs']['min_p']'".
+        key = getattr(e, "field", None)
+        if isinstance(key, str) and key in ns:
+            raise RequestError.located(index, key, str(e), label=f"{field}[{key!r}]") from e
+        raise RequestError.located(index, field, str(e)) from e

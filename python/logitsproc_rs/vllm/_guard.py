@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..errors import LogitsprocError, RequestError
 from ..params import SamplingParams
 from ..registry import CAP_DEFAULTS
 from ._fields import FIELD_TABLE
@@ -31,12 +32,10 @@ from ._fields import FIELD_TABLE
 logger = logging.getLogger("logitsproc_rs")
 
 _NEUTRAL = SamplingParams(max_tokens=None)
-# The core's errors about one request: "request at index 3: field 'logit_bias': ...".
-_REQUEST_ERROR = re.compile(r"request at index (\d+): ")
 
 
 def check_caps(where: str, ours: SamplingParams, request: Any, tables: Iterable[str]) -> None:
-    """The per-request caps of ``tables``, at the front end (``ValueError`` naming the field).
+    """The per-request caps of ``tables``, at the front end (``RequestError`` naming the field).
     The min-tokens count is what the worker's table holds: the stop ids the request names
     (its own and the namespace's) plus EOS."""
     tables = set(tables)
@@ -44,9 +43,12 @@ def check_caps(where: str, ours: SamplingParams, request: Any, tables: Iterable[
 
     def over(name: str, count: int, cap: int, what: str = "entries") -> None:
         if count > cap:
-            raise ValueError(
-                f"{where}: field '{field}[{name!r}]': {count} {what} exceed the per-request "
-                f"cap of {cap}"
+            raise RequestError.located(
+                None,
+                name,
+                f"{count} {what} exceed the per-request cap of {cap}",
+                label=f"{field}[{name!r}]",
+                where=where,
             )
 
     if "logit_bias" in tables and ours.logit_bias:
@@ -76,14 +78,21 @@ def check_caps(where: str, ours: SamplingParams, request: Any, tables: Iterable[
         )
 
 
+# An untyped error in the core's words ("request at index 3: field 'logit_bias': ...").
+_UNTYPED_REQUEST_ERROR = re.compile(r"request at index (\d+): ")
+
+
 def refused_index(error: ValueError, candidates: Iterable[int]) -> int | None:
-    """The request (one of ``candidates``, the step's added indices or slots) that a core
-    error is about, or ``None`` when it is about something else."""
-    m = _REQUEST_ERROR.search(str(error))
-    if m is None:
-        return None
-    index = int(m.group(1))
-    return index if index in set(candidates) else None
+    """The request (one of ``candidates``, the step's added indices or slots) whose
+    parameters an error refuses (a ``RequestError``'s ``index``), or ``None`` when it is about
+    something else. Only an untyped ``ValueError`` (not raised by logitsproc_rs: a custom
+    processor's own, in the core's words) is read from its message."""
+    if isinstance(error, LogitsprocError):
+        index = error.index if isinstance(error, RequestError) else None
+    else:
+        m = _UNTYPED_REQUEST_ERROR.search(str(error))
+        index = None if m is None else int(m.group(1))
+    return index if index is not None and index in set(candidates) else None
 
 
 class Refused:

@@ -37,7 +37,6 @@ Importing this module imports vLLM.
 from __future__ import annotations
 
 import copyreg
-import re
 import sys
 import weakref
 from abc import ABCMeta
@@ -48,12 +47,13 @@ import torch
 from vllm.v1.sample.logits_processor import LogitsProcessor as VllmLogitsProcessor
 
 from .. import builtin
+from ..errors import with_context
 from ..interface import BatchUpdate, process_dict_updates
 from ..pipeline import Pipeline
 from ..step_protocol import update_signature
 from ..views import PipelineView
 from . import _guard
-from ._fields import FIELD_TABLE, NAMESPACE, Routed, routed_params
+from ._fields import NAMESPACE, Routed, routed_params
 
 # Groups still being built, by (config, device, namespace): vLLM builds each class on its own,
 # so this is where the members of one build_logitsprocs find each other. A group leaves it at
@@ -157,9 +157,10 @@ class _Group:
                     index = _guard.refused_index(e, [i for i, *_ in update.added])
                 if index is None or index in refused:
                     owner = self.owner(e) or type(member).__name__
-                    raise ValueError(
+                    raise with_context(
+                        e,
                         f"{owner} (logitsproc_rs.vllm.v1, step run by {type(member).__name__}."
-                        f"update_state; no table changed): {e}"
+                        f"update_state; no table changed): ",
                     ) from e
                 refused[index] = e
         # Held (not an id) until the next step: the joining members compare identity.
@@ -277,17 +278,14 @@ class _Group:
         return logits
 
     def owner(self, error: ValueError) -> str | None:
-        """The member whose field or column a core error names."""
-        m = re.search(r"field '(extra_args\[[^\]]*\]\['(\w+)'\]|\w+)'(?:: '([^']+)')?", str(error))
-        if m is None:
-            return None
-        field = m.group(2) or m.group(1)  # a namespace error names the field inside it
-        column = m.group(3)
+        """The member whose table or column an error names (its ``processor`` or ``column``)."""
+        processor = getattr(error, "processor", None)
+        column = getattr(error, "column", None)
         for member in self.members:
             view = type(member).VIEW
-            if field == "column" and any(c.name == column for c in view.COLUMNS):
+            if column is not None and any(c.name == column for c in view.COLUMNS):
                 return type(member).__name__
-            if FIELD_TABLE.get(field) in view.TABLES:
+            if processor is not None and processor in view.TABLES:
                 return type(member).__name__
         return None
 
@@ -367,13 +365,15 @@ class _Bridge(VllmLogitsProcessor, metaclass=_BridgeType):
             try:
                 logits = pipe.check_logits(self, logits, False)
             except ValueError as e:
-                raise ValueError(f"{type(self).__name__}.apply (logitsproc_rs.vllm.v1): {e}") from e
+                raise with_context(
+                    e, f"{type(self).__name__}.apply (logitsproc_rs.vllm.v1): "
+                ) from e
             group.checked = weakref.ref(logits)
             return logits
         try:
             return group.apply(self, logits)
         except ValueError as e:
-            raise ValueError(f"{type(self).__name__}.apply (logitsproc_rs.vllm.v1): {e}") from e
+            raise with_context(e, f"{type(self).__name__}.apply (logitsproc_rs.vllm.v1): ") from e
         except Exception as e:
             raise RuntimeError(
                 f"{type(self).__name__}.apply (logitsproc_rs.vllm.v1): {type(e).__name__}: {e}"

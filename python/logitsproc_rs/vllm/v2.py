@@ -58,14 +58,14 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 
 from .. import builtin
 from ..columns import ColumnLogitsProcessor
-from ..params import config_spec_tokens
+from ..params import NEUTRAL_REPETITION_PENALTY, config_spec_tokens
 from ..pipeline import Pipeline
 from ..views import PipelineView
 from . import _guard
 from ._fields import FIELD_TABLE, NAMESPACE, Routed, routed_params
 
-# Which sampling-params fields each built-in table reads (the inverse of ``FIELD_TABLE``): a
-# rejected request's error names the processor that owns the field.
+# Which sampling-params fields each built-in table reads (the inverse of ``FIELD_TABLE``):
+# whether a processor acts on a request.
 _TABLE_FIELDS: dict[str, tuple[str, ...]] = {}
 for _field, _table in FIELD_TABLE.items():
     _TABLE_FIELDS[_table] = (*_TABLE_FIELDS.get(_table, ()), _field)
@@ -198,17 +198,20 @@ class _Group:
             tokens = _guard.forced_tokens(params, pipe.vocab_size, self.eos)
             self.forced.rows[slot] = tokens
             self.forced.changed()
-            what = f"{self.owner(str(e), member)}.add_request(req_idx={slot})"
+            what = f"{self.owner(e, member)}.add_request(req_idx={slot})"
             _guard.log_refused(what, e, tokens)
         self.pending[slot] = (params, routed, {id(member)})
         return routed
 
-    def owner(self, message: str, member: _Bridge) -> str:
-        """The member whose field a core error names (else the one that was called)."""
+    def owner(self, error: ValueError, member: _Bridge) -> str:
+        """The member whose table or column an error names (its ``processor`` or ``column``;
+        else the one that was called)."""
+        processor = getattr(error, "processor", None)
+        column = getattr(error, "column", None)
         for m in self.members:
-            fields = [f for t in m.INNER.TABLES for f in _TABLE_FIELDS[t]]
-            fields += [c.name for c in m.INNER.COLUMNS]
-            if any(f"'{f}'" in message or message.startswith(f"{f} ") for f in fields):
+            if processor is not None and processor in m.INNER.TABLES:
+                return type(m).__name__
+            if column is not None and any(c.name == column for c in m.INNER.COLUMNS):
                 return type(m).__name__
         return type(member).__name__
 
@@ -431,7 +434,7 @@ def _temperature(params: Any) -> float:
 
 def _set(field: str, value: Any) -> bool:
     if field == "repetition_penalty":
-        return value is not None and value != 1.0
+        return value is not None and value != NEUTRAL_REPETITION_PENALTY
     if field == "thinking_token_budget":
         return value is not None
     return bool(value)

@@ -1,32 +1,167 @@
 //! The one place core errors become Python exceptions.
 //!
-//! Bad input (every variant but one) is a `ValueError` whose message names the request's batch
-//! index and the field; reading `removed` before registering more removals is vLLM's
-//! `RuntimeError`.
+//! Each [`ErrorKind`] is its own class in `logitsproc_rs.errors` (imported once), a subclass of
+//! the builtin a caller already catches: a bad request, a malformed update, a bad setting or a
+//! size beyond the tables is a `ValueError`, a misuse of the step protocol (vLLM's
+//! `removed_append` after `removed` was read, too) a `RuntimeError`, a refused allocation a
+//! `MemoryError`. The request's batch index, the field, the detail and a custom column's name
+//! are attributes (`index`, `field`, `detail`, `column`; `processor` is derived from `field` in
+//! Python), so no caller parses the message; the message itself is the core's `Display`.
 
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
 use pyo3::PyErr;
 
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 
-impl From<Error> for PyErr {
-    fn from(e: Error) -> PyErr {
-        match e {
-            Error::RemovedAfterRead | Error::Protocol(_) => PyRuntimeError::new_err(e.to_string()),
-            Error::OutOfMemory { .. } => PyMemoryError::new_err(e.to_string()),
-            _ => PyValueError::new_err(e.to_string()),
-        }
+/// The exception classes of `logitsproc_rs.errors`, one per [`ErrorKind`].
+static CLASSES: PyOnceLock<[Py<PyType>; 6]> = PyOnceLock::new();
+
+fn classes(py: Python<'_>) -> PyResult<&[Py<PyType>; 6]> {
+    CLASSES.get_or_try_init(py, || {
+        let m = py.import("logitsproc_rs.errors")?;
+        let class = |name: &str| -> PyResult<Py<PyType>> {
+            Ok(m.getattr(name)?.cast_into::<PyType>()?.unbind())
+        };
+        Ok([
+            class("RequestError")?,
+            class("BatchUpdateError")?,
+            class("ConfigError")?,
+            class("SizeError")?,
+            class("ProtocolError")?,
+            class("AllocationError")?,
+        ])
+    })
+}
+
+/// The parts of an exception; `None` attributes are left at the class's default (`None`).
+struct Parts<'a> {
+    kind: ErrorKind,
+    message: String,
+    index: Option<usize>,
+    field: Option<&'a str>,
+    detail: Option<String>,
+    column: Option<&'a str>,
+}
+
+impl Parts<'_> {
+    fn into_err(self) -> PyErr {
+        Python::attach(|py| {
+            self.typed(py).unwrap_or_else(|_| {
+                // Only without the Python package (never in a build of it): the builtin.
+                match self.kind {
+                    ErrorKind::Protocol => PyRuntimeError::new_err(self.message),
+                    ErrorKind::Allocation => PyMemoryError::new_err(self.message),
+                    _ => PyValueError::new_err(self.message),
+                }
+            })
+        })
+    }
+
+    fn typed(&self, py: Python<'_>) -> PyResult<PyErr> {
+        let slot = match self.kind {
+            ErrorKind::Request => 0,
+            ErrorKind::BatchUpdate => 1,
+            ErrorKind::Config => 2,
+            ErrorKind::Size => 3,
+            ErrorKind::Protocol => 4,
+            ErrorKind::Allocation => 5,
+        };
+        let class = &classes(py)?[slot];
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("index", self.index)?;
+        kwargs.set_item("field", self.field)?;
+        kwargs.set_item("detail", self.detail.as_deref())?;
+        kwargs.set_item("column", self.column)?;
+        let e = class.bind(py).call((&self.message,), Some(&kwargs))?;
+        Ok(PyErr::from_value(e))
     }
 }
 
-/// A `ValueError` for a Python value of the wrong type or shape, naming request and field.
-pub fn bad_value(index: usize, field: &str, detail: impl std::fmt::Display) -> PyErr {
-    PyValueError::new_err(format!(
-        "request at index {index}: field '{field}': {detail}"
-    ))
+impl From<Error> for PyErr {
+    fn from(e: Error) -> PyErr {
+        Parts {
+            kind: e.kind(),
+            message: e.to_string(),
+            index: e.index(),
+            field: e.field(),
+            detail: e.detail(),
+            column: e.column(),
+        }
+        .into_err()
+    }
 }
 
-/// A `ValueError` for a malformed batch-update structure (not tied to one request).
+fn located(
+    kind: ErrorKind,
+    index: usize,
+    field: &str,
+    column: Option<&str>,
+    detail: String,
+) -> PyErr {
+    Parts {
+        kind,
+        message: format!("request at index {index}: field '{field}': {detail}"),
+        index: Some(index),
+        field: Some(field),
+        detail: Some(detail),
+        column,
+    }
+    .into_err()
+}
+
+/// A `RequestError` (a `ValueError`) for a Python value of the wrong type or shape, naming
+/// request and field.
+pub fn bad_value(index: usize, field: &str, detail: impl std::fmt::Display) -> PyErr {
+    located(ErrorKind::Request, index, field, None, detail.to_string())
+}
+
+/// A `RequestError` about one request's value for the custom column `name` (field `column`).
+pub fn bad_column(index: usize, name: &str, detail: impl std::fmt::Display) -> PyErr {
+    located(
+        ErrorKind::Request,
+        index,
+        "column",
+        Some(name),
+        format!("'{name}': {detail}"),
+    )
+}
+
+/// A `BatchUpdateError` (a `ValueError`) for a malformed entry of an update's list that names
+/// a request (`request at index i: field 'moved': ...`).
+pub fn bad_entry(index: usize, field: &str, detail: impl std::fmt::Display) -> PyErr {
+    located(
+        ErrorKind::BatchUpdate,
+        index,
+        field,
+        None,
+        detail.to_string(),
+    )
+}
+
+/// A `BatchUpdateError` (a `ValueError`) for a malformed batch-update structure (not tied to
+/// one request).
 pub fn bad_update(field: &str, detail: impl std::fmt::Display) -> PyErr {
-    PyValueError::new_err(format!("batch update: field '{field}': {detail}"))
+    Parts {
+        kind: ErrorKind::BatchUpdate,
+        message: format!("batch update: field '{field}': {detail}"),
+        index: None,
+        field: Some(field),
+        detail: Some(detail.to_string()),
+        column: None,
+    }
+    .into_err()
+}
+
+/// An `AllocationError` (a `MemoryError`): a request's value needed more memory than there is.
+pub fn out_of_memory(index: usize, field: &str) -> PyErr {
+    located(
+        ErrorKind::Allocation,
+        index,
+        field,
+        None,
+        "out of memory".to_string(),
+    )
 }

@@ -6,7 +6,7 @@
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 
-use super::errors::bad_value;
+use super::errors::{bad_column, bad_value};
 use super::history::{output_of, PyListSource};
 use super::update::{bounded_ints, extract_as, param_named, token_ids, AddedEntry};
 use crate::fields::{FieldKind, FieldSpec, Value};
@@ -140,10 +140,10 @@ impl Reader {
         }
         for (name, kind, reader) in &self.columns {
             let v = reader.bind(py).call1((&e.params,)).map_err(|err| {
-                bad_value(
+                bad_column(
                     e.index,
-                    "column",
-                    format!("'{name}': reading it from the params raised {err}"),
+                    name,
+                    format!("reading it from the params raised {err}"),
                 )
             })?;
             p.columns.push(column_value(e.index, name, kind, &v)?);
@@ -228,11 +228,11 @@ fn column_value(
         return Ok(ColumnValue::Unset);
     }
     let bad = |what: &str| {
-        bad_value(
+        bad_column(
             index,
-            "column",
+            name,
             format!(
-                "'{name}': expected {what}, got {}",
+                "expected {what}, got {}",
                 v.repr().map(|r| r.to_string()).unwrap_or_default()
             ),
         )

@@ -3,14 +3,15 @@
 //! Accepts our `BatchUpdate`, vLLM's own dataclass, or anything with `batch_size`, `removed`,
 //! `added` (tuples `(index, params, prompt_tok_ids, output_tok_ids)`) and `moved` (tuples
 //! `(index1, index2, direction)`, direction any enum whose name is SWAP or UNIDIRECTIONAL, or
-//! its value 1 / 2). Every malformed piece becomes a `ValueError` naming the request and field.
+//! its value 1 / 2). Every malformed piece becomes a `ValueError` naming the request and field
+//! (a `BatchUpdateError` for the update's structure, a `RequestError` for a request's value).
 
 use pyo3::exceptions::PyAttributeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyString, PyTuple};
 
-use super::errors::{bad_update, bad_value};
+use super::errors::{bad_entry, bad_update, bad_value, out_of_memory};
 use crate::batch::{BatchUpdate, Move, MoveDirectionality};
 
 fn index_of(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<usize> {
@@ -54,7 +55,7 @@ fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionalit
         _ => None,
     };
     dir.ok_or_else(|| {
-        bad_value(
+        bad_entry(
             index,
             "moved",
             format!(
@@ -284,11 +285,8 @@ pub fn bounded_ints(
             return Err(bad_value(index, field, "expected ints, got a bool"));
         }
         let v = extract_as::<i64>(index, field, &t, "ints")?;
-        out.try_reserve(1).map_err(|_| {
-            pyo3::exceptions::PyMemoryError::new_err(format!(
-                "request at index {index}: field '{field}': out of memory"
-            ))
-        })?;
+        out.try_reserve(1)
+            .map_err(|_| out_of_memory(index, field))?;
         out.push(v);
     }
     Ok(out)

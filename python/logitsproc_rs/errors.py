@@ -1,0 +1,137 @@
+"""The exceptions logitsproc_rs raises about input and use it refuses, one class per kind.
+
+Each is also the builtin a caller already catches, so ``except ValueError`` keeps working:
+
+- ``RequestError`` (``ValueError``): one request's parameter is refused.
+- ``BatchUpdateError`` (``ValueError``): a batch update is malformed (its size, an index or a
+  direction in its lists), not one request's parameters.
+- ``ConfigError`` (``ValueError``): a bad engine-wide setting.
+- ``SizeError`` (``ValueError``): a size beyond what the fixed tables support (a setting, or
+  a step's row count).
+- ``ProtocolError`` (``RuntimeError``): a call that does not fit the step protocol.
+- ``AllocationError`` (``MemoryError``): a buffer the allocator refused.
+
+What a caller needs is an attribute, never something to parse out of the message:
+``index`` (the request's batch index or slot; ``None`` when the error names no request, as at
+vLLM's front end), ``field`` (the ``SamplingParams`` field, the update's list or the setting),
+``processor`` (the built-in processor that reads ``field``, by its table name, e.g.
+``"penalties"``; ``None`` for any other field), ``column`` (a custom column's name) and
+``detail`` (for an error about a request: the message after ``field '...': ``).
+
+The Rust core raises these (``_core``, built in ``rust/src/python/errors.rs``) and so does the
+Python side; their messages are part of the interface and stay as they are. A layer that adds
+where an error happened uses ``with_context``, which keeps the class and the attributes.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TypeVar
+
+__all__ = [
+    "AllocationError",
+    "BatchUpdateError",
+    "ConfigError",
+    "LogitsprocError",
+    "ProtocolError",
+    "RequestError",
+    "SizeError",
+    "with_context",
+]
+
+E = TypeVar("E", bound="LogitsprocError")
+
+
+class LogitsprocError(Exception):
+    """The base of every error in this module (each also derives from a builtin)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        index: int | None = None,
+        field: str | None = None,
+        detail: str | None = None,
+        column: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.index = index
+        self.field = field
+        self.detail = detail
+        self.column = column
+
+    @property
+    def processor(self) -> str | None:
+        """The built-in processor (table) that reads ``field``, else ``None``."""
+        if self.field is None:
+            return None
+        # The one field -> table map (the core's registry); imported here, as the registry
+        # imports the extension, whose errors are these.
+        from .registry import FIELD_TABLE
+
+        return FIELD_TABLE.get(self.field)
+
+    def with_context(self: E, prefix: str) -> E:
+        """This error with ``prefix`` before its message: the same class and attributes (raise
+        it ``from`` this one)."""
+        new = copy.copy(self)
+        new.args = (f"{prefix}{self}",)
+        return new
+
+
+class RequestError(LogitsprocError, ValueError):
+    """One request's parameter is refused (``index``, ``field``, ``processor``, ``detail``)."""
+
+    @classmethod
+    def located(
+        cls,
+        index: int | None,
+        field: str,
+        detail: str,
+        *,
+        label: str | None = None,
+        where: str | None = None,
+        column: str | None = None,
+    ) -> RequestError:
+        """The error with the core's message, ``request at index 3: field 'min_p': <detail>``
+        (``request: ...`` without an index). ``label``: the field as the message names it
+        (default ``field``); ``where``: the request as the message names it."""
+        if where is None:
+            where = "request" if index is None else f"request at index {index}"
+        return cls(
+            f"{where}: field '{label or field}': {detail}",
+            index=index,
+            field=field,
+            detail=detail,
+            column=column,
+        )
+
+
+class BatchUpdateError(LogitsprocError, ValueError):
+    """A malformed batch update (``field``: its list; ``index`` when an entry names one)."""
+
+
+class ConfigError(LogitsprocError, ValueError):
+    """A bad engine-wide setting (``field``)."""
+
+
+class SizeError(LogitsprocError, ValueError):
+    """A size beyond what the fixed tables support (``field``)."""
+
+
+class ProtocolError(LogitsprocError, RuntimeError):
+    """A call that does not fit the step protocol."""
+
+
+class AllocationError(LogitsprocError, MemoryError):
+    """The allocator refused a buffer (``field``: what it was for)."""
+
+
+def with_context(
+    error: BaseException, prefix: str, other: type[Exception] = ValueError
+) -> Exception:
+    """``error`` with ``prefix`` before its message, to raise ``from`` it: one of ours keeps
+    its class and attributes; any other exception becomes an ``other`` (a ``ValueError``)."""
+    if isinstance(error, LogitsprocError):
+        return error.with_context(prefix)
+    return other(f"{prefix}{error}")
