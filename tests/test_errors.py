@@ -179,7 +179,7 @@ def test_bad_config() -> None:
 
 def test_size_beyond_the_tables() -> None:
     with pytest.raises(SizeError) as ei:
-        _core.Pipeline(2**62, 50, min_p=True)
+        _core.Pipeline(2**62, 50, tables=["min_p"])
     assert isinstance(ei.value, ValueError)
     assert ei.value.field == "max_num_seqs"
 
