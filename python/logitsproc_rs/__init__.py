@@ -5,19 +5,11 @@ batch change in one call; torch does the math on the logits' device.
 """
 
 from . import _core
+from . import builtin as _builtin
 from .bitmask import apply_token_bitmask_
-from .builtin import (
-    BUILTIN_LOGITS_PROCESSORS,
-    SAMPLER_TRANSFORMS_AFTER,
-    SAMPLER_TRANSFORMS_BEFORE,
-    AllowedTokenIdsLogitsProcessor,
-    BadWordsLogitsProcessor,
-    LogitBiasLogitsProcessor,
-    MinPLogitsProcessor,
-    MinTokensLogitsProcessor,
-    PenaltiesLogitsProcessor,
-    ThinkingBudgetLogitsProcessor,
-)
+
+# Every built-in processor and the sampler-order lists (``builtin.__all__``).
+from .builtin import *  # noqa: F403
 from .columns import (
     ArrayColumn,
     Column,
@@ -85,18 +77,14 @@ def _check_source_build() -> None:
 _check_source_build()
 
 __all__ = [
-    "BUILTIN_LOGITS_PROCESSORS",
-    "SAMPLER_TRANSFORMS_AFTER",
-    "SAMPLER_TRANSFORMS_BEFORE",
+    *_builtin.__all__,
     "STR_POOLING_REJECTS_LOGITSPROCS",
     "STR_SPEC_DEC_REJECTS_LOGITSPROCS",
     "STR_SPEC_DEC_REJECTS_MIN_P_LOGIT_BIAS",
     "AdapterLogitsProcessor",
     "AddedRequest",
     "AllocationError",
-    "AllowedTokenIdsLogitsProcessor",
     "ArrayColumn",
-    "BadWordsLogitsProcessor",
     "BatchUpdate",
     "BatchUpdateBuilder",
     "BatchUpdateError",
@@ -106,16 +94,12 @@ __all__ = [
     "EngineConfig",
     "FloatColumn",
     "IntColumn",
-    "LogitBiasLogitsProcessor",
     "LogitsProcessor",
     "LogitsProcessors",
     "LogitsprocError",
     "LogprobsTensors",
-    "MinPLogitsProcessor",
-    "MinTokensLogitsProcessor",
     "MoveDirectionality",
     "MovedRequest",
-    "PenaltiesLogitsProcessor",
     "Pipeline",
     "PipelineView",
     "ProtocolError",
@@ -128,7 +112,6 @@ __all__ = [
     "SamplingParams",
     "SamplingType",
     "SizeError",
-    "ThinkingBudgetLogitsProcessor",
     "TokensColumn",
     "__version__",
     "apply_token_bitmask_",

@@ -20,14 +20,17 @@ __all__ = [
     "HostBufferView",
     "Pipeline",
     "__version__",
+    "registry",
 ]
 
 __version__: str
 
-def builtins() -> list[tuple[str, list[tuple[str, int]], list[tuple[str, str]]]]:
-    """The core's registry: ``(name, caps, fields)`` per built-in table in reading order;
-    ``caps`` as (engine-config name, default), ``fields`` as (name, SamplingParams
-    attribute)."""
+def registry() -> list[
+    tuple[str, list[tuple[str, int]], list[tuple[str, str, str, float | int | None]], bool]
+]:
+    """The core's registry: ``(name, caps, fields, history)`` per built-in table in reading
+    order; ``caps`` as (engine-config name, default), ``fields`` as (name, SamplingParams
+    attribute, kind, neutral value), ``history``: whether its requests' outputs are read."""
 
 PAGE_SIZE: int
 SECTION_ALIGN: int
@@ -79,7 +82,7 @@ class Pipeline:
         max_rows: int | None = None,
         host_kernels: bool = False,
     ) -> Pipeline:
-        """Builds the built-in ``tables`` named (see ``builtins()``), sized by the per-request
+        """Builds the built-in ``tables`` named (see ``registry()``), sized by the per-request
         ``caps`` (engine-config names; a cap not given takes its default); ``thinking``:
         (start ids, end ids), needed by the "thinking" table; ``columns``: (name, kind, width,
         default, reader) with kind ``float``/``int``/``array``/``tokens``."""

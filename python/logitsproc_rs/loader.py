@@ -15,10 +15,10 @@ import torch
 
 from .builtin import (
     BUILTIN_LOGITS_PROCESSORS,
+    REASONING_TRANSFORMS,
     SAMPLER_TRANSFORMS_AFTER,
     SAMPLER_TRANSFORMS_BEFORE,
-    MinTokensLogitsProcessor,
-    ThinkingBudgetLogitsProcessor,
+    SPEC_DECODE_BUILTINS,
 )
 from .errors import BatchUpdateError
 from .interface import LogitsProcessor, direction_name
@@ -184,13 +184,13 @@ def build_logitsprocs(
     before: list[Any] = list(SAMPLER_TRANSFORMS_BEFORE) if sampler_transforms else []
     after: list[Any] = list(SAMPLER_TRANSFORMS_AFTER) if sampler_transforms else []
     if sampler_transforms and getattr(vllm_config, "reasoning_config", None) is not None:
-        after.append(ThinkingBudgetLogitsProcessor)
+        after.extend(REASONING_TRANSFORMS)
     if getattr(vllm_config, "speculative_config", None):
         if custom:
             logger.error("%s Rejected: %s", STR_SPEC_DEC_REJECTS_LOGITSPROCS, custom)
             raise ValueError(STR_SPEC_DEC_REJECTS_LOGITSPROCS)
         logger.warning(STR_SPEC_DEC_WARNS_MIN_P_LOGIT_BIAS)
-        classes = [*before, MinTokensLogitsProcessor, *after]
+        classes = [*before, *SPEC_DECODE_BUILTINS, *after]
     else:
         classes = [
             *before,

@@ -16,11 +16,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from .errors import ConfigError, LogitsprocError, RequestError
-from .registry import CAP_DEFAULTS
+from .registry import CAP_DEFAULTS, NEUTRAL
 
 # A request with this repetition penalty (and zero frequency and presence penalties) has
 # none: the one neutral value every Python reader compares with.
-NEUTRAL_REPETITION_PENALTY = 1.0
+NEUTRAL_REPETITION_PENALTY = NEUTRAL["repetition_penalty"]
 # The per-request caps' defaults (the core's registry): ``EngineConfig``'s, and what a vLLM
 # engine gets.
 DEFAULT_MAX_LOGIT_BIAS_ENTRIES = CAP_DEFAULTS["max_logit_bias_entries"]

@@ -1,9 +1,10 @@
-"""The built-in tables, as the Rust core's registry lists them (``_core.builtins()``).
+"""The built-in tables, as the Rust core's registry lists them (``_core.registry()``).
 
 Every Python place that needs a built-in table's name, its per-request caps and their
-defaults, or the request fields it reads (with the ``SamplingParams`` attribute each is read
-from) takes it from here, so a table is declared once, in its Rust file and the core's
-registry.
+defaults, the request fields it reads (with the ``SamplingParams`` attribute each is read
+from, and its neutral value) or whether it reads output histories takes it from here, so a
+table is declared once: in its Rust file and the core's registry. The processors built on the
+tables, and their order in the sampler, are listed in ``builtin``.
 """
 
 from __future__ import annotations
@@ -15,18 +16,43 @@ from . import _core
 
 
 @dataclass(frozen=True)
+class Field:
+    """One request field a table reads."""
+
+    #: The name the core gives it (errors name it).
+    name: str
+    #: The ``SamplingParams`` attribute it is read from.
+    attr: str
+    #: ``float``, ``int``, ``opt_int``, ``ids``, ``id_lists`` or ``bias``.
+    kind: str
+    #: Its value when unset (``None`` for the optional and list kinds).
+    neutral: Any
+
+    def is_set(self, value: Any) -> bool:
+        """Whether ``value`` (as a request holds it) sets this field."""
+        if self.kind in ("float", "int"):
+            return value is not None and value != self.neutral
+        if self.kind == "opt_int":
+            return value is not None
+        return bool(value)
+
+
+@dataclass(frozen=True)
 class Table:
     """One built-in table of the core."""
 
     name: str
     #: Per-request caps (engine-config names) and their defaults.
     caps: dict[str, int]
-    #: The request fields it reads: ``(name, SamplingParams attribute)``, in reading order.
-    fields: tuple[tuple[str, str], ...]
+    #: The request fields it reads, in reading order.
+    fields: tuple[Field, ...]
+    #: Whether its requests' output histories are read every step.
+    history: bool
 
 
 TABLES: dict[str, Table] = {
-    name: Table(name, dict(caps), tuple(fields)) for name, caps, fields in _core.builtins()
+    name: Table(name, dict(caps), tuple(Field(*f) for f in fields), history)
+    for name, caps, fields, history in _core.registry()
 }
 
 #: Every per-request cap's default, by engine-config name.
@@ -34,8 +60,14 @@ CAP_DEFAULTS: dict[str, int] = {c: d for t in TABLES.values() for c, d in t.caps
 
 #: The table that reads each field, by the field's name and by its attribute.
 FIELD_TABLE: dict[str, str] = {
-    key: t.name for t in TABLES.values() for name, attr in t.fields for key in (name, attr)
+    key: t.name for t in TABLES.values() for f in t.fields for key in (f.name, f.attr)
 }
+
+#: Every field's neutral value, by the field's name.
+NEUTRAL: dict[str, Any] = {f.name: f.neutral for t in TABLES.values() for f in t.fields}
+
+#: The tables whose requests' output histories are read every step.
+HISTORY_TABLES: frozenset[str] = frozenset(t.name for t in TABLES.values() if t.history)
 
 
 def caps_of(tables: Any, config: Any, read: Any) -> dict[str, int]:

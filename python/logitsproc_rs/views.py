@@ -3,6 +3,7 @@ own tables' device views in ``apply``."""
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 import torch
@@ -11,16 +12,36 @@ from .interface import BatchUpdate, LogitsProcessor
 from .pipeline import Pipeline
 
 
+class Stage(Enum):
+    """Where vLLM 0.25.1 applies a built-in (``builtin`` lists them in sampler order)."""
+
+    #: Hard-coded in vLLM's sampler, before the logits processors (allowed ids, bad words).
+    SAMPLER_BEFORE = "sampler_before"
+    #: One of vLLM's ``BUILTIN_LOGITS_PROCESSORS`` (MinTokens, LogitBias, MinP).
+    BUILTIN = "builtin"
+    #: Hard-coded in vLLM's sampler, after the custom processors (penalties).
+    SAMPLER_AFTER = "sampler_after"
+    #: After those, only with a reasoning config (the thinking budget).
+    REASONING = "reasoning"
+
+
 class PipelineView(LogitsProcessor):
     """Base of processors whose state lives in a ``Pipeline``.
 
     ``TABLES`` names the core tables the processor needs. Built the vLLM way
     (``cls(vllm_config, device, is_pin_memory)``) a processor gets a pipeline of its own;
     ``build_logitsprocs`` builds one pipeline for all of them and passes ``pipeline=``.
+
+    A built-in also says where vLLM applies it (``STAGE``), where its plain reference
+    implementation is (``REFERENCE``, ``"module:Class"``) and whether vLLM builds it under
+    speculative decoding (``WITH_SPEC_DECODE``, for the ``BUILTIN`` stage).
     """
 
     TABLES: tuple[str, ...] = ()
     COLUMNS: tuple[Any, ...] = ()
+    STAGE: Stage | None = None
+    REFERENCE: str = ""
+    WITH_SPEC_DECODE: bool = False
 
     def __init__(
         self,

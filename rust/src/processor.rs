@@ -87,11 +87,6 @@ pub trait Table: HasBuffers + Send + Sync + 'static {
         false
     }
 
-    /// Whether an entry of this table reads its request's output history each step.
-    fn reads_history(&self) -> bool {
-        false
-    }
-
     /// The output histories this table reads each step.
     fn readers(&self, _f: &mut dyn FnMut(&HistoryId)) {}
 

@@ -1,11 +1,14 @@
-"""The built-in processors, one module each.
+"""The built-in processors, one module each, listed once here in vLLM 0.25.1's sampler order.
 
-``BUILTIN_LOGITS_PROCESSORS`` is vLLM's list (MinTokens → LogitBias → MinP). The transforms vLLM
-hard-codes in its sampler are processors here too: ``SAMPLER_TRANSFORMS_BEFORE`` run before the
-built-ins (allowed ids, bad words) and ``SAMPLER_TRANSFORMS_AFTER`` after the custom ones
-(penalties; the thinking budget is added when a reasoning config exists).
+Each says where vLLM applies it (``STAGE``); every other list is derived from ``BUILTINS``:
+``BUILTIN_LOGITS_PROCESSORS`` is vLLM's list (MinTokens → LogitBias → MinP); the transforms
+vLLM hard-codes in its sampler are processors here too: ``SAMPLER_TRANSFORMS_BEFORE`` run before
+the built-ins (allowed ids, bad words) and ``SAMPLER_TRANSFORMS_AFTER`` after the custom ones
+(penalties); ``REASONING_TRANSFORMS`` follow them when a reasoning config exists (the thinking
+budget).
 """
 
+from ..views import PipelineView, Stage
 from .allowed_token_ids import AllowedTokenIdsLogitsProcessor
 from .bad_words import BadWordsLogitsProcessor
 from .logit_bias import LogitBiasLogitsProcessor
@@ -14,18 +17,36 @@ from .min_tokens import MinTokensLogitsProcessor
 from .penalties import PenaltiesLogitsProcessor
 from .thinking import ThinkingBudgetLogitsProcessor
 
-BUILTIN_LOGITS_PROCESSORS = [
+BUILTINS: tuple[type[PipelineView], ...] = (
+    AllowedTokenIdsLogitsProcessor,
+    BadWordsLogitsProcessor,
     MinTokensLogitsProcessor,
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,
-]
-SAMPLER_TRANSFORMS_BEFORE = [AllowedTokenIdsLogitsProcessor, BadWordsLogitsProcessor]
-SAMPLER_TRANSFORMS_AFTER = [PenaltiesLogitsProcessor]
+    PenaltiesLogitsProcessor,
+    ThinkingBudgetLogitsProcessor,
+)
+
+
+def in_stage(stage: Stage) -> list[type[PipelineView]]:
+    """The built-ins vLLM applies at ``stage``, in order."""
+    return [c for c in BUILTINS if c.STAGE is stage]
+
+
+BUILTIN_LOGITS_PROCESSORS = in_stage(Stage.BUILTIN)
+SAMPLER_TRANSFORMS_BEFORE = in_stage(Stage.SAMPLER_BEFORE)
+SAMPLER_TRANSFORMS_AFTER = in_stage(Stage.SAMPLER_AFTER)
+REASONING_TRANSFORMS = in_stage(Stage.REASONING)
+# What vLLM builds of its built-ins under speculative decoding.
+SPEC_DECODE_BUILTINS = [c for c in BUILTIN_LOGITS_PROCESSORS if c.WITH_SPEC_DECODE]
 
 __all__ = [
+    "BUILTINS",
     "BUILTIN_LOGITS_PROCESSORS",
+    "REASONING_TRANSFORMS",
     "SAMPLER_TRANSFORMS_AFTER",
     "SAMPLER_TRANSFORMS_BEFORE",
+    "SPEC_DECODE_BUILTINS",
     "AllowedTokenIdsLogitsProcessor",
     "BadWordsLogitsProcessor",
     "LogitBiasLogitsProcessor",
@@ -33,4 +54,5 @@ __all__ = [
     "MinTokensLogitsProcessor",
     "PenaltiesLogitsProcessor",
     "ThinkingBudgetLogitsProcessor",
+    "in_stage",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..views import PipelineView
+from ..views import PipelineView, Stage
 from ._common import host_sparse_
 
 
@@ -24,6 +24,8 @@ class AllowedTokenIdsLogitsProcessor(PipelineView):
     condense move leaves no stale set behind (the state moves with its request)."""
 
     TABLES = ("allowed",)
+    STAGE = Stage.SAMPLER_BEFORE
+    REFERENCE = "logitsproc_rs.reference:RefAllowedTokenIdsLogitsProcessor"
     _bits: torch.Tensor | None = None  # Triton path: zeroed [rows, ceil(V / 32)] int32 scratch
 
     def is_argmax_invariant(self) -> bool:

@@ -8,7 +8,7 @@ import torch
 
 from ..errors import RequestError
 from ..kernels import pipeline_choice
-from ..views import PipelineView
+from ..views import PipelineView, Stage
 from ._common import host_sparse_, put_sparse_
 from .min_tokens import _spec_apply
 
@@ -20,6 +20,8 @@ class BadWordsLogitsProcessor(PipelineView):
     """
 
     TABLES = ("bad_words",)
+    STAGE = Stage.SAMPLER_BEFORE
+    REFERENCE = "logitsproc_rs.reference:RefBadWordsLogitsProcessor"
 
     def is_argmax_invariant(self) -> bool:
         return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import pipeline_choice
-from ..views import PipelineView
+from ..views import PipelineView, Stage
 from ._common import add_sparse_, host_sparse_
 
 
@@ -13,6 +13,8 @@ class LogitBiasLogitsProcessor(PipelineView):
     """Not argmax-invariant: a bias can change the top token."""
 
     TABLES = ("logit_bias",)
+    STAGE = Stage.BUILTIN
+    REFERENCE = "logitsproc_rs.reference:RefLogitBiasLogitsProcessor"
 
     def is_argmax_invariant(self) -> bool:
         return False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..views import PipelineView
+from ..views import PipelineView, Stage
 from ._common import host_kernel_ok
 
 
@@ -25,6 +25,8 @@ class MinPLogitsProcessor(PipelineView):
     """Argmax-invariant: runs only for batches with randomly sampled rows."""
 
     TABLES = ("min_p",)
+    STAGE = Stage.BUILTIN
+    REFERENCE = "logitsproc_rs.reference:RefMinPLogitsProcessor"
 
     def is_argmax_invariant(self) -> bool:
         return True

@@ -8,7 +8,7 @@ import torch
 
 from ..kernels import pipeline_choice
 from ..pipeline import Pipeline
-from ..views import PipelineView
+from ..views import PipelineView, Stage
 from ._common import host_sparse_, put_sparse_
 
 
@@ -17,6 +17,9 @@ class MinTokensLogitsProcessor(PipelineView):
     batch change still re-checks lengths."""
 
     TABLES = ("min_tokens",)
+    STAGE = Stage.BUILTIN
+    REFERENCE = "logitsproc_rs.reference:RefMinTokensLogitsProcessor"
+    WITH_SPEC_DECODE = True
 
     def is_argmax_invariant(self) -> bool:
         return False

@@ -17,7 +17,7 @@ import torch
 
 from .. import kernels
 from ..pipeline import Pipeline
-from ..views import PipelineView
+from ..views import PipelineView, Stage
 from ._common import host_kernel_ok
 
 
@@ -92,6 +92,8 @@ class PenaltiesLogitsProcessor(PipelineView):
     """Not argmax-invariant. Runs after the other non-invariant processors (vLLM's order)."""
 
     TABLES = ("penalties",)
+    STAGE = Stage.SAMPLER_AFTER
+    REFERENCE = "logitsproc_rs.reference:RefPenaltiesLogitsProcessor"
 
     def attach(self, pipeline: Pipeline) -> None:
         if not pipeline.host_kernels and "penalties" not in pipeline.device_state:

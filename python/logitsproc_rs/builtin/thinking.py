@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import pipeline_choice
-from ..views import PipelineView
+from ..views import PipelineView, Stage
 from ._common import host_sparse_, put_sparse_
 
 
@@ -25,6 +25,8 @@ class ThinkingBudgetLogitsProcessor(PipelineView):
     """
 
     TABLES = ("thinking",)
+    STAGE = Stage.REASONING
+    REFERENCE = "logitsproc_rs.reference_thinking:RefThinkingBudgetLogitsProcessor"
 
     def is_argmax_invariant(self) -> bool:
         return False

@@ -58,19 +58,12 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 
 from .. import builtin
 from ..columns import ColumnLogitsProcessor
-from ..params import NEUTRAL_REPETITION_PENALTY, config_spec_tokens
+from ..params import config_spec_tokens
 from ..pipeline import Pipeline
+from ..registry import HISTORY_TABLES, TABLES
 from ..views import PipelineView
 from . import _guard
-from ._fields import FIELD_TABLE, NAMESPACE, Routed, routed_params
-
-# Which sampling-params fields each built-in table reads (the inverse of ``FIELD_TABLE``):
-# whether a processor acts on a request.
-_TABLE_FIELDS: dict[str, tuple[str, ...]] = {}
-for _field, _table in FIELD_TABLE.items():
-    _TABLE_FIELDS[_table] = (*_TABLE_FIELDS.get(_table, ()), _field)
-# Tables that read a request's output history: only those requests' tokens are fed.
-_HISTORY_TABLES = frozenset({"min_tokens", "penalties", "bad_words", "thinking"})
+from ._fields import NAMESPACE, Routed, routed_params
 
 # The group that processors being built for a runner join, keyed (weakly) by the runner's
 # token buffer (``req_states.all_token_ids``); a group leaves it when it builds its pipeline
@@ -149,7 +142,7 @@ class _Group:
             m._inner = m.INNER(config, device, device.type == "cuda", pipeline=pipe)
             if isinstance(m._inner, _TemperedMinP):
                 m._inner.group = self
-        self.reads_history = bool(tables & _HISTORY_TABLES)
+        self.reads_history = bool(tables & HISTORY_TABLES)  # only their tokens are fed
         self.pipeline = pipe
         if _GROUPS.get(rs.all_token_ids) is self:
             del _GROUPS[rs.all_token_ids]  # later processors start a group of their own
@@ -401,10 +394,10 @@ class _Bridge(_V2LogitsProcessor):
     def acts_on(self, sp: Any) -> bool:
         """Whether this processor may change a request's logits (MRV2 skips ``apply`` for
         batches where no processor acts). Conservative: True unless its fields are unset."""
-        fields = [f for t in self.INNER.TABLES for f in _TABLE_FIELDS[t]]
+        fields = [f for t in self.INNER.TABLES for f in TABLES[t].fields]
         if not fields or self.INNER.COLUMNS:
             return True
-        return any(_set(f, getattr(sp, f, None)) for f in fields)
+        return any(f.is_set(getattr(sp, key, None)) for f in fields for key in {f.name, f.attr})
 
     def apply_staged_writes(self) -> None:
         self._group.staged_writes(self)
@@ -430,14 +423,6 @@ def _temperature(params: Any) -> float:
     """The request's temperature as MRV2 stores it (float32; greedy is 0)."""
     t = getattr(params, "temperature", 1.0)
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 1.0
-
-
-def _set(field: str, value: Any) -> bool:
-    if field == "repetition_penalty":
-        return value is not None and value != NEUTRAL_REPETITION_PENALTY
-    if field == "thinking_token_budget":
-        return value is not None
-    return bool(value)
 
 
 def bridge(

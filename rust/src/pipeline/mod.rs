@@ -151,6 +151,8 @@ pub struct Tables {
     list: Vec<Box<dyn Table>>,
     /// Indices into `list` in arena layout order.
     layout: Vec<usize>,
+    /// By table: whether its entries read their request's output history.
+    history: Vec<bool>,
     rows: Option<RowSpace>,
 }
 
@@ -259,11 +261,13 @@ impl<S: HistorySource> Pipeline<S> {
         }
         let mut list: Vec<Box<dyn Table>> = Vec::new();
         let mut ranks = Vec::new();
+        let mut history = Vec::new();
         let mut fields = Vec::new();
         for b in BUILTINS {
             if cfg.tables.iter().any(|t| t == b.name) {
                 list.push((b.build)(&build)?);
                 ranks.push(b.layout);
+                history.push(b.history);
                 fields.extend_from_slice(b.fields);
             }
         }
@@ -274,6 +278,7 @@ impl<S: HistorySource> Pipeline<S> {
             let col = Column::new(c.clone(), cap, v)?;
             list.push(Box::new(ColumnTable::new(col, k)));
             ranks.push(COLUMNS_LAYOUT);
+            history.push(false);
         }
         let mut layout: Vec<usize> = (0..list.len()).collect();
         layout.sort_by_key(|&k| ranks[k]);
@@ -281,7 +286,12 @@ impl<S: HistorySource> Pipeline<S> {
             .stable_slots
             .then(|| RowSpace::try_new(rows_cap.max(1)))
             .transpose()?;
-        let mut tables = Tables { list, layout, rows };
+        let mut tables = Tables {
+            list,
+            layout,
+            history,
+            rows,
+        };
         let arena = Arena::new(&mut tables, "")?;
         let stable = cfg.stable_slots;
         Ok(Pipeline {
@@ -396,10 +406,10 @@ impl<S: HistorySource> Pipeline<S> {
     /// Whether a checked request has an entry in some table that reads its output.
     fn reads_output(&self, c: &Checked) -> bool {
         self.tables
-            .list
+            .history
             .iter()
             .zip(&c.entries)
-            .any(|(t, e)| e.is_some() && t.reads_history())
+            .any(|(&history, e)| history && e.is_some())
     }
 
     /// One V1 step: validates the whole update and every added request for every table, then

@@ -20,24 +20,36 @@ mod _core {
 
     use pyo3::prelude::*;
 
-    /// The built-in tables, from the core's registry: `(name, caps, fields)` per table in
-    /// reading order, with `caps` as `(engine-config name, default)` and `fields` as
-    /// `(name, SamplingParams attribute)`.
-    #[allow(clippy::type_complexity)]
+    /// The built-in tables, from the core's registry: `(name, caps, fields, history)` per
+    /// table in reading order, with `caps` as `(engine-config name, default)`, `fields` as
+    /// `(name, SamplingParams attribute, kind, neutral value)` and `history` whether its
+    /// requests' output histories are read every step.
     #[pyfunction]
-    fn builtins() -> Vec<(
-        &'static str,
-        Vec<(&'static str, usize)>,
-        Vec<(&'static str, &'static str)>,
-    )> {
+    fn registry(py: Python<'_>) -> PyResult<Vec<Bound<'_, pyo3::types::PyTuple>>> {
+        use crate::fields::FieldKind;
         crate::tables::BUILTINS
             .iter()
             .map(|b| {
-                (
-                    b.name,
-                    b.caps.to_vec(),
-                    b.fields.iter().map(|f| (f.name, f.attr)).collect(),
-                )
+                let fields = b
+                    .fields
+                    .iter()
+                    .map(|f| {
+                        let (kind, neutral) = match &f.kind {
+                            FieldKind::Float { neutral } => {
+                                ("float", neutral.into_pyobject(py)?.into_any())
+                            }
+                            FieldKind::Int { neutral } => {
+                                ("int", neutral.into_pyobject(py)?.into_any())
+                            }
+                            FieldKind::OptInt => ("opt_int", py.None().into_bound(py)),
+                            FieldKind::Ids { .. } => ("ids", py.None().into_bound(py)),
+                            FieldKind::IdLists { .. } => ("id_lists", py.None().into_bound(py)),
+                            FieldKind::Bias { .. } => ("bias", py.None().into_bound(py)),
+                        };
+                        (f.name, f.attr, kind, neutral).into_pyobject(py)
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                (b.name, b.caps.to_vec(), fields, b.history).into_pyobject(py)
             })
             .collect()
     }

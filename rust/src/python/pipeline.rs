@@ -158,7 +158,7 @@ fn detach_if_large<T: Send>(py: Python<'_>, elements: usize, f: impl FnOnce() ->
 
 #[pymethods]
 impl Pipeline {
-    /// Builds the built-in tables named in `tables` (see `builtins()`), sized by the
+    /// Builds the built-in tables named in `tables` (see `registry()`), sized by the
     /// per-request `caps` (engine-config names; a cap not given takes its default), and the
     /// declared `columns`; `thinking` is `(start_ids, end_ids)`, needed by the "thinking"
     /// table.

@@ -364,10 +364,6 @@ impl Table for BadWordsTable {
         }
     }
 
-    fn reads_history(&self) -> bool {
-        true
-    }
-
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
         self.state.readers().for_each(f);
     }

@@ -301,10 +301,6 @@ impl Table for MinTokensTable {
         self.state.active() > 0
     }
 
-    fn reads_history(&self) -> bool {
-        true
-    }
-
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
         self.state.readers().for_each(f);
     }

@@ -2,7 +2,7 @@
 //! declare), and the registry that lists the built-ins once. Each entry gives the table's name,
 //! the per-request caps it is sized by (with their defaults), the request fields it reads,
 //! where its buffers go in the arena, and how it is built. The pipeline, the bindings' field
-//! reader and (through `_core.builtins()`) the Python side derive everything about a built-in
+//! reader and (through `_core.registry()`) the Python side derive everything about a built-in
 //! from this list; nothing else in the core names one.
 
 pub mod allowed;
@@ -27,6 +27,8 @@ pub struct Builtin {
     pub caps: &'static [(&'static str, usize)],
     /// The request fields it reads, in reading order.
     pub fields: &'static [FieldSpec],
+    /// Whether a request it tracks has its output history read every step.
+    pub history: bool,
     /// Its place in the arena: small, often-written buffers first, so a typical step's
     /// upload span is short. Declared columns take [`COLUMNS_LAYOUT`].
     pub layout: u8,
@@ -104,6 +106,7 @@ pub const BUILTINS: &[Builtin] = &[
         name: "min_p",
         caps: &[],
         fields: min_p::FIELDS,
+        history: false,
         layout: 0,
         build: min_p::build,
     },
@@ -111,6 +114,7 @@ pub const BUILTINS: &[Builtin] = &[
         name: "logit_bias",
         caps: logit_bias::CAPS,
         fields: logit_bias::FIELDS,
+        history: false,
         layout: 6,
         build: logit_bias::build,
     },
@@ -118,6 +122,7 @@ pub const BUILTINS: &[Builtin] = &[
         name: "min_tokens",
         caps: min_tokens::CAPS,
         fields: min_tokens::FIELDS,
+        history: true,
         layout: 4,
         build: min_tokens::build,
     },
@@ -125,6 +130,7 @@ pub const BUILTINS: &[Builtin] = &[
         name: "penalties",
         caps: &[],
         fields: penalties::FIELDS,
+        history: true,
         layout: 1,
         build: penalties::build,
     },
@@ -132,6 +138,7 @@ pub const BUILTINS: &[Builtin] = &[
         name: "bad_words",
         caps: bad_words::CAPS,
         fields: bad_words::FIELDS,
+        history: true,
         layout: 5,
         build: bad_words::build,
     },
@@ -139,6 +146,7 @@ pub const BUILTINS: &[Builtin] = &[
         name: "allowed",
         caps: allowed::CAPS,
         fields: allowed::FIELDS,
+        history: false,
         layout: 7,
         build: allowed::build,
     },
@@ -146,6 +154,7 @@ pub const BUILTINS: &[Builtin] = &[
         name: "thinking",
         caps: &[],
         fields: thinking::FIELDS,
+        history: true,
         layout: 3,
         build: thinking::build,
     },

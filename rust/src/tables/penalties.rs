@@ -614,10 +614,6 @@ impl Table for PenaltiesState<HistoryId> {
         }
     }
 
-    fn reads_history(&self) -> bool {
-        true
-    }
-
     fn wants_prompt(&self, fields: &Fields) -> bool {
         FIELDS.iter().any(|f| fields.is_set(f))
     }

@@ -650,10 +650,6 @@ impl Table for ThinkingTable {
         self.state.active() > 0
     }
 
-    fn reads_history(&self) -> bool {
-        true
-    }
-
     fn wants_prompt(&self, fields: &Fields) -> bool {
         fields.is_set(&FIELDS[0])
     }
