@@ -43,7 +43,7 @@ from logitsproc_rs import (
     SamplingParams,
     build_logitsprocs,
 )
-from logitsproc_rs.__main__ import (
+from logitsproc_rs.demo.workload import (
     logit_boosts,
     make_logits,
     make_params_factory,
