@@ -18,6 +18,7 @@ request's history on every step (penalty counts, bad-word matches), as vLLM 0.25
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -35,9 +36,6 @@ from .sampler import LOGPROBS_MODES, LogprobsTensors, SamplerOutput, SamplingMet
 from .state import LogitsProcessors
 
 __all__ = [
-    "REFERENCE_LOGITS_PROCESSORS",
-    "REFERENCE_SAMPLER_TRANSFORMS_AFTER",
-    "REFERENCE_SAMPLER_TRANSFORMS_BEFORE",
     "RefAllowedTokenIdsLogitsProcessor",
     "RefBadWordsLogitsProcessor",
     "RefLogitBiasLogitsProcessor",
@@ -50,6 +48,7 @@ __all__ = [
     "ref_apply_bad_words_single_batch",
     "ref_apply_token_bitmask",
     "ref_gather_logprobs",
+    "reference_of",
 ]
 
 
@@ -349,37 +348,33 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
         return logits
 
 
-REFERENCE_LOGITS_PROCESSORS: list[type[LogitsProcessor]] = [
-    RefMinTokensLogitsProcessor,
-    RefLogitBiasLogitsProcessor,
-    RefMinPLogitsProcessor,
-]
-# What vLLM hard-codes in its sampler, as processors around the built-ins (section 13's order).
-REFERENCE_SAMPLER_TRANSFORMS_BEFORE: list[type[LogitsProcessor]] = [
-    RefAllowedTokenIdsLogitsProcessor,
-    RefBadWordsLogitsProcessor,
-]
-REFERENCE_SAMPLER_TRANSFORMS_AFTER: list[type[LogitsProcessor]] = [RefPenaltiesLogitsProcessor]
+def reference_of(view: Any) -> type[LogitsProcessor]:
+    """The plain reference of a built-in processor class (its ``REFERENCE``, ``module:Class``)."""
+    module, _, name = view.REFERENCE.partition(":")
+    ref: type[LogitsProcessor] = getattr(importlib.import_module(module), name)
+    return ref
 
 
 def build_reference_logitsprocs(
     config: Any, device: torch.device | str, sampler_transforms: bool = True
 ) -> LogitsProcessors:
-    """The reference processors in the order of ``logitsproc_rs.build_logitsprocs``: allowed
-    ids, bad words, MinTokens, LogitBias, MinP, penalties (with ``sampler_transforms=False``
-    exactly vLLM's trio, ``__init__.py:49-53, 184-217``). With speculative decoding only
-    MinTokens (plus the sampler transforms), as vLLM."""
-    device = torch.device(device)
-    before = REFERENCE_SAMPLER_TRANSFORMS_BEFORE if sampler_transforms else []
-    after = REFERENCE_SAMPLER_TRANSFORMS_AFTER if sampler_transforms else []
-    middle = REFERENCE_LOGITS_PROCESSORS
-    if getattr(config, "speculative_config", None):
-        middle = [RefMinTokensLogitsProcessor]
-    if sampler_transforms and getattr(config, "reasoning_config", None) is not None:
-        from .reference_thinking import RefThinkingBudgetLogitsProcessor  # imports this module
+    """The reference processors in the order of ``logitsproc_rs.build_logitsprocs`` (the
+    built-ins' order, ``builtin.BUILTINS``): allowed ids, bad words, MinTokens, LogitBias, MinP,
+    penalties (with ``sampler_transforms=False`` exactly vLLM's trio, ``__init__.py:49-53,
+    184-217``), and the thinking budget with a reasoning config. With speculative decoding
+    only MinTokens (plus the sampler transforms), as vLLM."""
+    from . import builtin  # imports the core's views; the reference needs only their order
 
-        after = [*after, RefThinkingBudgetLogitsProcessor]
-    return LogitsProcessors(cls(config, device, False) for cls in [*before, *middle, *after])
+    device = torch.device(device)
+    before = builtin.SAMPLER_TRANSFORMS_BEFORE if sampler_transforms else []
+    after = list(builtin.SAMPLER_TRANSFORMS_AFTER) if sampler_transforms else []
+    middle = builtin.BUILTIN_LOGITS_PROCESSORS
+    if getattr(config, "speculative_config", None):
+        middle = builtin.SPEC_DECODE_BUILTINS
+    if sampler_transforms and getattr(config, "reasoning_config", None) is not None:
+        after += builtin.REASONING_TRANSFORMS
+    classes = [reference_of(v) for v in [*before, *middle, *after]]
+    return LogitsProcessors(cls(config, device, False) for cls in classes)
 
 
 def ref_apply_token_bitmask(

@@ -39,6 +39,9 @@ class PipelineView(LogitsProcessor):
 
     TABLES: tuple[str, ...] = ()
     COLUMNS: tuple[Any, ...] = ()
+    #: Whether it can never change a row's argmax (``is_argmax_invariant``); a custom
+    #: processor may override the method instead.
+    ARGMAX_INVARIANT: bool | None = None
     STAGE: Stage | None = None
     REFERENCE: str = ""
     WITH_SPEC_DECODE: bool = False
@@ -75,6 +78,11 @@ class PipelineView(LogitsProcessor):
             else:
                 raise ValueError(f"{type(self).__name__}: column {c.name!r} is not in the pipeline")
         return out
+
+    def is_argmax_invariant(self) -> bool:
+        if self.ARGMAX_INVARIANT is None:
+            raise NotImplementedError(f"{type(self).__name__} must say is_argmax_invariant")
+        return self.ARGMAX_INVARIANT
 
     @property
     def pipeline(self) -> Pipeline:

@@ -58,7 +58,11 @@ class ExplodingLogitsProcessor(ColumnLogitsProcessor):
 
 Exploding = v1.bridge(ExplodingLogitsProcessor, name="Exploding")
 theirs = lp.build_logitsprocs(
-    cfg, torch.device("cpu"), False, False, [v1.MinP, v1.LogitBias, v1.Penalties, Exploding]
+    cfg,
+    torch.device("cpu"),
+    False,
+    False,
+    [v1.MinPLogitsProcessor, v1.LogitBiasLogitsProcessor, v1.PenaltiesLogitsProcessor, Exploding],
 )
 native = build_logitsprocs(
     cfg, "cpu", False, sampler_transforms=True, custom_logitsprocs=[ExplodingLogitsProcessor]
@@ -165,7 +169,7 @@ compare_forced(7, {5, 6})
 msg2 = "\n".join(records.messages[-2:])
 for w in ("request at index 5", "request at index 6", "logit_bias", f"token id {V + 3}"):
     assert w in msg2, (w, msg2)
-v1.LogitBias.validate_params(far_bias)  # the front end cannot know the vocabulary
+v1.LogitBiasLogitsProcessor.validate_params(far_bias)  # the front end cannot know the vocabulary
 step([(5, pair({"logit_bias": {3: 1.0}}))], removed=(6,), size=6)
 compare(6)
 
@@ -184,10 +188,14 @@ compare(6)
 
 # 4. vLLM's front-end check refuses the same fields before they reach a batch.
 bad = VllmSamplingParams(extra_args={v1.NAMESPACE: {"min_p": 2.0}})
-expect(ValueError, lambda: v1.MinP.validate_params(bad), "min_p")
-expect(ValueError, lambda: lp.validate_logits_processors_parameters([v1.MinP], bad), "min_p")
+expect(ValueError, lambda: v1.MinPLogitsProcessor.validate_params(bad), "min_p")
+expect(
+    ValueError,
+    lambda: lp.validate_logits_processors_parameters([v1.MinPLogitsProcessor], bad),
+    "min_p",
+)
 typo = VllmSamplingParams(extra_args={v1.NAMESPACE: {"min_pp": 0.1}})
-expect(ValueError, lambda: v1.LogitBias.validate_params(typo), "min_pp")
-v1.MinP.validate_params(good[0][0])
+expect(ValueError, lambda: v1.LogitBiasLogitsProcessor.validate_params(typo), "min_pp")
+v1.MinPLogitsProcessor.validate_params(good[0][0])
 
 result(checked=checked, update_error=msg, field_error=msg2, step_error=msg3)

@@ -41,14 +41,14 @@ cfg = EngineConfig(
 LogitMargin = v1.bridge(LogitMarginLogitsProcessor, name="LogitMargin")
 # Listed in our native order: the non-invariant ones then apply as ours do.
 EXPORTED = [
-    v1.AllowedTokenIds,
-    v1.BadWords,
-    "logitsproc_rs.vllm.v1:MinTokens",
-    v1.LogitBias,
-    v1.MinP,
+    v1.AllowedTokenIdsLogitsProcessor,
+    v1.BadWordsLogitsProcessor,
+    "logitsproc_rs.vllm.v1:MinTokensLogitsProcessor",
+    v1.LogitBiasLogitsProcessor,
+    v1.MinPLogitsProcessor,
     LogitMargin,
-    "logitsproc_rs.vllm.v1:Penalties",
-    v1.ThinkingBudget,
+    "logitsproc_rs.vllm.v1:PenaltiesLogitsProcessor",
+    v1.ThinkingBudgetLogitsProcessor,
 ]
 PLAIN_TABLES = [
     builtin

@@ -23,7 +23,11 @@ from vllm.sampling_params import SamplingParams, StructuredOutputsParams  # noqa
 V = 16
 EOS = 2
 procs = lp.build_logitsprocs(
-    EngineConfig(max_num_seqs=4, vocab_size=V), torch.device("cpu"), False, False, [v1.MinTokens]
+    EngineConfig(max_num_seqs=4, vocab_size=V),
+    torch.device("cpu"),
+    False,
+    False,
+    [v1.MinTokensLogitsProcessor],
 )
 
 

@@ -386,13 +386,13 @@ def ours(model: str) -> None:
     # vLLM's order (allowed ids, bad words, the processors, penalties, the thinking budget;
     # then, after temperature, the argmax-invariant ones); strings and class objects mixed.
     processors: list[Any] = [
-        "logitsproc_rs.vllm.v1:AllowedTokenIds",
-        v1.BadWords,
-        "logitsproc_rs.vllm.v1:MinTokens",
-        v1.LogitBias,
-        "logitsproc_rs.vllm.v1:Penalties",
-        v1.ThinkingBudget,
-        "logitsproc_rs.vllm.v1:MinP",
+        "logitsproc_rs.vllm.v1:AllowedTokenIdsLogitsProcessor",
+        v1.BadWordsLogitsProcessor,
+        "logitsproc_rs.vllm.v1:MinTokensLogitsProcessor",
+        v1.LogitBiasLogitsProcessor,
+        "logitsproc_rs.vllm.v1:PenaltiesLogitsProcessor",
+        v1.ThinkingBudgetLogitsProcessor,
+        "logitsproc_rs.vllm.v1:MinPLogitsProcessor",
         margin_cls,
     ]
     captured = Captured()
@@ -674,8 +674,8 @@ def pickled(model: str) -> None:
     processors = [
         v1.bridge(LogitMarginLogitsProcessor),
         "engine_columns:LogitMargin",
-        v1.MinP,
-        "logitsproc_rs.vllm.v1:LogitBias",
+        v1.MinPLogitsProcessor,
+        "logitsproc_rs.vllm.v1:LogitBiasLogitsProcessor",
     ]
     t0 = time.perf_counter()
     try:

@@ -24,12 +24,10 @@ class AllowedTokenIdsLogitsProcessor(PipelineView):
     condense move leaves no stale set behind (the state moves with its request)."""
 
     TABLES = ("allowed",)
+    ARGMAX_INVARIANT = False
     STAGE = Stage.SAMPLER_BEFORE
     REFERENCE = "logitsproc_rs.reference:RefAllowedTokenIdsLogitsProcessor"
     _bits: torch.Tensor | None = None  # Triton path: zeroed [rows, ceil(V / 32)] int32 scratch
-
-    def is_argmax_invariant(self) -> bool:
-        return False
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe

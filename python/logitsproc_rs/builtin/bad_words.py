@@ -20,11 +20,9 @@ class BadWordsLogitsProcessor(PipelineView):
     """
 
     TABLES = ("bad_words",)
+    ARGMAX_INVARIANT = False
     STAGE = Stage.SAMPLER_BEFORE
     REFERENCE = "logitsproc_rs.reference:RefBadWordsLogitsProcessor"
-
-    def is_argmax_invariant(self) -> bool:
-        return False
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe

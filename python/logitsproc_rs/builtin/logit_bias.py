@@ -13,11 +13,9 @@ class LogitBiasLogitsProcessor(PipelineView):
     """Not argmax-invariant: a bias can change the top token."""
 
     TABLES = ("logit_bias",)
+    ARGMAX_INVARIANT = False
     STAGE = Stage.BUILTIN
     REFERENCE = "logitsproc_rs.reference:RefLogitBiasLogitsProcessor"
-
-    def is_argmax_invariant(self) -> bool:
-        return False
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe

@@ -25,11 +25,9 @@ class MinPLogitsProcessor(PipelineView):
     """Argmax-invariant: runs only for batches with randomly sampled rows."""
 
     TABLES = ("min_p",)
+    ARGMAX_INVARIANT = True
     STAGE = Stage.BUILTIN
     REFERENCE = "logitsproc_rs.reference:RefMinPLogitsProcessor"
-
-    def is_argmax_invariant(self) -> bool:
-        return True
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe

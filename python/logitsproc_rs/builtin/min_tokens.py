@@ -17,12 +17,10 @@ class MinTokensLogitsProcessor(PipelineView):
     batch change still re-checks lengths."""
 
     TABLES = ("min_tokens",)
+    ARGMAX_INVARIANT = False
     STAGE = Stage.BUILTIN
     REFERENCE = "logitsproc_rs.reference:RefMinTokensLogitsProcessor"
     WITH_SPEC_DECODE = True
-
-    def is_argmax_invariant(self) -> bool:
-        return False
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe

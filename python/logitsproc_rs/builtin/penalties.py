@@ -92,15 +92,13 @@ class PenaltiesLogitsProcessor(PipelineView):
     """Not argmax-invariant. Runs after the other non-invariant processors (vLLM's order)."""
 
     TABLES = ("penalties",)
+    ARGMAX_INVARIANT = False
     STAGE = Stage.SAMPLER_AFTER
     REFERENCE = "logitsproc_rs.reference:RefPenaltiesLogitsProcessor"
 
     def attach(self, pipeline: Pipeline) -> None:
         if not pipeline.host_kernels and "penalties" not in pipeline.device_state:
             pipeline.attach_device_state("penalties", PenaltyCounts(pipeline))
-
-    def is_argmax_invariant(self) -> bool:
-        return False
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe

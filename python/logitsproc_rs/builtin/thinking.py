@@ -25,11 +25,9 @@ class ThinkingBudgetLogitsProcessor(PipelineView):
     """
 
     TABLES = ("thinking",)
+    ARGMAX_INVARIANT = False
     STAGE = Stage.REASONING
     REFERENCE = "logitsproc_rs.reference_thinking:RefThinkingBudgetLogitsProcessor"
-
-    def is_argmax_invariant(self) -> bool:
-        return False
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe

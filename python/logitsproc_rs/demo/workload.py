@@ -20,8 +20,10 @@ from typing import Any
 
 import torch
 
+from ..builtin import BUILTINS
 from ..interface import BatchUpdate
 from ..params import SamplingParams, SamplingType
+from ..registry import TABLES
 from ..sampler import SamplingMetadata
 from ..simulate import ChurnSimulator, Request
 from ..state import LogitsProcessors
@@ -34,15 +36,17 @@ HOT_BOOST = 6.0
 STOP_BOOST = 5.5  # EOS and the stop pool: requests do end on them (after min_tokens)
 
 # Processor class name (``Ref`` prefix removed) → the request parameter it serves.
-FEATURES = {
-    "MinTokensLogitsProcessor": "min_tokens",
-    "LogitBiasLogitsProcessor": "logit_bias",
-    "MinPLogitsProcessor": "min_p",
-    "PenaltiesLogitsProcessor": "penalties",
-    "BadWordsLogitsProcessor": "bad_words",
-    "AllowedTokenIdsLogitsProcessor": "allowed_token_ids",
-    "ThinkingBudgetLogitsProcessor": "thinking_token_budget",
-}
+
+
+def _feature(table: str) -> str:
+    """A table's feature: its one request field, or the table's name when it reads several."""
+    fields = TABLES[table].fields
+    return fields[0].name if len(fields) == 1 else table
+
+
+# Which request feature each processor serves (by class name, a reference's ``Ref`` prefix
+# removed), from the built-ins and the core's registry.
+FEATURES = {c.__name__: _feature(c.TABLES[0]) for c in BUILTINS}
 # Reasoning markers among the hot tokens, so thinking sections open and budgets run out.
 THINK_START = [HOT_TOKENS[-1]]
 THINK_END = [HOT_TOKENS[-2], HOT_TOKENS[-3]]

@@ -382,9 +382,10 @@ class _Bridge(VllmLogitsProcessor, metaclass=_BridgeType):
 
 def bridge(
     cls: type[PipelineView],
-    namespace: str | None = NAMESPACE,
+    *,
     name: str | None = None,
     module: str | None = None,
+    namespace: str | None = NAMESPACE,
 ) -> type[VllmLogitsProcessor]:
     """``cls`` (a ``ColumnLogitsProcessor`` subclass, or one of our built-ins) as a subclass of
     vLLM's ``LogitsProcessor``. Pass the class itself (``LLM(logits_processors=[bridge(C)])``:
@@ -413,27 +414,17 @@ def bridge(
     )
 
 
-def _ours(cls: type[PipelineView], name: str) -> type[VllmLogitsProcessor]:
-    return bridge(cls, name=name, module=__name__)
-
-
-MinP = _ours(builtin.MinPLogitsProcessor, "MinP")
-LogitBias = _ours(builtin.LogitBiasLogitsProcessor, "LogitBias")
-MinTokens = _ours(builtin.MinTokensLogitsProcessor, "MinTokens")
-Penalties = _ours(builtin.PenaltiesLogitsProcessor, "Penalties")
-BadWords = _ours(builtin.BadWordsLogitsProcessor, "BadWords")
-AllowedTokenIds = _ours(builtin.AllowedTokenIdsLogitsProcessor, "AllowedTokenIds")
-ThinkingBudget = _ours(builtin.ThinkingBudgetLogitsProcessor, "ThinkingBudget")
+# Every built-in, under its own class name (``logitsproc_rs.vllm.v1:MinPLogitsProcessor``), in
+# the built-ins' order.
+ALL: tuple[type[VllmLogitsProcessor], ...] = tuple(
+    bridge(view, module=__name__) for view in builtin.BUILTINS
+)
+globals().update({cls.__name__: cls for cls in ALL})
 
 __all__ = [
+    "ALL",
     "NAMESPACE",
-    "AllowedTokenIds",
-    "BadWords",
-    "LogitBias",
-    "MinP",
-    "MinTokens",
-    "Penalties",
-    "ThinkingBudget",
     "bridge",
     "routed_params",
+    *(cls.__name__ for cls in ALL),
 ]

@@ -427,6 +427,7 @@ def _temperature(params: Any) -> float:
 
 def bridge(
     cls: type[PipelineView],
+    *,
     name: str | None = None,
     module: str | None = None,
     namespace: str | None = NAMESPACE,
@@ -471,35 +472,20 @@ class _TemperedMinP(builtin.MinPLogitsProcessor):
         return logits.masked_fill_(scaled < threshold, float("-inf"))
 
 
-MinPLogitsProcessor = bridge(builtin.MinPLogitsProcessor, module=__name__)
-LogitBiasLogitsProcessor = bridge(builtin.LogitBiasLogitsProcessor, module=__name__)
-MinTokensLogitsProcessor = bridge(builtin.MinTokensLogitsProcessor, module=__name__)
-PenaltiesLogitsProcessor = bridge(builtin.PenaltiesLogitsProcessor, module=__name__)
-BadWordsLogitsProcessor = bridge(builtin.BadWordsLogitsProcessor, module=__name__)
-AllowedTokenIdsLogitsProcessor = bridge(builtin.AllowedTokenIdsLogitsProcessor, module=__name__)
-ThinkingBudgetLogitsProcessor = bridge(builtin.ThinkingBudgetLogitsProcessor, module=__name__)
+# Every built-in, under its own class name (``logitsproc_rs.vllm.v2:MinPLogitsProcessor``).
+_BRIDGED = {view: bridge(view, module=__name__) for view in builtin.BUILTINS}
+globals().update({cls.__name__: cls for cls in _BRIDGED.values()})
 
-# vLLM 0.25.1's order with the sampler transforms (allowed ids and bad words first, penalties
-# and the thinking budget last, MinP after the non-invariant ones), for ``logits_processors``
-# (the thinking budget needs a reasoning config).
-ALL: Sequence[type[_Bridge]] = (
-    AllowedTokenIdsLogitsProcessor,
-    BadWordsLogitsProcessor,
-    MinTokensLogitsProcessor,
-    LogitBiasLogitsProcessor,
-    PenaltiesLogitsProcessor,
-    ThinkingBudgetLogitsProcessor,
-    MinPLogitsProcessor,
+# vLLM 0.25.1's order with the sampler transforms, as MRV2 runs custom processors: the
+# argmax-changing ones in the built-ins' order, then the argmax-invariant ones (MinP), for
+# ``logits_processors`` (the thinking budget needs a reasoning config).
+ALL: Sequence[type[_Bridge]] = sorted(
+    _BRIDGED.values(),
+    key=lambda c: bool(c.INNER.ARGMAX_INVARIANT),  # a stable sort
 )
 
 __all__ = [
     "ALL",
-    "AllowedTokenIdsLogitsProcessor",
-    "BadWordsLogitsProcessor",
-    "LogitBiasLogitsProcessor",
-    "MinPLogitsProcessor",
-    "MinTokensLogitsProcessor",
-    "PenaltiesLogitsProcessor",
-    "ThinkingBudgetLogitsProcessor",
     "bridge",
+    *(cls.__name__ for cls in _BRIDGED.values()),
 ]
