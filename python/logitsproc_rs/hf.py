@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from .builtin import asked_for
 from .errors import RequestError, with_context
 from .interface import AddedRequest, BatchUpdate
 from .loader import build_logitsprocs, validate_sampling_params
@@ -238,7 +239,13 @@ class HFLogitsProcessor:
             self.engine_config, max_num_seqs=rows, vocab_size=vocab, num_speculative_tokens=None
         )
         dev = scores.device
-        self.procs = build_logitsprocs(cfg, dev, dev.type == "cuda", token_feed=True)
+        self.procs = build_logitsprocs(
+            cfg,
+            dev,
+            dev.type == "cuda",
+            custom_logitsprocs=asked_for(self.params),  # ours beyond vLLM's, where set
+            token_feed=True,
+        )
         self._sampler = Sampler(self.procs)
         self._md = SamplingMetadata.from_params(self.params, vocab, dev)
         temp = self._md.temperature

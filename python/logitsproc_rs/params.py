@@ -100,6 +100,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words_token_ids: list[list[int]] | None = None
     thinking_token_budget: int | None = None
+    # HF's no-repeat-ngram (ours, not vLLM's; 0: off): never repeat an n-gram of the sequence.
+    no_repeat_ngram_size: int = 0
     # Free-form per-request arguments for custom processors (vLLM's ``extra_args``).
     extra_args: dict[str, Any] | None = None
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
@@ -162,6 +164,11 @@ class SamplingParams:
             raise RequestError(
                 f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}",
                 field="min_tokens",
+            )
+        if not _is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
+            raise RequestError(
+                f"no_repeat_ngram_size must be an int >= 0, got {self.no_repeat_ngram_size!r}",
+                field="no_repeat_ngram_size",
             )
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise RequestError(
@@ -249,6 +256,8 @@ class EngineConfig:
     max_bad_words: int = DEFAULT_MAX_BAD_WORDS
     max_bad_word_len: int = DEFAULT_MAX_BAD_WORD_LEN
     max_allowed_token_ids: int = DEFAULT_MAX_ALLOWED_TOKEN_IDS
+    max_no_repeat_ngram_size: int = CAP_DEFAULTS["max_no_repeat_ngram_size"]
+    max_no_repeat_ngram_window: int = CAP_DEFAULTS["max_no_repeat_ngram_window"]
     # Speculative decoding: number of draft tokens per request, or None when off.
     num_speculative_tokens: int | None = None
     # Reasoning ("thinking") markers; both None when the model has no thinking section.
@@ -264,6 +273,8 @@ class EngineConfig:
             "max_bad_words",
             "max_bad_word_len",
             "max_allowed_token_ids",
+            "max_no_repeat_ngram_size",
+            "max_no_repeat_ngram_window",
         ):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:

@@ -32,6 +32,7 @@ import torch
 # when one side is empty.
 from .interface import BatchUpdate, LogitsProcessor, process_dict_updates
 from .params import _SAMPLING_EPS, NEUTRAL_REPETITION_PENALTY
+from .registry import CAP_DEFAULTS
 from .sampler import LOGPROBS_MODES, LogprobsTensors, SamplerOutput, SamplingMetadata
 from .state import LogitsProcessors
 
@@ -41,6 +42,7 @@ __all__ = [
     "RefLogitBiasLogitsProcessor",
     "RefMinPLogitsProcessor",
     "RefMinTokensLogitsProcessor",
+    "RefNoRepeatNGramLogitsProcessor",
     "RefPenaltiesLogitsProcessor",
     "ReferenceSampler",
     "build_reference_logitsprocs",
@@ -279,6 +281,60 @@ class RefBadWordsLogitsProcessor(LogitsProcessor):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         for index, (words, output) in self.bad_words.items():
             ref_apply_bad_words_single_batch(logits[index], words, output)
+        return logits
+
+
+class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
+    """HF transformers' ``NoRepeatNGramLogitsProcessor`` (``_get_ngrams`` and
+    ``_calc_banned_ngram_tokens``), per row, rebuilt from the sequence on every ``apply``: the
+    sequence is the prompt then the **live** output list (up to an async placeholder), taken
+    over its last ``max_no_repeat_ngram_window`` tokens; with ``n = no_repeat_ngram_size``,
+    nothing is banned while it is shorter than ``n - 1``, else every token that followed an
+    earlier occurrence of its last ``n - 1`` tokens is set to ``-inf`` (ids below V). Not
+    argmax-invariant. State: slot → (n, prompt, live output list); ``n = 0`` is no state."""
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = device
+        self.window = int(
+            getattr(
+                vllm_config,
+                "max_no_repeat_ngram_window",
+                CAP_DEFAULTS["max_no_repeat_ngram_window"],
+            )
+        )
+        self.rows: dict[int, tuple[int, list[int], list[int]]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    @staticmethod
+    def new_state(
+        params: Any, prompt: list[int] | None, output: list[int]
+    ) -> tuple[int, list[int], list[int]] | None:
+        n = getattr(params, "no_repeat_ngram_size", 0) or 0
+        if not n:
+            return None
+        return (int(n), list(prompt or ()), output)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.rows, batch_update, self.new_state)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        vocab = logits.shape[-1]
+        for index, (n, prompt, output) in self.rows.items():
+            out = list(output)
+            if -1 in out:
+                out = out[: out.index(-1)]
+            seq = (prompt + out)[-self.window :]
+            if len(seq) + 1 < n:
+                continue
+            key = tuple(seq[len(seq) + 1 - n :])
+            banned = {
+                seq[i + n - 1] for i in range(len(seq) - n + 1) if tuple(seq[i : i + n - 1]) == key
+            }
+            for t in banned:
+                if 0 <= t < vocab:
+                    logits[index, t] = -math.inf
         return logits
 
 

@@ -23,6 +23,8 @@ class Stage(Enum):
     SAMPLER_AFTER = "sampler_after"
     #: After those, only with a reasoning config (the thinking budget).
     REASONING = "reasoning"
+    #: Not one of vLLM's: built only when asked for, as a processor like any other.
+    OPT_IN = "opt_in"
 
 
 class PipelineView(LogitsProcessor):

@@ -5,21 +5,28 @@ Each says where vLLM applies it (``STAGE``); every other list is derived from ``
 vLLM hard-codes in its sampler are processors here too: ``SAMPLER_TRANSFORMS_BEFORE`` run before
 the built-ins (allowed ids, bad words) and ``SAMPLER_TRANSFORMS_AFTER`` after the custom ones
 (penalties); ``REASONING_TRANSFORMS`` follow them when a reasoning config exists (the thinking
-budget).
+budget). ``OPT_IN`` processors are ours, not vLLM's: built when asked for (passed as a processor,
+or through the vLLM bridges).
 """
 
+from collections.abc import Iterable
+from typing import Any
+
+from ..registry import TABLES
 from ..views import PipelineView, Stage
 from .allowed_token_ids import AllowedTokenIdsLogitsProcessor
 from .bad_words import BadWordsLogitsProcessor
 from .logit_bias import LogitBiasLogitsProcessor
 from .min_p import MinPLogitsProcessor
 from .min_tokens import MinTokensLogitsProcessor
+from .no_repeat_ngram import NoRepeatNGramLogitsProcessor
 from .penalties import PenaltiesLogitsProcessor
 from .thinking import ThinkingBudgetLogitsProcessor
 
 BUILTINS: tuple[type[PipelineView], ...] = (
     AllowedTokenIdsLogitsProcessor,
     BadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
     MinTokensLogitsProcessor,
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,
@@ -37,12 +44,32 @@ BUILTIN_LOGITS_PROCESSORS = in_stage(Stage.BUILTIN)
 SAMPLER_TRANSFORMS_BEFORE = in_stage(Stage.SAMPLER_BEFORE)
 SAMPLER_TRANSFORMS_AFTER = in_stage(Stage.SAMPLER_AFTER)
 REASONING_TRANSFORMS = in_stage(Stage.REASONING)
+OPT_IN_PROCESSORS = in_stage(Stage.OPT_IN)
+
+
+def asked_for(params: Iterable[Any]) -> list[type[PipelineView]]:
+    """The opt-in processors some of ``params`` set a field of (e.g. ``no_repeat_ngram_size``),
+    for a front-end that knows its requests up front (HF ``generate()``)."""
+    rows = list(params)
+    return [
+        c
+        for c in OPT_IN_PROCESSORS
+        if any(
+            f.is_set(getattr(p, f.attr, None))
+            for p in rows
+            for t in c.TABLES
+            for f in TABLES[t].fields
+        )
+    ]
+
+
 # What vLLM builds of its built-ins under speculative decoding.
 SPEC_DECODE_BUILTINS = [c for c in BUILTIN_LOGITS_PROCESSORS if c.WITH_SPEC_DECODE]
 
 __all__ = [
     "BUILTINS",
     "BUILTIN_LOGITS_PROCESSORS",
+    "OPT_IN_PROCESSORS",
     "REASONING_TRANSFORMS",
     "SAMPLER_TRANSFORMS_AFTER",
     "SAMPLER_TRANSFORMS_BEFORE",
@@ -52,7 +79,7 @@ __all__ = [
     "LogitBiasLogitsProcessor",
     "MinPLogitsProcessor",
     "MinTokensLogitsProcessor",
+    "NoRepeatNGramLogitsProcessor",
     "PenaltiesLogitsProcessor",
     "ThinkingBudgetLogitsProcessor",
-    "in_stage",
 ]

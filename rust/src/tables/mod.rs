@@ -11,6 +11,7 @@ pub mod columns;
 pub mod logit_bias;
 pub mod min_p;
 pub mod min_tokens;
+pub mod no_repeat_ngram;
 pub mod penalties;
 pub mod thinking;
 
@@ -149,6 +150,14 @@ pub const BUILTINS: &[Builtin] = &[
         history: false,
         layout: 7,
         build: allowed::build,
+    },
+    Builtin {
+        name: "no_repeat_ngram",
+        caps: no_repeat_ngram::CAPS,
+        fields: no_repeat_ngram::FIELDS,
+        history: true,
+        layout: 8,
+        build: no_repeat_ngram::build,
     },
     Builtin {
         name: "thinking",

@@ -1,0 +1,555 @@
+//! No-repeat-ngram (HF transformers' `no_repeat_ngram_size`): a request with size `n` never
+//! repeats an `n`-gram of its sequence, the prompt included. Each step, the tokens that followed
+//! an earlier occurrence of the sequence's last `n − 1` tokens are banned (`n = 1` bans every
+//! token seen); nothing is banned while the sequence is shorter than `n − 1`.
+//!
+//! HF rebuilds its n-gram map from the whole sequence every step. Here each request keeps the map
+//! and updates it with the step's new tokens only, so a step costs the same at any length. The
+//! map covers the last `max_no_repeat_ngram_window` tokens (an engine cap, 2,048 by default):
+//! on a longer sequence the n-grams that start before that window are forgotten, which bounds
+//! both the map and a row's bans. Up to that length the bans are exactly HF's.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
+
+use crate::arena::{HasBuffers, Staged};
+use crate::batch::BatchUpdate;
+use crate::error::{Error, Result};
+use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::history::{HistoryId, TokenHistory};
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::row_space::RowCopy;
+use crate::sparse::{resize_touches_active, Padding, SparseRows};
+use crate::table::SlotTable;
+use crate::tables::Build;
+use std::any::Any;
+
+/// Per-request caps (engine-config names) and their defaults.
+pub const CAPS: &[(&str, usize)] = &[
+    ("max_no_repeat_ngram_size", 128),
+    ("max_no_repeat_ngram_window", 2048),
+];
+
+/// The request fields no-repeat-ngram reads (0: off).
+pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
+    "no_repeat_ngram_size",
+    FieldKind::Int { neutral: 0 },
+)];
+
+type Followers = Vec<(i64, u32)>;
+
+/// One `(n − 1)`-gram seen in the window, and how often each token followed it there.
+struct Gram {
+    /// Where one occurrence starts in the sequence (the key's tokens, for comparing).
+    start: usize,
+    followers: Followers,
+}
+
+/// One tracked request.
+pub struct Entry<H> {
+    n: usize,
+    output: H,
+    /// The prompt, then the output tokens read so far (async placeholders never).
+    seq: Vec<i64>,
+    prompt_len: usize,
+    /// The n-grams counted end at positions `[lo, seq.len())`.
+    lo: usize,
+    /// By hash of the `(n − 1)`-gram: the grams with that hash (compared by their tokens).
+    grams: HashMap<u64, Vec<Gram>, BuildHasherDefault<IdHasher>>,
+}
+
+impl<H> Entry<H> {
+    fn new(n: usize, prompt: Vec<i64>, output: H, window: usize) -> Self {
+        let mut e = Entry {
+            n,
+            output,
+            prompt_len: prompt.len(),
+            seq: Vec::new(),
+            lo: 0,
+            grams: HashMap::default(),
+        };
+        for t in prompt {
+            e.push(t, window);
+        }
+        e
+    }
+
+    fn key_hash(tokens: &[i64]) -> u64 {
+        let mut h = DefaultHasher::new();
+        tokens.hash(&mut h);
+        h.finish()
+    }
+
+    /// Counts (`delta` = +1) or uncounts (−1) the n-gram that ends at position `j`.
+    fn count(&mut self, j: usize, delta: i32) {
+        let n = self.n;
+        let key = &self.seq[j + 1 - n..j];
+        let next = self.seq[j];
+        let bucket = self.grams.entry(Self::key_hash(key)).or_default();
+        let seq = &self.seq;
+        let k = match bucket
+            .iter()
+            .position(|g| seq[g.start..g.start + n - 1] == *key)
+        {
+            Some(k) => k,
+            None => {
+                bucket.push(Gram {
+                    start: j + 1 - n,
+                    followers: Vec::new(),
+                });
+                bucket.len() - 1
+            }
+        };
+        let followers = &mut bucket[k].followers;
+        match followers.iter().position(|&(t, _)| t == next) {
+            Some(f) if delta < 0 => {
+                followers[f].1 -= 1;
+                if followers[f].1 == 0 {
+                    followers.swap_remove(f);
+                }
+            }
+            Some(f) => followers[f].1 += 1,
+            None if delta > 0 => followers.push((next, 1)),
+            None => {}
+        }
+    }
+
+    /// Appends a token and slides the window over the last `window` tokens.
+    fn push(&mut self, t: i64, window: usize) {
+        self.seq.push(t);
+        let len = self.seq.len();
+        let n = self.n;
+        if len >= n {
+            self.count(len - 1, 1);
+        }
+        // The n-grams that start before the window's first token are forgotten.
+        let lo = (len.saturating_sub(window) + n - 1).max(self.lo);
+        for j in self.lo.max(n - 1)..lo.min(len) {
+            self.count(j, -1);
+        }
+        self.lo = lo;
+    }
+
+    /// Drops the sequence back to `keep` tokens and counts its window again (the engine
+    /// shrank or rewrote an output: rare).
+    fn truncate(&mut self, keep: usize, window: usize) {
+        let tokens: Vec<i64> = self.seq.drain(..keep).collect();
+        self.seq.clear();
+        self.lo = 0;
+        self.grams.clear();
+        for t in tokens {
+            self.push(t, window);
+        }
+    }
+
+    /// The tokens banned next: the followers of the sequence's last `n − 1` tokens.
+    fn banned(&self, window: usize) -> &[(i64, u32)] {
+        let n = self.n;
+        let len = self.seq.len();
+        // HF: nothing while the (windowed) sequence is shorter than n − 1.
+        if len.min(window) + 1 < n {
+            return &[];
+        }
+        let key = &self.seq[len + 1 - n..];
+        let seq = &self.seq;
+        self.grams
+            .get(&Self::key_hash(key))
+            .and_then(|b| b.iter().find(|g| seq[g.start..g.start + n - 1] == *key))
+            .map_or(&[], |g| g.followers.as_slice())
+    }
+}
+
+pub struct NoRepeatNGramState<H> {
+    table: SlotTable<Entry<H>>,
+    triples: SparseRows<f32>,
+    vocab_size: usize,
+    max_n: usize,
+    window: usize,
+    batch_size: usize,
+    placeholders: bool,
+    /// Scratch, reused every step.
+    tail: Vec<i64>,
+    banned: Vec<(usize, i32, f32)>,
+}
+
+impl<H: TokenHistory> NoRepeatNGramState<H> {
+    /// Sizes: `max_n` the largest n, `window` the tokens the n-grams are taken from.
+    pub fn try_new(
+        capacity: usize,
+        vocab_size: usize,
+        max_n: usize,
+        window: usize,
+    ) -> Result<Self> {
+        let per_row = window.min(vocab_size).max(1);
+        Ok(NoRepeatNGramState {
+            table: SlotTable::new(capacity),
+            triples: SparseRows::try_new(capacity * per_row, "max_no_repeat_ngram_window")?,
+            vocab_size,
+            max_n,
+            window,
+            batch_size: 0,
+            placeholders: false,
+            tail: Vec::new(),
+            banned: Vec::new(),
+        })
+    }
+
+    pub fn active(&self) -> usize {
+        self.table.active()
+    }
+
+    pub fn triples(&self) -> &SparseRows<f32> {
+        &self.triples
+    }
+
+    pub fn readers(&self) -> impl Iterator<Item = &H> {
+        self.table.iter().map(|(_, e)| &e.output)
+    }
+
+    /// Checks one request's size: 0 (off) to the cap. The map starts from the prompt.
+    pub fn check(
+        &self,
+        index: usize,
+        n: i64,
+        prompt: Option<&[i64]>,
+        output: H,
+    ) -> Result<Option<Entry<H>>> {
+        if n < 0 || n as u64 > self.max_n as u64 {
+            return Err(Error::invalid(
+                index,
+                "no_repeat_ngram_size",
+                format!(
+                    "must be in [0, {}] (max_no_repeat_ngram_size), got {n}",
+                    self.max_n
+                ),
+            ));
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        let prompt = prompt.unwrap_or(&[]).to_vec();
+        Ok(Some(Entry::new(n as usize, prompt, output, self.window)))
+    }
+
+    /// Applies a validated update, then the step's work.
+    pub fn commit(&mut self, update: BatchUpdate<Option<Entry<H>>>, store: &H::Store) {
+        let new_bs = update.batch_size;
+        let mut changed = self.table.apply_validated(update);
+        changed |= resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
+        self.batch_size = new_bs;
+        self.step(changed, store);
+    }
+
+    /// A step without a batch change: the new output tokens, then the bans.
+    pub fn update_none(&mut self, store: &H::Store) {
+        self.step(false, store);
+    }
+
+    pub fn saw_placeholders(&self) -> bool {
+        self.placeholders
+    }
+
+    fn step(&mut self, changed: bool, store: &H::Store) {
+        self.placeholders = false;
+        if self.table.active() == 0 && !changed {
+            return;
+        }
+        let (window, vocab, bs) = (self.window, self.vocab_size as i64, self.batch_size);
+        let tail = &mut self.tail;
+        let banned = &mut self.banned;
+        banned.clear();
+        for (row, e) in self.table.iter_mut() {
+            // Keep the output prefix the engine's list still holds (it may have shrunk or been
+            // rewritten at the tail); usually one token is compared.
+            let len = e.output.len(store);
+            let read = e.seq.len() - e.prompt_len;
+            let mut keep = read.min(len).min(e.output.rewritten_from(store));
+            while keep > 0
+                && e.output.token_at(store, keep - 1) != Some(e.seq[e.prompt_len + keep - 1])
+            {
+                keep -= 1;
+            }
+            if keep < read {
+                e.truncate(e.prompt_len + keep, window);
+            }
+            if len > keep {
+                tail.clear();
+                e.output.read_from(store, keep, tail);
+                for &t in tail.iter() {
+                    if t < 0 {
+                        // An async placeholder: read on from here once the engine filled it.
+                        self.placeholders = true;
+                        break;
+                    }
+                    e.push(t, window);
+                }
+            }
+            if row < bs {
+                for &(t, _) in e.banned(window) {
+                    if t < vocab {
+                        banned.push((row, t as i32, f32::NEG_INFINITY));
+                    }
+                }
+            }
+        }
+        self.triples
+            .rebuild_if_changed(banned, Padding::RepeatFirst);
+    }
+}
+
+impl<H> HasBuffers for NoRepeatNGramState<H> {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        self.triples.visit_as(
+            [
+                "no_repeat_ngram.rows",
+                "no_repeat_ngram.cols",
+                "no_repeat_ngram.vals",
+            ],
+            f,
+        );
+    }
+}
+
+/// No-repeat-ngram in a pipeline: the state and its row-space copy (stable slots).
+pub struct NoRepeatNGramTable {
+    pub state: NoRepeatNGramState<HistoryId>,
+    rows: Option<RowCopy>,
+}
+
+impl HasBuffers for NoRepeatNGramTable {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        self.state.visit_buffers(f);
+    }
+}
+
+impl Table for NoRepeatNGramTable {
+    fn name(&self) -> &str {
+        "no_repeat_ngram"
+    }
+
+    fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
+        let n = fields.int(&FIELDS[0]);
+        let entry = self
+            .state
+            .check(index, n, fields.prompt.as_deref(), a.history)?;
+        Ok(processor::entry(entry))
+    }
+
+    fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
+        self.state.commit(processor::unbox(update), ctx.store);
+    }
+
+    fn step(&mut self, ctx: &StepContext<'_>) {
+        self.state.update_none(ctx.store);
+    }
+
+    fn active(&self) -> Option<usize> {
+        Some(self.state.active())
+    }
+
+    fn stepping(&self) -> bool {
+        self.state.active() > 0
+    }
+
+    fn saw_placeholders(&self) -> bool {
+        self.state.saw_placeholders()
+    }
+
+    fn restep(&mut self, ctx: &StepContext<'_>) {
+        if self.state.saw_placeholders() {
+            self.state.update_none(ctx.store);
+        }
+    }
+
+    fn wants_prompt(&self, fields: &Fields) -> bool {
+        fields.is_set(&FIELDS[0])
+    }
+
+    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
+        self.state.readers().for_each(f);
+    }
+
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out("no_repeat_ngram", self.state.triples().padded_len());
+        out(
+            "rows.no_repeat_ngram",
+            self.rows.as_ref().map_or(0, RowCopy::padded_len),
+        );
+    }
+
+    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
+        Some((self.state.triples(), false))
+    }
+
+    fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
+        if let Some(r) = &mut self.rows {
+            r.remap(self.state.triples(), capacity, row_to_slot);
+        }
+    }
+
+    fn visit_late_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        if let Some(r) = &mut self.rows {
+            r.visit(f);
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// Builds the table for a pipeline (the registry's entry).
+pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
+    let max_n = b.cfg.cap("max_no_repeat_ngram_size");
+    let window = b.cap("max_no_repeat_ngram_window")?;
+    let per_row = window.min(b.vocab_size).max(1);
+    let state = NoRepeatNGramState::try_new(b.capacity, b.vocab_size, max_n, window)?;
+    let rows = b
+        .row_space(per_row)
+        .map(|n| {
+            RowCopy::try_new(
+                n,
+                Padding::RepeatFirst,
+                [
+                    "rows.no_repeat_ngram.rows",
+                    "rows.no_repeat_ngram.cols",
+                    "rows.no_repeat_ngram.vals",
+                ],
+            )
+        })
+        .transpose()?;
+    Ok(Box::new(NoRepeatNGramTable { state, rows }))
+}
+
+/// Hashes of token ids are already well mixed (`DefaultHasher` above); the map's own hasher
+/// passes them through.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::SharedHistory;
+    use std::sync::{Arc, RwLock};
+
+    /// HF's `_get_ngrams` + `_calc_banned_ngram_tokens` on one sequence, written plainly.
+    fn hf_banned(seq: &[i64], n: usize) -> Vec<i64> {
+        if seq.len() + 1 < n {
+            return Vec::new();
+        }
+        let key = &seq[seq.len() + 1 - n..];
+        let mut out: Vec<i64> = seq
+            .windows(n)
+            .filter(|w| &w[..n - 1] == key)
+            .map(|w| w[n - 1])
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    fn state(window: usize) -> NoRepeatNGramState<SharedHistory> {
+        NoRepeatNGramState::try_new(4, 64, 16, window).unwrap()
+    }
+
+    fn bans(s: &NoRepeatNGramState<SharedHistory>, row: usize) -> Vec<i64> {
+        let mut out: Vec<i64> = s
+            .triples()
+            .triples()
+            .into_iter()
+            .filter(|&(r, _, _)| r as usize == row)
+            .map(|(_, t, _)| t as i64)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    #[test]
+    fn follows_hf_step_by_step_with_the_prompt() {
+        let mut rng = 7u64;
+        for n in 1..6 {
+            let mut s = state(4096);
+            let out: SharedHistory = Arc::new(RwLock::new(Vec::new()));
+            let prompt = vec![1, 2, 3, 1, 2];
+            let mut u = BatchUpdate::new(1);
+            u.added = vec![(0, s.check(0, n as i64, Some(&prompt), out.clone()).unwrap())];
+            s.commit(u, &());
+            let mut seq = prompt.clone();
+            for _ in 0..200 {
+                assert_eq!(bans(&s, 0), hf_banned(&seq, n), "n={n} seq={seq:?}");
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let t = ((rng >> 33) % 5) as i64;
+                out.write().unwrap().push(t);
+                seq.push(t);
+                s.update_none(&());
+            }
+        }
+    }
+
+    #[test]
+    fn the_window_keeps_the_last_tokens() {
+        let (n, window) = (3, 16);
+        let mut s = state(window);
+        let out: SharedHistory = Arc::new(RwLock::new(Vec::new()));
+        let mut u = BatchUpdate::new(1);
+        u.added = vec![(0, s.check(0, n as i64, None, out.clone()).unwrap())];
+        s.commit(u, &());
+        let mut seq = Vec::new();
+        let mut rng = 3u64;
+        for step in 0..300 {
+            let tail = &seq[seq.len().saturating_sub(window)..];
+            assert_eq!(bans(&s, 0), hf_banned(tail, n), "step {step}");
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let t = ((rng >> 33) % 4) as i64;
+            out.write().unwrap().push(t);
+            seq.push(t);
+            if step % 37 == 36 {
+                // The engine drops two tokens (rejected drafts): read back from there.
+                out.write().unwrap().truncate(seq.len() - 2);
+                seq.truncate(seq.len() - 2);
+            }
+            s.update_none(&());
+        }
+    }
+
+    #[test]
+    fn bad_sizes_are_refused_and_zero_is_off() {
+        let s = state(64);
+        let out: SharedHistory = Arc::new(RwLock::new(Vec::new()));
+        assert!(s.check(3, -1, None, out.clone()).is_err());
+        let e = match s.check(3, 17, None, out.clone()) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("a size above the cap was accepted"),
+        };
+        assert!(
+            e.contains("index 3") && e.contains("no_repeat_ngram_size"),
+            "{e}"
+        );
+        assert!(s.check(0, 0, None, out).unwrap().is_none());
+    }
+}
