@@ -150,29 +150,20 @@ class Pipeline:
     def status_into(self, out: list[int]) -> None:
         """``status`` written into an existing list (no new container per step)."""
 
-    def unsafe_apply_min_p_cpu(
-        self, ptr: int, rows: int, vocab: int, row_stride: int, mapped: bool = False
-    ) -> None:
-        """In place on float32 CPU logits at ``ptr`` (the caller checked the tensor)."""
-
-    def unsafe_apply_triples_cpu(
-        self, table: str, ptr: int, rows: int, vocab: int, row_stride: int
-    ) -> None:
-        """A V1 table's triples (``logit_bias`` added; ``min_tokens``, ``bad_words``,
-        ``thinking`` written) in place on float32 CPU logits at ``ptr``."""
-
-    def unsafe_apply_allowed_cpu(self, ptr: int, rows: int, vocab: int, row_stride: int) -> None:
-        """Allowed ids in place on float32 CPU logits at ``ptr`` (V1 rows)."""
-
-    def unsafe_apply_penalties_cpu(
+    def unsafe_apply_cpu(
         self,
+        table: str,
         ptr: int,
         rows: int,
         vocab: int,
         row_stride: int,
         mapped: bool = False,
         float64: bool = False,
-    ) -> None: ...
+    ) -> None:
+        """Table ``table`` applied by Rust in place on CPU logits at ``ptr`` (float32, or
+        float64 with ``float64``; the caller checked the tensor); ``mapped``: rows through the
+        last row map."""
+
     def spec_min_tokens(self, num_draft_tokens: Any) -> tuple[int, int]: ...
     def spec_bad_words(
         self, num_draft_tokens: Any, spec_token_ids: Sequence[Sequence[int]]

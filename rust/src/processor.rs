@@ -45,6 +45,22 @@ pub struct StepContext<'a> {
     pub capacity: usize,
 }
 
+/// Host logits a CPU apply writes in place: `rows` rows of `vocab` logits, row `r` at
+/// `r * row_stride`; with `row_to_slot` (stable slots) row `r` takes slot `row_to_slot[r]`'s
+/// state, else slot `r`'s.
+pub struct HostLogits<'a> {
+    pub data: HostData<'a>,
+    pub rows: usize,
+    pub vocab: usize,
+    pub row_stride: usize,
+    pub row_to_slot: Option<&'a [usize]>,
+}
+
+pub enum HostData<'a> {
+    F32(&'a mut [f32]),
+    F64(&'a mut [f64]),
+}
+
 /// Called with each (name, value) of a table's status, in a fixed order.
 pub type StatusSink<'a> = dyn FnMut(&str, usize) + 'a;
 
@@ -98,6 +114,30 @@ pub trait Table: HasBuffers + Send + Sync + 'static {
     /// otherwise.
     fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
         None
+    }
+
+    /// Applies this table to host logits in place (the CPU path, from the table itself);
+    /// `Err` says why it cannot here (a dtype or a row map it has no host form for). By
+    /// default a table with `triples` writes or adds them on float32 V1 rows.
+    fn apply_host(&self, logits: &mut HostLogits<'_>) -> std::result::Result<(), &'static str> {
+        let Some((triples, add)) = self.triples() else {
+            return Err("has no host apply");
+        };
+        match (&mut logits.data, logits.row_to_slot) {
+            (HostData::F32(data), None) => {
+                crate::host_apply::apply_triples(
+                    data,
+                    triples,
+                    logits.rows,
+                    logits.vocab,
+                    logits.row_stride,
+                    add,
+                );
+                Ok(())
+            }
+            (_, Some(_)) => Err("has no host apply through a row map"),
+            _ => Err("applies on float32 logits only"),
+        }
     }
 
     /// Stable slots: builds this table's row-space copy for a row → slot map.

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 def host_kernel_ok(logits: torch.Tensor, allow_float64: bool = False) -> bool:
     """Whether Rust may process ``logits`` in place on the host: float32 (or float64 where the
     kernel has that form) on the CPU, rows of contiguous elements that do not overlap, inside
-    the tensor's storage (the ``unsafe_apply_*_cpu`` contract). Checked on the tensor itself,
+    the tensor's storage (the ``unsafe_apply_cpu`` contract). Checked on the tensor itself,
     not on a subclass's word."""
     if type(logits) is not torch.Tensor or logits.device.type != "cpu":
         return False
@@ -40,14 +40,9 @@ def host_sparse_(pipe: Pipeline, table: str, logits: torch.Tensor, rowspace: boo
     torch op); ``False`` where it cannot, and the caller takes the torch path."""
     if rowspace or not pipe.host_kernels or not host_kernel_ok(logits):
         return False
-    if table == "allowed":
-        pipe.core.unsafe_apply_allowed_cpu(
-            logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0)
-        )
-    else:
-        pipe.core.unsafe_apply_triples_cpu(
-            table, logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0)
-        )
+    pipe.core.unsafe_apply_cpu(
+        table, logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0)
+    )
     return True
 
 

@@ -36,8 +36,8 @@ class MinPLogitsProcessor(PipelineView):
         rows = logits.shape[0]  # matched to the batch by check_logits
         if pipe.host_kernels and host_kernel_ok(logits):
             # Rust masks the rows that have a min_p in place (two passes, no temporaries).
-            pipe.core.unsafe_apply_min_p_cpu(
-                logits.data_ptr(), rows, logits.shape[1], logits.stride(0), rowspace
+            pipe.core.unsafe_apply_cpu(
+                "min_p", logits.data_ptr(), rows, logits.shape[1], logits.stride(0), rowspace
             )
             return logits
         if kernels.use_triton(logits, kernels.pipeline_choice(pipe)):

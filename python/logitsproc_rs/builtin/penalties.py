@@ -109,8 +109,14 @@ class PenaltiesLogitsProcessor(PipelineView):
         if pipe.host_kernels:
             f64 = logits.dtype == torch.float64
             if host_kernel_ok(logits, allow_float64=True):
-                core.unsafe_apply_penalties_cpu(
-                    logits.data_ptr(), rows, logits.shape[1], logits.stride(0), rowspace, f64
+                core.unsafe_apply_cpu(
+                    "penalties",
+                    logits.data_ptr(),
+                    rows,
+                    logits.shape[1],
+                    logits.stride(0),
+                    rowspace,
+                    f64,
                 )
                 return logits
             # Other layouts (or half precision): a contiguous copy in float64 when the logits
@@ -127,8 +133,8 @@ class PenaltiesLogitsProcessor(PipelineView):
                     f"PenaltiesLogitsProcessor.apply: logits hold {list(work.shape)}, "
                     f"expected [{rows}, {pipe.vocab_size}]"
                 )
-            core.unsafe_apply_penalties_cpu(
-                work.data_ptr(), rows, work.shape[1], work.stride(0), rowspace, f64
+            core.unsafe_apply_cpu(
+                "penalties", work.data_ptr(), rows, work.shape[1], work.stride(0), rowspace, f64
             )
             return logits.copy_(work)
         counts = pipe.device_state["penalties"]

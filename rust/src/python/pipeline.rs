@@ -15,9 +15,8 @@ use super::update::{bounded_ints, parse_update, AddedEntry};
 use crate::arena::Upload;
 use crate::batch::BatchUpdate;
 use crate::history::HistoryId;
-use crate::host_apply;
 use crate::pipeline::{self, PipelineConfig, RequestParams};
-use crate::tables::allowed::AllowedTable;
+use crate::processor::{HostData, HostLogits};
 use crate::tables::bad_words::BadWordsTable;
 use crate::tables::columns::{ColumnKind, ColumnSpec};
 use crate::tables::min_p::MinPState;
@@ -416,37 +415,16 @@ impl Pipeline {
         Ok(())
     }
 
-    /// MinP by Rust on float32 CPU logits, in place. The caller passes `tensor.data_ptr()`
-    /// after checking dtype float32, device CPU, unit column stride and shape; `mapped` uses
-    /// the last row map (stable slots).
-    #[pyo3(signature = (ptr, rows, vocab, row_stride, mapped=false))]
-    fn unsafe_apply_min_p_cpu(
+    /// Table `table` applied by Rust on CPU logits, in place, from its own state (the CPU
+    /// path). The caller passes `tensor.data_ptr()` after checking the dtype (float32, or
+    /// float64 with `float64`), device CPU, unit column stride and shape; `mapped` lines rows
+    /// up through the last row map (stable slots). A table with no host form for these
+    /// logits is a `ValueError` saying why.
+    #[pyo3(signature = (table, ptr, rows, vocab, row_stride, mapped=false, float64=false))]
+    fn unsafe_apply_cpu(
         &self,
         py: Python<'_>,
-        ptr: usize,
-        rows: usize,
-        vocab: usize,
-        row_stride: usize,
-        mapped: bool,
-    ) -> PyResult<()> {
-        let map = self.check_rows(rows, mapped)?;
-        let Some(state) = self.inner.tables().get::<MinPState>() else {
-            return Err(PyValueError::new_err("this pipeline has no MinP table"));
-        };
-        // SAFETY: the Python caller checked the tensor (see the docstring).
-        let logits = unsafe { logits_rows(ptr, rows, vocab, row_stride)? };
-        detach_if_large(py, rows * vocab, || {
-            state.apply_to_rows(logits, rows, vocab, row_stride, map)
-        });
-        Ok(())
-    }
-
-    /// Penalties by Rust on float32 (or, with `float64`, float64) CPU logits, in place (same
-    /// contract as MinP's).
-    #[pyo3(signature = (ptr, rows, vocab, row_stride, mapped=false, float64=false))]
-    fn unsafe_apply_penalties_cpu(
-        &self,
-        py: Python<'_>,
+        table: &str,
         ptr: usize,
         rows: usize,
         vocab: usize,
@@ -455,85 +433,37 @@ impl Pipeline {
         float64: bool,
     ) -> PyResult<()> {
         let map = self.check_rows(rows, mapped)?;
-        let Some(state) = self.inner.tables().get::<PenaltiesState<HistoryId>>() else {
-            return Err(PyValueError::new_err(
-                "this pipeline has no penalties table",
-            ));
+        let Some(t) = self.inner.tables().named(table) else {
+            return Err(PyValueError::new_err(format!(
+                "this pipeline has no {table} table"
+            )));
         };
         if vocab > self.inner.vocab_size() {
             return Err(PyValueError::new_err(
                 "logits are wider than the vocabulary",
             ));
         }
-        if float64 {
+        // Sparse work is the triples, dense work the logits (see DETACH_MIN_ELEMENTS).
+        let work = t
+            .triples()
+            .filter(|_| map.is_none())
+            .map_or(rows * vocab, |(s, _)| s.len());
+        let data = if float64 {
             // SAFETY: the Python caller checked the tensor (see the docstring).
-            let logits = unsafe { logits_rows::<f64>(ptr, rows, vocab, row_stride)? };
-            detach_if_large(py, rows * vocab, || {
-                state.apply_to_rows(logits, rows, vocab, row_stride, map)
-            });
+            HostData::F64(unsafe { logits_rows::<f64>(ptr, rows, vocab, row_stride)? })
         } else {
             // SAFETY: as above.
-            let logits = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
-            detach_if_large(py, rows * vocab, || {
-                state.apply_to_rows(logits, rows, vocab, row_stride, map)
-            });
-        }
-        Ok(())
-    }
-
-    /// A V1 table's triples by Rust on float32 CPU logits, in place (same contract as
-    /// MinP's): `logit_bias` added, `min_tokens`, `bad_words` and `thinking` written.
-    fn unsafe_apply_triples_cpu(
-        &self,
-        py: Python<'_>,
-        table: &str,
-        ptr: usize,
-        rows: usize,
-        vocab: usize,
-        row_stride: usize,
-    ) -> PyResult<()> {
-        self.check_rows(rows, false)?;
-        let Some((triples, add)) = self.inner.tables().named(table).and_then(|t| t.triples())
-        else {
-            return Err(PyValueError::new_err(format!(
-                "this pipeline has no {table} table with triples"
-            )));
+            HostData::F32(unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? })
         };
-        // SAFETY: the Python caller checked the tensor (see unsafe_apply_min_p_cpu).
-        let logits = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
-        detach_if_large(py, triples.len(), || {
-            host_apply::apply_triples(logits, triples, rows, vocab, row_stride, add)
-        });
-        Ok(())
-    }
-
-    /// Allowed ids by Rust on float32 CPU logits, in place (V1 rows; same contract).
-    fn unsafe_apply_allowed_cpu(
-        &self,
-        py: Python<'_>,
-        ptr: usize,
-        rows: usize,
-        vocab: usize,
-        row_stride: usize,
-    ) -> PyResult<()> {
-        self.check_rows(rows, false)?;
-        let Some(state) = self.inner.tables().get::<AllowedTable>().map(|t| &t.state) else {
-            return Err(PyValueError::new_err("this pipeline has no allowed table"));
+        let mut logits = HostLogits {
+            data,
+            rows,
+            vocab,
+            row_stride,
+            row_to_slot: map,
         };
-        // SAFETY: as above.
-        let logits = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
-        detach_if_large(py, rows * vocab, || {
-            host_apply::keep_only(
-                logits,
-                state.pairs(),
-                state.rows(),
-                state.n_rows(),
-                rows,
-                vocab,
-                row_stride,
-            )
-        });
-        Ok(())
+        detach_if_large(py, work, || t.apply_host(&mut logits))
+            .map_err(|why| PyValueError::new_err(format!("{table} {why}")))
     }
 
     /// Draft-row masks of MinTokens; returns (layout rows, padded triples).

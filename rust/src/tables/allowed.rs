@@ -13,7 +13,7 @@ use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::processor::{self, Admission, HostData, HostLogits, StatusSink, StepContext, Table};
 use crate::row_space::{padded_rows, RowCopy};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
@@ -252,6 +252,26 @@ impl Table for AllowedTable {
             "rows.allowed_rows",
             rows.map_or(0, |r| padded_rows(r.restricted_len, r.restricted.len())),
         );
+    }
+
+    fn apply_host(&self, l: &mut HostLogits<'_>) -> std::result::Result<(), &'static str> {
+        match (&mut l.data, l.row_to_slot) {
+            (HostData::F32(data), None) => {
+                let s = &self.state;
+                crate::host_apply::keep_only(
+                    data,
+                    s.pairs(),
+                    s.rows(),
+                    s.n_rows(),
+                    l.rows,
+                    l.vocab,
+                    l.row_stride,
+                );
+                Ok(())
+            }
+            (_, Some(_)) => Err("has no host apply through a row map"),
+            _ => Err("applies on float32 logits only"),
+        }
     }
 
     fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {

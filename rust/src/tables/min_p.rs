@@ -10,7 +10,9 @@ use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
-use crate::processor::{entry, unbox, Admission, Entry, StatusSink, StepContext, Table};
+use crate::processor::{
+    entry, unbox, Admission, Entry, HostData, HostLogits, StatusSink, StepContext, Table,
+};
 use crate::tables::Build;
 use std::any::Any;
 
@@ -180,6 +182,16 @@ impl Table for MinPState {
 
     fn status(&self, out: &mut StatusSink<'_>) {
         out("min_p", self.count);
+    }
+
+    fn apply_host(&self, l: &mut HostLogits<'_>) -> std::result::Result<(), &'static str> {
+        match &mut l.data {
+            HostData::F32(data) => {
+                self.apply_to_rows(data, l.rows, l.vocab, l.row_stride, l.row_to_slot);
+                Ok(())
+            }
+            HostData::F64(_) => Err("applies on float32 logits only"),
+        }
     }
 
     fn as_any(&self) -> &dyn Any {

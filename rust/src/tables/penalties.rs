@@ -27,7 +27,7 @@ use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::processor::{self, Admission, HostData, HostLogits, StatusSink, StepContext, Table};
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::Build;
@@ -624,6 +624,15 @@ impl Table for PenaltiesState<HistoryId> {
 
     fn status(&self, out: &mut StatusSink<'_>) {
         out("penalties", PenaltiesState::active(self));
+    }
+
+    fn apply_host(&self, l: &mut HostLogits<'_>) -> std::result::Result<(), &'static str> {
+        let (rows, vocab, stride, map) = (l.rows, l.vocab, l.row_stride, l.row_to_slot);
+        match &mut l.data {
+            HostData::F32(data) => self.apply_to_rows(data, rows, vocab, stride, map),
+            HostData::F64(data) => self.apply_to_rows(data, rows, vocab, stride, map),
+        }
+        Ok(())
     }
 
     fn as_any(&self) -> &dyn Any {
