@@ -358,11 +358,13 @@ impl<H: TokenHistory> PenaltiesState<H> {
             {
                 keep -= 1;
             }
-            for t in e.counted.drain(keep..) {
-                if t >= 0 && (t as i64) < vocab {
-                    e.counts.sub(t);
-                    if ops {
-                        pending.push((row, t, -1));
+            if keep < e.counted.len() {
+                for t in e.counted.drain(keep..) {
+                    if t >= 0 && (t as i64) < vocab {
+                        e.counts.sub(t);
+                        if ops {
+                            pending.push((row, t, -1));
+                        }
                     }
                 }
             }
