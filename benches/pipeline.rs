@@ -1,6 +1,6 @@
 //! The whole pipeline's per-step cost in Rust alone (no Python): every built-in table, the
 //! token feed, ordinary churn (about 1 in 64 requests finishing per step, each finished slot
-//! refilled at once, every live request sampling one token per step), B = 256 and 1,024.
+//! refilled at once, every live request sampling one token per step), B = 64, 256 and 1,024.
 //! What the Python path adds on top is in `make bench-python` (`bench-report.md`).
 
 use std::hint::black_box;
@@ -89,7 +89,7 @@ fn pipeline(b: usize) -> Pipeline<SharedHistory> {
 
 fn bench_pipeline(c: &mut Criterion) {
     let mut g = c.benchmark_group("pipeline_step_token_feed");
-    for b in [256usize, 1024] {
+    for b in [64usize, 256, 1024] {
         let mut rng = Lcg(b as u64);
         let mut p = pipeline(b);
         let mut u = BatchUpdate::new(b);

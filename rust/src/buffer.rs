@@ -256,6 +256,37 @@ impl<T: Element> HostBuffer<T> {
         self.mark(start, end);
     }
 
+    /// Writes `values` at `[start, start + values.len())`.
+    pub fn write(&mut self, start: usize, values: &[T]) {
+        let end = start + values.len();
+        assert!(end <= self.len);
+        if start == end {
+            return;
+        }
+        // SAFETY: in bounds (checked above); `values` is a Rust slice, so it cannot overlap
+        // this buffer's memory while `&mut self` is held.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                values.as_ptr(),
+                (self.alloc.as_ptr() as *mut T).add(start),
+                values.len(),
+            )
+        }
+        self.mark(start, end);
+    }
+
+    /// Moves elements `[src, src + n)` to `[dst, dst + n)` (the ranges may overlap).
+    pub fn copy_within(&mut self, src: usize, dst: usize, n: usize) {
+        assert!(src.max(dst) + n <= self.len);
+        if n == 0 || src == dst {
+            return;
+        }
+        let base = self.alloc.as_ptr() as *mut T;
+        // SAFETY: both ranges are in bounds (checked above); `ptr::copy` allows overlap.
+        unsafe { std::ptr::copy(base.add(src), base.add(dst), n) }
+        self.mark(dst, dst + n);
+    }
+
     /// The element range written since the last call, if any (and forgets it).
     pub fn take_dirty(&mut self) -> Option<(usize, usize)> {
         let range = (self.dirty_lo, self.dirty_hi);
@@ -346,6 +377,10 @@ mod tests {
         assert_eq!(b.get(3), 2.0);
         assert_eq!(b.take_dirty(), Some((3, 8)));
         assert_eq!(b.take_dirty(), None);
+        b.write(2, &[4.0, 5.0]);
+        b.copy_within(2, 3, 2);
+        assert_eq!(b.to_vec(6), vec![1.5, 1.5, 4.0, 4.0, 5.0, 1.5]);
+        assert_eq!(b.take_dirty(), Some((2, 5)));
         let big = HostBuffer::<i64>::new(1025, 0);
         assert_eq!(big.nbytes(), 3 * PAGE_SIZE);
     }

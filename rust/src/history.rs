@@ -189,6 +189,12 @@ impl TokenHistory for HistoryId {
     }
 }
 
+/// Tokens a new history has room for before it first grows.
+const MIN_HISTORY: usize = 64;
+
+/// Most tokens of room a freed history keeps for reuse (32 KiB).
+pub const KEPT_HISTORY: usize = 4096;
+
 /// The output histories of a pipeline's requests, by id. Ids are recycled; a request keeps its
 /// id while it moves between slots, so moves never copy tokens.
 #[derive(Default)]
@@ -211,23 +217,36 @@ impl HistoryStore {
         &mut self.slots[id.index()]
     }
 
-    /// Stores a new request's history; returns its id (a freed one first).
-    pub fn install(&mut self, tokens: Vec<i64>) -> HistoryId {
+    /// Stores a new request's history; returns its id (a freed one first, whose memory is
+    /// reused: a step's new tokens then rarely grow a history).
+    pub fn install(&mut self, mut tokens: Vec<i64>) -> HistoryId {
         match self.free.pop() {
             Some(i) => {
-                self.slots[i as usize] = tokens;
+                let slot = &mut self.slots[i as usize];
+                if tokens.len() <= slot.capacity() {
+                    slot.extend_from_slice(&tokens);
+                } else {
+                    *slot = tokens;
+                }
                 HistoryId(i)
             }
             None => {
+                tokens.reserve(MIN_HISTORY);
                 self.slots.push(tokens);
                 HistoryId((self.slots.len() - 1) as u32)
             }
         }
     }
 
-    /// Frees a history no table refers to any more.
+    /// Frees a history no table refers to any more (its memory is kept for the next one,
+    /// up to [`KEPT_HISTORY`] tokens).
     pub fn release(&mut self, id: HistoryId) {
-        self.slots[id.index()] = Vec::new();
+        let slot = &mut self.slots[id.index()];
+        if slot.capacity() > KEPT_HISTORY {
+            *slot = Vec::with_capacity(MIN_HISTORY);
+        } else {
+            slot.clear();
+        }
         self.set_rewritten(id, usize::MAX);
         self.free.push(id.0);
     }

@@ -87,23 +87,50 @@ impl<T> SlotTable<T> {
         let mut tracked = Tracked {
             table: self,
             changed: false,
+            touched: None,
+        };
+        update.replay(&mut tracked, |state| state);
+        tracked.changed
+    }
+
+    /// As [`apply_validated`](Self::apply_validated), also appending to `touched` every slot an
+    /// operation reached (a slot may appear more than once): the only slots whose state may
+    /// differ afterwards.
+    pub fn apply_validated_touching(
+        &mut self,
+        update: BatchUpdate<Option<T>>,
+        touched: &mut Vec<usize>,
+    ) -> bool {
+        let mut tracked = Tracked {
+            table: self,
+            changed: false,
+            touched: Some(touched),
         };
         update.replay(&mut tracked, |state| state);
         tracked.changed
     }
 
     /// Drops every state for which `keep` returns false; returns whether any was dropped.
-    pub fn retain(&mut self, mut keep: impl FnMut(usize, &T) -> bool) -> bool {
-        let mut dropped = false;
+    pub fn retain(&mut self, keep: impl FnMut(usize, &T) -> bool) -> bool {
+        let before = self.active;
+        self.retain_into(keep, |_| {});
+        self.active != before
+    }
+
+    /// As [`retain`](Self::retain), calling `dropped` with each slot it empties.
+    pub fn retain_into(
+        &mut self,
+        mut keep: impl FnMut(usize, &T) -> bool,
+        mut dropped: impl FnMut(usize),
+    ) {
         for i in 0..self.slots.len() {
             if let Some(v) = &self.slots[i] {
                 if !keep(i, v) {
                     self.take(i);
-                    dropped = true;
+                    dropped(i);
                 }
             }
         }
-        dropped
     }
 }
 
@@ -111,24 +138,38 @@ impl<T> SlotTable<T> {
 struct Tracked<'a, T> {
     table: &'a mut SlotTable<T>,
     changed: bool,
+    touched: Option<&'a mut Vec<usize>>,
+}
+
+impl<T> Tracked<'_, T> {
+    #[inline]
+    fn touch(&mut self, index: usize) {
+        if let Some(t) = &mut self.touched {
+            t.push(index);
+        }
+    }
 }
 
 impl<T> SlotOps for Tracked<'_, T> {
     type Value = T;
 
     fn put(&mut self, index: usize, value: Option<T>) {
+        self.touch(index);
         let new = value.is_some();
         let old = self.table.set(index, value).is_some();
         self.changed |= old || new;
     }
 
     fn take(&mut self, index: usize) -> Option<T> {
+        self.touch(index);
         let v = self.table.take(index);
         self.changed |= v.is_some();
         v
     }
 
     fn swap(&mut self, a: usize, b: usize) {
+        self.touch(a);
+        self.touch(b);
         let slots = &mut self.table.slots;
         self.changed |= slots[a].is_some() || slots[b].is_some();
         slots.swap(a, b);

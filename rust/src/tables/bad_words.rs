@@ -270,8 +270,8 @@ impl<H: TokenHistory> BadWordsState<H> {
             }
             Self::match_words(&e.words, tail, out_len, row, banned);
         }
-        self.triples
-            .rebuild_if_changed(banned, Padding::RepeatFirst)
+        // Only the triples that differ are written (most rows' bans last many steps).
+        self.triples.assign(banned, Padding::RepeatFirst)
     }
 }
 

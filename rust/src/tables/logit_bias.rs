@@ -11,7 +11,7 @@ use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::limits::check_token;
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
 use crate::row_space::RowCopy;
-use crate::sparse::{resize_touches_active, Padding, SparseRows};
+use crate::sparse::{patch_rows, resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::Build;
 use std::any::Any;
@@ -33,6 +33,8 @@ pub struct LogitBiasState {
     vocab_size: usize,
     max_entries: usize,
     batch_size: usize,
+    /// Scratch: the slots the last update reached.
+    touched: Vec<usize>,
 }
 
 impl LogitBiasState {
@@ -48,6 +50,7 @@ impl LogitBiasState {
             vocab_size,
             max_entries,
             batch_size: 0,
+            touched: Vec::new(),
         })
     }
 
@@ -121,27 +124,27 @@ impl LogitBiasState {
     /// triples were rebuilt.
     pub fn commit(&mut self, update: BatchUpdate<Option<Vec<(i32, f32)>>>) -> bool {
         let new_bs = update.batch_size;
-        let changed = self.table.apply_validated(update);
-        let resized =
-            resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
+        self.touched.clear();
+        let changed = self
+            .table
+            .apply_validated_touching(update, &mut self.touched);
+        let old_bs = self.batch_size;
+        let resized = resize_touches_active(|i| self.table.get(i).is_some(), old_bs, new_bs);
         self.batch_size = new_bs;
         if changed || resized {
-            self.rebuild();
+            // Only the rows the update reached (or the resize hid or exposed) are rewritten.
+            let table = &self.table;
+            patch_rows(
+                &mut self.triples,
+                &self.touched,
+                old_bs,
+                new_bs,
+                |i| table.get(i).map(|e| e.iter().copied()),
+                Padding::FirstWithValue(-0.0),
+            );
             return true;
         }
         false
-    }
-
-    fn rebuild(&mut self) {
-        let bs = self.batch_size;
-        let table = &self.table;
-        self.triples.rebuild(
-            table
-                .iter()
-                .take_while(|(row, _)| *row < bs)
-                .flat_map(|(row, e)| e.iter().map(move |&(t, b)| (row, t, b))),
-            Padding::FirstWithValue(-0.0),
-        );
     }
 }
 

@@ -15,7 +15,7 @@ use crate::limits::check_token;
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
 use crate::row_space::RowCopy;
 use crate::sparse::{
-    draft_offsets, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
+    draft_offsets, patch_rows, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
 };
 use crate::table::SlotTable;
 use crate::tables::Build;
@@ -61,6 +61,8 @@ pub struct MinTokensState<H> {
     vocab_size: usize,
     max_stop_ids: usize,
     batch_size: usize,
+    /// Scratch: the slots the last update reached, or whose entry the length check dropped.
+    touched: Vec<usize>,
 }
 
 impl<H: TokenHistory> MinTokensState<H> {
@@ -76,6 +78,7 @@ impl<H: TokenHistory> MinTokensState<H> {
             vocab_size,
             max_stop_ids,
             batch_size: 0,
+            touched: Vec::new(),
         })
     }
 
@@ -149,15 +152,20 @@ impl<H: TokenHistory> MinTokensState<H> {
     /// Returns whether the triples were rebuilt.
     pub fn commit(&mut self, update: BatchUpdate<Option<Entry<H>>>, store: &H::Store) -> bool {
         let new_bs = update.batch_size;
-        let mut changed = self.table.apply_validated(update);
-        changed |= resize_touches_active(|i| self.table.get(i).is_some(), self.batch_size, new_bs);
+        self.touched.clear();
+        let mut changed = self
+            .table
+            .apply_validated_touching(update, &mut self.touched);
+        let old_bs = self.batch_size;
+        changed |= resize_touches_active(|i| self.table.get(i).is_some(), old_bs, new_bs);
         self.batch_size = new_bs;
-        self.step(changed, store)
+        self.step(changed, old_bs, store)
     }
 
     /// A step without a batch change: only the output lengths are re-checked.
     pub fn update_none(&mut self, store: &H::Store) -> bool {
-        self.step(false, store)
+        self.touched.clear();
+        self.step(false, self.batch_size, store)
     }
 
     /// Speculative decoding (vLLM `apply_with_spec_decode`): request `r` owns
@@ -202,17 +210,31 @@ impl<H: TokenHistory> MinTokensState<H> {
         Ok(total)
     }
 
-    fn step(&mut self, mut changed: bool, store: &H::Store) -> bool {
+    /// The per-step length check after an update (`changed`: it changed some state;
+    /// `self.touched`: the slots it reached; `old_bs`: the batch size before it).
+    fn step(&mut self, mut changed: bool, old_bs: usize, store: &H::Store) -> bool {
         if self.table.active() > 0 {
-            changed |= self.table.retain(|_, e| e.output.len(store) < e.min_tokens);
+            let touched = &mut self.touched;
+            let before = touched.len();
+            self.table.retain_into(
+                |_, e| e.output.len(store) < e.min_tokens,
+                |i| touched.push(i),
+            );
+            changed |= touched.len() > before;
         }
         if changed {
-            let bs = self.batch_size;
-            self.triples.rebuild(
-                self.table
-                    .iter()
-                    .take_while(|(row, _)| *row < bs)
-                    .flat_map(|(row, e)| e.stop.iter().map(move |&t| (row, t, f32::NEG_INFINITY))),
+            // Only the rows the update reached, or whose entry was dropped, are rewritten.
+            let table = &self.table;
+            patch_rows(
+                &mut self.triples,
+                &self.touched,
+                old_bs,
+                self.batch_size,
+                |i| {
+                    table
+                        .get(i)
+                        .map(|e| e.stop.iter().map(|&t| (t, f32::NEG_INFINITY)))
+                },
                 Padding::RepeatFirst,
             );
         }

@@ -16,9 +16,6 @@
 //! Penalty values are dense per slot (neutral 1/0/0 where untracked), so the device apply is a
 //! few fused passes over `[batch_size, V]`; rows with neutral values come out bit-identical.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
@@ -90,6 +87,8 @@ pub struct PenaltiesState<H> {
     batch_size: usize,
     origin: Vec<Origin>,
     is_touched: Vec<bool>,
+    /// Scratch: the slots the last update reached, once each.
+    touched: Vec<usize>,
     /// Some output list ended in an async placeholder (-1) at the last count: the engine may
     /// fill it in before the logits are processed, so the caller should count again then.
     placeholders: bool,
@@ -120,6 +119,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
             batch_size: 0,
             origin: (0..capacity).map(Origin::Row).collect(),
             is_touched: vec![false; capacity],
+            touched: Vec::new(),
             placeholders: false,
             scratch: Vec::new(),
         })
@@ -229,10 +229,11 @@ impl<H: TokenHistory> PenaltiesState<H> {
         }
         let mut prompt = Vec::new();
         if let Some(tokens) = p.prompt {
-            let mut seen = std::collections::HashSet::with_capacity(tokens.len());
+            // Distinct ids in first-occurrence order.
+            let mut seen = Counts::with_capacity(tokens.len());
             for t in tokens {
                 let t = check_token(index, "prompt_tok_ids", t, self.vocab_size)?;
-                if seen.insert(t) {
+                if seen.add(t) == 1 {
                     prompt.push(t);
                 }
             }
@@ -240,9 +241,9 @@ impl<H: TokenHistory> PenaltiesState<H> {
         Ok(Some(Entry {
             values,
             output: p.output,
-            counted: Vec::new(),
+            counted: Vec::with_capacity(64),
             prompt,
-            counts: Counts::default(),
+            counts: Counts::with_capacity(32),
         }))
     }
 
@@ -280,8 +281,9 @@ impl<H: TokenHistory> PenaltiesState<H> {
         let mut origins = Origins {
             origin: &mut self.origin,
             is_touched: &mut self.is_touched,
-            touched: Vec::new(),
+            touched: std::mem::take(&mut self.touched),
         };
+        origins.touched.clear();
         update.replay_ref(&mut origins, |e| {
             Some(if e.is_some() {
                 Origin::Fresh
@@ -318,6 +320,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
                     .extend(entry.prompt.iter().map(|&t| (i, t, PROMPT_FLAG)));
             }
         }
+        self.touched = touched;
         self.count_new_tokens(store);
     }
 
@@ -355,11 +358,13 @@ impl<H: TokenHistory> PenaltiesState<H> {
             {
                 keep -= 1;
             }
-            for t in e.counted.drain(keep..) {
-                if t >= 0 && (t as i64) < vocab {
-                    uncount(&mut e.counts, t);
-                    if ops {
-                        pending.push((row, t, -1));
+            if keep < e.counted.len() {
+                for t in e.counted.drain(keep..) {
+                    if t >= 0 && (t as i64) < vocab {
+                        e.counts.sub(t);
+                        if ops {
+                            pending.push((row, t, -1));
+                        }
                     }
                 }
             }
@@ -377,7 +382,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
                     let t = clamp_id(t);
                     e.counted.push(t);
                     if (t as i64) < vocab {
-                        *e.counts.entry(t).or_insert(0) += 1;
+                        e.counts.add(t);
                         if ops {
                             pending.push((row, t, 1));
                         }
@@ -426,11 +431,11 @@ impl<H: TokenHistory> PenaltiesState<H> {
                 let x = x - F::from(freq * count as f32);
                 x - F::from(pres * if count > 0 { 1.0 } else { 0.0 })
             };
-            for (&t, &c) in &e.counts {
+            for (t, c) in e.counts.iter() {
                 line[t as usize] = penalize(line[t as usize], c);
             }
             for &t in &e.prompt {
-                if !e.counts.contains_key(&t) {
+                if !e.counts.contains(t) {
                     line[t as usize] = penalize(line[t as usize], 0);
                 }
             }
@@ -534,42 +539,139 @@ pub trait Logit:
 impl Logit for f32 {}
 impl Logit for f64 {}
 
-/// Output count per token id, hashed with one multiply (token ids are small, well-spread
-/// integers; SipHash would cost more than the rest of a step's counting).
-type Counts = HashMap<i32, u32, BuildHasherDefault<IdHasher>>;
+/// Output count per token id: a flat open-addressing map (linear probing, at most half
+/// full, deletion by backward shift), token ids hashed with one multiply. One probe in the
+/// usual case and no allocation once grown; its memory is twice the distinct tokens counted.
+#[derive(Default, Clone, Debug)]
+struct Counts {
+    /// `(token, count)`; `EMPTY` keys are free. Empty, or a power-of-two length.
+    cells: Vec<(i32, u32)>,
+    len: usize,
+}
 
-#[derive(Default, Clone, Copy)]
-struct IdHasher(u64);
+const EMPTY: i32 = -1;
 
-impl Hasher for IdHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+impl Counts {
+    /// Room for `n` distinct tokens without growing.
+    fn with_capacity(n: usize) -> Self {
+        let mut c = Counts::default();
+        if n > 0 {
+            c.cells = vec![(EMPTY, 0); (2 * n).next_power_of_two().max(8)];
+        }
+        c
+    }
+
+    /// The cell a probe for `t` starts at: the multiply's high bits, scaled to the length.
+    #[inline]
+    fn home(&self, t: i32) -> usize {
+        let h = (t as u32).wrapping_mul(0x9E37_79B9);
+        ((u64::from(h) * self.cells.len() as u64) >> 32) as usize
+    }
+
+    /// The cell holding `t`, or the free cell where it would go.
+    #[inline]
+    fn find(&self, t: i32) -> usize {
+        let mask = self.cells.len() - 1;
+        let mut i = self.home(t);
+        loop {
+            let k = self.cells[i].0;
+            if k == t || k == EMPTY {
+                return i;
+            }
+            i = (i + 1) & mask;
         }
     }
 
-    fn write_i32(&mut self, i: i32) {
-        let h = u64::from(i as u32).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = h ^ (h >> 29);
+    fn get(&self, t: i32) -> u32 {
+        if self.cells.is_empty() {
+            return 0;
+        }
+        let c = self.cells[self.find(t)];
+        if c.0 == t {
+            c.1
+        } else {
+            0
+        }
     }
 
-    fn finish(&self) -> u64 {
-        self.0
+    fn contains(&self, t: i32) -> bool {
+        self.get(t) > 0
+    }
+
+    /// Adds one to `t`'s count (`t >= 0`); returns the new count.
+    #[inline]
+    fn add(&mut self, t: i32) -> u32 {
+        if 2 * (self.len + 1) > self.cells.len() {
+            self.grow();
+        }
+        let i = self.find(t);
+        let cell = &mut self.cells[i];
+        if cell.0 == EMPTY {
+            *cell = (t, 0);
+            self.len += 1;
+        }
+        cell.1 += 1;
+        cell.1
+    }
+
+    /// Takes one from `t`'s count, removing it at zero (nothing if `t` is not counted).
+    fn sub(&mut self, t: i32) {
+        if self.cells.is_empty() {
+            return;
+        }
+        let mask = self.cells.len() - 1;
+        let mut i = self.find(t);
+        if self.cells[i].0 != t {
+            return;
+        }
+        self.cells[i].1 -= 1;
+        if self.cells[i].1 > 0 {
+            return;
+        }
+        // Backward-shift deletion: later cells of the probe run move into the hole when
+        // their home does not lie strictly between the hole and them.
+        self.len -= 1;
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            let k = self.cells[j].0;
+            if k == EMPTY {
+                break;
+            }
+            let h = self.home(k);
+            let between = if i <= j {
+                i < h && h <= j
+            } else {
+                i < h || h <= j
+            };
+            if !between {
+                self.cells[i] = self.cells[j];
+                i = j;
+            }
+        }
+        self.cells[i] = (EMPTY, 0);
+    }
+
+    fn grow(&mut self) {
+        let old = std::mem::take(&mut self.cells);
+        self.cells = vec![(EMPTY, 0); (old.len() * 2).max(8)];
+        for (t, c) in old {
+            if t != EMPTY {
+                let i = self.find(t);
+                self.cells[i] = (t, c);
+            }
+        }
+    }
+
+    /// `(token, count)` of every counted token, in no particular order.
+    fn iter(&self) -> impl Iterator<Item = (i32, u32)> + '_ {
+        self.cells.iter().copied().filter(|c| c.0 != EMPTY)
     }
 }
 
 /// A token id as stored in `counted` (ids beyond int32 saturate; they are never counted).
 fn clamp_id(t: i64) -> i32 {
     t.clamp(-1, i32::MAX as i64) as i32
-}
-
-fn uncount(counts: &mut Counts, t: i32) {
-    if let Some(c) = counts.get_mut(&t) {
-        *c -= 1;
-        if *c == 0 {
-            counts.remove(&t);
-        }
-    }
 }
 
 impl Table for PenaltiesState<HistoryId> {
@@ -741,6 +843,37 @@ mod tests {
         s.update_none(&());
         assert_eq!(drain(&mut s), vec![(0, 3, -1), (0, 5, 1)]);
         assert_eq!(s.counted(0), Some(&[1, 2, 5][..]));
+    }
+
+    #[test]
+    fn counts_match_a_hash_map() {
+        let mut c = Counts::default();
+        let mut m = std::collections::HashMap::<i32, u32>::new();
+        let mut x: u64 = 3;
+        for _ in 0..200_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let t = ((x >> 33) % 300) as i32 * 7;
+            if (x >> 20) % 3 == 0 {
+                c.sub(t);
+                if let Some(v) = m.get_mut(&t) {
+                    *v -= 1;
+                    if *v == 0 {
+                        m.remove(&t);
+                    }
+                }
+            } else {
+                c.add(t);
+                *m.entry(t).or_insert(0) += 1;
+            }
+            assert_eq!(c.get(t), m.get(&t).copied().unwrap_or(0));
+        }
+        let mut all: Vec<_> = c.iter().collect();
+        all.sort_unstable();
+        let mut want: Vec<_> = m.into_iter().collect();
+        want.sort_unstable();
+        assert_eq!(all, want);
     }
 
     #[test]
