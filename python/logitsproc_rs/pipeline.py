@@ -261,20 +261,25 @@ class Pipeline(StableSlots):
     # --- device views ---------------------------------------------------------------------
 
     def section(self, name: str, occurrence: int = 0) -> torch.Tensor:
-        """The device (or zero-copy host) view of an arena section."""
-        return self.arena.views[self._by_name[name][occurrence]]
+        """The device (or zero-copy host) view of an arena section, by the name the core gives
+        it (``core.sections()``)."""
+        found = self._by_name.get(name)
+        if found is None or occurrence >= len(found):
+            raise KeyError(
+                f"no arena section {name!r} (#{occurrence}); have {sorted(self._by_name)}"
+            )
+        return self.arena.views[found[occurrence]]
 
     def triples(
         self, table: str, n: int, rowspace: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The first ``n`` (padded) triples of a sparse table, cached per length."""
-        prefix = f"rows.{table}" if rowspace else table
-        key = (prefix, n)
+        key = (table, rowspace, n)
         views = self._cache.get(key)
         if views is None:
-            views = self._cache[key] = tuple(
-                self.section(f"{prefix}.{k}")[:n] for k in ("rows", "cols", "vals")
-            )
+            prefix = "rows." + table if rowspace else table
+            rows, cols, vals = (self.section(prefix + part) for part in (".rows", ".cols", ".vals"))
+            views = self._cache[key] = (rows[:n], cols[:n], vals[:n])
         return views
 
     def dense(

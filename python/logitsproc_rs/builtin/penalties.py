@@ -52,6 +52,11 @@ def apply_penalties_(
     return logits
 
 
+# The core's sections this processor reads (rust/src/tables/penalties.rs names them).
+_PENALTIES = ("penalties.repetition", "penalties.frequency", "penalties.presence")
+_OPS = ("penalties.ops_rows", "penalties.ops_cols", "penalties.ops_vals")
+
+
 class PenaltyCounts:
     """The device count matrix ``cells[capacity + 1, V]`` (int32) of a device pipeline, kept
     in step with the core: the row copies and the first chunk of count additions go up with
@@ -79,9 +84,7 @@ class PenaltyCounts:
             src = pipe.section("penalties.copy_src")[:n]
             cells[dst] = cells[src]  # the right side is gathered (copied) first
         while m:
-            rows, cols, vals = (
-                pipe.section(f"penalties.ops_{k}")[:m] for k in ("rows", "cols", "vals")
-            )
+            rows, cols, vals = (pipe.section(name)[:m] for name in _OPS)
             cells.index_put_((rows, cols), vals, accumulate=True)
             m = pipe.core.next_penalty_chunk()
             if m:
@@ -146,14 +149,11 @@ class PenaltiesLogitsProcessor(PipelineView):
             return kernels.triton_ops().penalties_(
                 logits,
                 cells,
-                *(pipe.section(f"penalties.{k}") for k in ("repetition", "frequency", "presence")),
+                *(pipe.section(name) for name in _PENALTIES),
                 core.prompt_flag,
                 pipe.row_map(rows) if rowspace else None,
                 divide=logits.device.type == "cuda",
             )
         cells = cells.index_select(0, pipe.row_map(rows)) if rowspace else cells[:rows]
-        rep, freq, pres = (
-            pipe.dense(f"penalties.{k}", rows, rowspace)
-            for k in ("repetition", "frequency", "presence")
-        )
+        rep, freq, pres = (pipe.dense(name, rows, rowspace) for name in _PENALTIES)
         return apply_penalties_(logits, cells, rep, freq, pres, core.prompt_flag)
