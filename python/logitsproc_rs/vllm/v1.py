@@ -51,7 +51,7 @@ from ..errors import with_context
 from ..interface import BatchUpdate, process_dict_updates
 from ..pipeline import Pipeline
 from ..step_protocol import update_signature
-from ..views import PipelineView
+from ..views import PipelineView, Stage
 from . import _guard
 from ._fields import NAMESPACE, Routed, routed_params
 
@@ -414,17 +414,18 @@ def bridge(
     )
 
 
-# Every built-in, under its own class name (``logitsproc_rs.vllm.v1:MinPLogitsProcessor``), in
-# the built-ins' order.
+# Every built-in, under its own class name (``logitsproc_rs.vllm.v1:MinPLogitsProcessor``); ALL
+# holds vLLM's (not ours beyond vLLM's, which are opt-in), in the built-ins' order.
+_BRIDGED = {view: bridge(view, module=__name__) for view in builtin.BUILTINS}
+globals().update({cls.__name__: cls for cls in _BRIDGED.values()})
 ALL: tuple[type[VllmLogitsProcessor], ...] = tuple(
-    bridge(view, module=__name__) for view in builtin.BUILTINS
+    c for view, c in _BRIDGED.items() if view.STAGE is not Stage.OPT_IN
 )
-globals().update({cls.__name__: cls for cls in ALL})
 
 __all__ = [
     "ALL",
     "NAMESPACE",
     "bridge",
     "routed_params",
-    *(cls.__name__ for cls in ALL),
+    *(cls.__name__ for cls in _BRIDGED.values()),
 ]

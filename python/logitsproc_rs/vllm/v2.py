@@ -61,7 +61,7 @@ from ..columns import ColumnLogitsProcessor
 from ..params import config_spec_tokens
 from ..pipeline import Pipeline
 from ..registry import HISTORY_TABLES, TABLES
-from ..views import PipelineView
+from ..views import PipelineView, Stage
 from . import _guard
 from ._fields import NAMESPACE, Routed, routed_params
 
@@ -476,11 +476,12 @@ class _TemperedMinP(builtin.MinPLogitsProcessor):
 _BRIDGED = {view: bridge(view, module=__name__) for view in builtin.BUILTINS}
 globals().update({cls.__name__: cls for cls in _BRIDGED.values()})
 
-# vLLM 0.25.1's order with the sampler transforms, as MRV2 runs custom processors: the
-# argmax-changing ones in the built-ins' order, then the argmax-invariant ones (MinP), for
-# ``logits_processors`` (the thinking budget needs a reasoning config).
+# vLLM 0.25.1's processors and sampler transforms (not ours beyond vLLM's, which are opt-in), as
+# MRV2 runs custom processors: the argmax-changing ones in the built-ins' order, then the
+# argmax-invariant ones (MinP), for ``logits_processors`` (the thinking budget needs a
+# reasoning config).
 ALL: Sequence[type[_Bridge]] = sorted(
-    _BRIDGED.values(),
+    (c for view, c in _BRIDGED.items() if view.STAGE is not Stage.OPT_IN),
     key=lambda c: bool(c.INNER.ARGMAX_INVARIANT),  # a stable sort
 )
 

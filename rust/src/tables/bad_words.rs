@@ -12,14 +12,13 @@ use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::row_space::RowCopy;
+use crate::processor::{self, Admission, StepContext, Table};
 use crate::sparse::{
     draft_offsets, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
 };
 use crate::table::SlotTable;
+use crate::tables::triples::{TripleState, TripleTable};
 use crate::tables::Build;
-use std::any::Any;
 
 /// Per-request caps (engine-config names) and their defaults.
 pub const CAPS: &[(&str, usize)] = &[("max_bad_words", 128), ("max_bad_word_len", 64)];
@@ -282,132 +281,62 @@ impl<H> HasBuffers for BadWordsState<H> {
     }
 }
 
-/// BadWords in a pipeline: the state, its row-space copy (stable slots) and its draft-row masks.
-pub struct BadWordsTable {
-    pub state: BadWordsState<HistoryId>,
-    rows: Option<RowCopy>,
-    /// Draft-row masks (speculative decoding on the V1 path).
-    pub spec: Option<SparseRows<f32>>,
-}
+/// BadWords in a pipeline.
+pub type BadWordsTable = TripleTable<BadWordsState<HistoryId>>;
 
-impl BadWordsTable {
-    /// `state` with a row-space copy of `row_space` triples (stable slots) and room for `spec` draft-row triples.
-    pub fn try_new(
-        state: BadWordsState<HistoryId>,
-        row_space: Option<usize>,
-        spec: Option<usize>,
-    ) -> Result<Self> {
-        Ok(BadWordsTable {
-            state,
-            rows: row_space
-                .map(|n| {
-                    RowCopy::try_new(
-                        n,
-                        Padding::RepeatFirst,
-                        [
-                            "rows.bad_words.rows",
-                            "rows.bad_words.cols",
-                            "rows.bad_words.vals",
-                        ],
-                    )
-                })
-                .transpose()?,
-            spec: spec
-                .map(|n| SparseRows::try_new(n, "num_speculative_tokens"))
-                .transpose()?,
-        })
-    }
-}
-
-impl HasBuffers for BadWordsTable {
-    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        self.state.visit_buffers(f);
-    }
-}
-
-impl Table for BadWordsTable {
-    fn name(&self) -> &str {
-        "bad_words"
-    }
+impl TripleState for BadWordsState<HistoryId> {
+    const NAME: &'static str = "bad_words";
+    const ROW_BUFFERS: [&'static str; 3] = [
+        "rows.bad_words.rows",
+        "rows.bad_words.cols",
+        "rows.bad_words.vals",
+    ];
+    const DRAFT_BUFFERS: [&'static str; 3] = [
+        "spec.bad_words.rows",
+        "spec.bad_words.cols",
+        "spec.bad_words.vals",
+    ];
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let p = BadWordsParams {
             words: fields.take_id_lists(&FIELDS[0]),
             output: a.history,
         };
-        Ok(processor::entry(self.state.check(index, p)?))
+        Ok(processor::entry(BadWordsState::check(self, index, p)?))
     }
 
     fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
-        self.state.commit(processor::unbox(update), ctx.store);
+        BadWordsState::commit(self, processor::unbox(update), ctx.store);
     }
 
     fn step(&mut self, ctx: &StepContext<'_>) {
-        self.state.update_none(ctx.store);
+        self.update_none(ctx.store);
     }
 
-    fn active(&self) -> Option<usize> {
-        Some(self.state.active())
+    fn triples(&self) -> &SparseRows<f32> {
+        BadWordsState::triples(self)
+    }
+
+    fn active(&self) -> usize {
+        BadWordsState::active(self)
     }
 
     fn stepping(&self) -> bool {
-        self.state.active() > 0
-    }
-
-    fn saw_placeholders(&self) -> bool {
-        self.state.saw_placeholders()
-    }
-
-    fn restep(&mut self, ctx: &StepContext<'_>) {
-        if self.state.saw_placeholders() {
-            self.state.update_none(ctx.store);
-        }
+        BadWordsState::active(self) > 0
     }
 
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        self.state.readers().for_each(f);
+        BadWordsState::readers(self).for_each(f);
     }
 
-    fn status(&self, out: &mut StatusSink<'_>) {
-        out("bad_words", self.state.triples().padded_len());
-        out(
-            "rows.bad_words",
-            self.rows.as_ref().map_or(0, RowCopy::padded_len),
-        );
+    fn saw_placeholders(&self) -> bool {
+        BadWordsState::saw_placeholders(self)
     }
 
-    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
-        Some((self.state.triples(), false))
-    }
-
-    fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
-        if let Some(r) = &mut self.rows {
-            r.remap(self.state.triples(), capacity, row_to_slot);
+    fn restep(&mut self, ctx: &StepContext<'_>) {
+        if BadWordsState::saw_placeholders(self) {
+            self.update_none(ctx.store);
         }
-    }
-
-    fn visit_late_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        if let Some(r) = &mut self.rows {
-            r.visit(f);
-        }
-        if let Some(s) = &mut self.spec {
-            s.visit_as(
-                [
-                    "spec.bad_words.rows",
-                    "spec.bad_words.cols",
-                    "spec.bad_words.vals",
-                ],
-                f,
-            );
-        }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 

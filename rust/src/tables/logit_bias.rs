@@ -9,12 +9,11 @@ use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::row_space::RowCopy;
+use crate::processor::{self, Admission, StepContext, Table};
 use crate::sparse::{patch_rows, resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
+use crate::tables::triples::{TripleState, TripleTable};
 use crate::tables::Build;
-use std::any::Any;
 
 /// Per-request caps (engine-config names) and their defaults.
 pub const CAPS: &[(&str, usize)] = &[("max_logit_bias_entries", 1024)];
@@ -155,108 +154,45 @@ impl HasBuffers for LogitBiasState {
     }
 }
 
-/// LogitBias in a pipeline: the state and its row-space copy (stable slots).
-pub struct LogitBiasTable {
-    pub state: LogitBiasState,
-    rows: Option<RowCopy>,
-}
+/// LogitBias in a pipeline.
+pub type LogitBiasTable = TripleTable<LogitBiasState>;
 
-impl LogitBiasTable {
-    /// `row_space`: rows of the stable-slot front-end (`None`: no row-space copy).
-    pub fn try_new(
-        capacity: usize,
-        vocab_size: usize,
-        max_entries: usize,
-        row_space: Option<usize>,
-    ) -> Result<Self> {
-        Ok(LogitBiasTable {
-            state: LogitBiasState::try_new(capacity, vocab_size, max_entries)?,
-            rows: row_space
-                .map(|r| {
-                    RowCopy::try_new(
-                        r * max_entries,
-                        Padding::FirstWithValue(-0.0),
-                        [
-                            "rows.logit_bias.rows",
-                            "rows.logit_bias.cols",
-                            "rows.logit_bias.vals",
-                        ],
-                    )
-                })
-                .transpose()?,
-        })
-    }
-
-    pub fn row_copy(&self) -> Option<&RowCopy> {
-        self.rows.as_ref()
-    }
-}
-
-impl HasBuffers for LogitBiasTable {
-    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        self.state.visit_buffers(f);
-    }
-}
-
-impl Table for LogitBiasTable {
-    fn name(&self) -> &str {
-        "logit_bias"
-    }
+impl TripleState for LogitBiasState {
+    const NAME: &'static str = "logit_bias";
+    const ROW_BUFFERS: [&'static str; 3] = [
+        "rows.logit_bias.rows",
+        "rows.logit_bias.cols",
+        "rows.logit_bias.vals",
+    ];
+    const ADDS: bool = true;
+    const PADDING: Padding<f32> = Padding::FirstWithValue(-0.0);
 
     fn check(&self, index: usize, fields: &mut Fields, _: Admission) -> Result<processor::Entry> {
         let bias = fields.take_bias(&FIELDS[0]);
-        Ok(processor::entry(self.state.check(index, bias)?))
+        Ok(processor::entry(LogitBiasState::check(self, index, bias)?))
     }
 
     fn commit(&mut self, update: BatchUpdate<processor::Entry>, _: &StepContext<'_>) {
-        self.state.commit(processor::unbox(update));
+        LogitBiasState::commit(self, processor::unbox(update));
     }
 
-    fn active(&self) -> Option<usize> {
-        Some(self.state.active())
+    fn triples(&self) -> &SparseRows<f32> {
+        LogitBiasState::triples(self)
     }
 
-    fn status(&self, out: &mut StatusSink<'_>) {
-        out("logit_bias", self.state.triples().padded_len());
-        out(
-            "rows.logit_bias",
-            self.rows.as_ref().map_or(0, RowCopy::padded_len),
-        );
-    }
-
-    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
-        Some((self.state.triples(), true))
-    }
-
-    fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
-        if let Some(r) = &mut self.rows {
-            r.remap(self.state.triples(), capacity, row_to_slot);
-        }
-    }
-
-    fn visit_late_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        if let Some(r) = &mut self.rows {
-            r.visit(f);
-        }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
+    fn active(&self) -> usize {
+        LogitBiasState::active(self)
     }
 }
 
 /// Builds the table for a pipeline (the registry's entry).
 pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
     let n = b.cap("max_logit_bias_entries")?;
+    let state = LogitBiasState::try_new(b.capacity, b.vocab_size, n)?;
     Ok(Box::new(LogitBiasTable::try_new(
-        b.capacity,
-        b.vocab_size,
-        n,
-        b.rows,
+        state,
+        b.row_space(n),
+        None,
     )?))
 }
 

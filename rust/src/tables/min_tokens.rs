@@ -12,14 +12,13 @@ use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::row_space::RowCopy;
+use crate::processor::{self, Admission, StepContext, Table};
 use crate::sparse::{
     draft_offsets, patch_rows, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
 };
 use crate::table::SlotTable;
+use crate::tables::triples::{TripleState, TripleTable};
 use crate::tables::Build;
-use std::any::Any;
 
 /// Per-request caps (engine-config names) and their defaults.
 pub const CAPS: &[(&str, usize)] = &[("max_stop_token_ids", 128)];
@@ -249,53 +248,21 @@ impl<H> HasBuffers for MinTokensState<H> {
     }
 }
 
-/// MinTokens in a pipeline: the state, its row-space copy (stable slots) and its draft-row masks.
-pub struct MinTokensTable {
-    pub state: MinTokensState<HistoryId>,
-    rows: Option<RowCopy>,
-    /// Draft-row masks (speculative decoding on the V1 path).
-    pub spec: Option<SparseRows<f32>>,
-}
+/// MinTokens in a pipeline.
+pub type MinTokensTable = TripleTable<MinTokensState<HistoryId>>;
 
-impl MinTokensTable {
-    /// `state` with a row-space copy of `row_space` triples (stable slots) and room for `spec` draft-row triples.
-    pub fn try_new(
-        state: MinTokensState<HistoryId>,
-        row_space: Option<usize>,
-        spec: Option<usize>,
-    ) -> Result<Self> {
-        Ok(MinTokensTable {
-            state,
-            rows: row_space
-                .map(|n| {
-                    RowCopy::try_new(
-                        n,
-                        Padding::RepeatFirst,
-                        [
-                            "rows.min_tokens.rows",
-                            "rows.min_tokens.cols",
-                            "rows.min_tokens.vals",
-                        ],
-                    )
-                })
-                .transpose()?,
-            spec: spec
-                .map(|n| SparseRows::try_new(n, "num_speculative_tokens"))
-                .transpose()?,
-        })
-    }
-}
-
-impl HasBuffers for MinTokensTable {
-    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        self.state.visit_buffers(f);
-    }
-}
-
-impl Table for MinTokensTable {
-    fn name(&self) -> &str {
-        "min_tokens"
-    }
+impl TripleState for MinTokensState<HistoryId> {
+    const NAME: &'static str = "min_tokens";
+    const ROW_BUFFERS: [&'static str; 3] = [
+        "rows.min_tokens.rows",
+        "rows.min_tokens.cols",
+        "rows.min_tokens.vals",
+    ];
+    const DRAFT_BUFFERS: [&'static str; 3] = [
+        "spec.min_tokens.rows",
+        "spec.min_tokens.cols",
+        "spec.min_tokens.vals",
+    ];
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let p = MinTokensParams {
@@ -304,69 +271,31 @@ impl Table for MinTokensTable {
             output: a.history,
             output_len: a.output_len,
         };
-        Ok(processor::entry(self.state.check(index, p)?))
+        Ok(processor::entry(MinTokensState::check(self, index, p)?))
     }
 
     fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
-        self.state.commit(processor::unbox(update), ctx.store);
+        MinTokensState::commit(self, processor::unbox(update), ctx.store);
     }
 
     fn step(&mut self, ctx: &StepContext<'_>) {
-        self.state.update_none(ctx.store);
+        self.update_none(ctx.store);
     }
 
-    fn active(&self) -> Option<usize> {
-        Some(self.state.active())
+    fn triples(&self) -> &SparseRows<f32> {
+        MinTokensState::triples(self)
+    }
+
+    fn active(&self) -> usize {
+        MinTokensState::active(self)
     }
 
     fn stepping(&self) -> bool {
-        self.state.active() > 0
+        MinTokensState::active(self) > 0
     }
 
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        self.state.readers().for_each(f);
-    }
-
-    fn status(&self, out: &mut StatusSink<'_>) {
-        out("min_tokens", self.state.triples().padded_len());
-        out(
-            "rows.min_tokens",
-            self.rows.as_ref().map_or(0, RowCopy::padded_len),
-        );
-    }
-
-    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
-        Some((self.state.triples(), false))
-    }
-
-    fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
-        if let Some(r) = &mut self.rows {
-            r.remap(self.state.triples(), capacity, row_to_slot);
-        }
-    }
-
-    fn visit_late_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        if let Some(r) = &mut self.rows {
-            r.visit(f);
-        }
-        if let Some(s) = &mut self.spec {
-            s.visit_as(
-                [
-                    "spec.min_tokens.rows",
-                    "spec.min_tokens.cols",
-                    "spec.min_tokens.vals",
-                ],
-                f,
-            );
-        }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
+        MinTokensState::readers(self).for_each(f);
     }
 }
 

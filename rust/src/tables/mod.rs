@@ -14,6 +14,7 @@ pub mod min_tokens;
 pub mod no_repeat_ngram;
 pub mod penalties;
 pub mod thinking;
+pub mod triples;
 
 use crate::error::{Error, Result};
 use crate::fields::FieldSpec;

@@ -17,12 +17,11 @@ use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::{HistoryId, TokenHistory};
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::row_space::RowCopy;
+use crate::processor::{self, Admission, StepContext, Table};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
+use crate::tables::triples::{TripleState, TripleTable};
 use crate::tables::Build;
-use std::any::Any;
 
 /// Per-request caps (engine-config names) and their defaults.
 pub const CAPS: &[(&str, usize)] = &[
@@ -310,54 +309,50 @@ impl<H> HasBuffers for NoRepeatNGramState<H> {
     }
 }
 
-/// No-repeat-ngram in a pipeline: the state and its row-space copy (stable slots).
-pub struct NoRepeatNGramTable {
-    pub state: NoRepeatNGramState<HistoryId>,
-    rows: Option<RowCopy>,
-}
+/// No-repeat-ngram in a pipeline.
+pub type NoRepeatNGramTable = TripleTable<NoRepeatNGramState<HistoryId>>;
 
-impl HasBuffers for NoRepeatNGramTable {
-    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        self.state.visit_buffers(f);
-    }
-}
-
-impl Table for NoRepeatNGramTable {
-    fn name(&self) -> &str {
-        "no_repeat_ngram"
-    }
+impl TripleState for NoRepeatNGramState<HistoryId> {
+    const NAME: &'static str = "no_repeat_ngram";
+    const ROW_BUFFERS: [&'static str; 3] = [
+        "rows.no_repeat_ngram.rows",
+        "rows.no_repeat_ngram.cols",
+        "rows.no_repeat_ngram.vals",
+    ];
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let n = fields.int(&FIELDS[0]);
-        let entry = self
-            .state
-            .check(index, n, fields.prompt.as_deref(), a.history)?;
+        let entry = NoRepeatNGramState::check(self, index, n, fields.prompt.as_deref(), a.history)?;
         Ok(processor::entry(entry))
     }
 
     fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
-        self.state.commit(processor::unbox(update), ctx.store);
+        NoRepeatNGramState::commit(self, processor::unbox(update), ctx.store);
     }
 
     fn step(&mut self, ctx: &StepContext<'_>) {
-        self.state.update_none(ctx.store);
+        self.update_none(ctx.store);
     }
 
-    fn active(&self) -> Option<usize> {
-        Some(self.state.active())
+    fn triples(&self) -> &SparseRows<f32> {
+        NoRepeatNGramState::triples(self)
+    }
+
+    fn active(&self) -> usize {
+        NoRepeatNGramState::active(self)
     }
 
     fn stepping(&self) -> bool {
-        self.state.active() > 0
+        NoRepeatNGramState::active(self) > 0
     }
 
     fn saw_placeholders(&self) -> bool {
-        self.state.saw_placeholders()
+        NoRepeatNGramState::saw_placeholders(self)
     }
 
     fn restep(&mut self, ctx: &StepContext<'_>) {
-        if self.state.saw_placeholders() {
-            self.state.update_none(ctx.store);
+        if NoRepeatNGramState::saw_placeholders(self) {
+            self.update_none(ctx.store);
         }
     }
 
@@ -366,39 +361,7 @@ impl Table for NoRepeatNGramTable {
     }
 
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        self.state.readers().for_each(f);
-    }
-
-    fn status(&self, out: &mut StatusSink<'_>) {
-        out("no_repeat_ngram", self.state.triples().padded_len());
-        out(
-            "rows.no_repeat_ngram",
-            self.rows.as_ref().map_or(0, RowCopy::padded_len),
-        );
-    }
-
-    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
-        Some((self.state.triples(), false))
-    }
-
-    fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
-        if let Some(r) = &mut self.rows {
-            r.remap(self.state.triples(), capacity, row_to_slot);
-        }
-    }
-
-    fn visit_late_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        if let Some(r) = &mut self.rows {
-            r.visit(f);
-        }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
+        NoRepeatNGramState::readers(self).for_each(f);
     }
 }
 
@@ -408,21 +371,11 @@ pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
     let window = b.cap("max_no_repeat_ngram_window")?;
     let per_row = window.min(b.vocab_size).max(1);
     let state = NoRepeatNGramState::try_new(b.capacity, b.vocab_size, max_n, window)?;
-    let rows = b
-        .row_space(per_row)
-        .map(|n| {
-            RowCopy::try_new(
-                n,
-                Padding::RepeatFirst,
-                [
-                    "rows.no_repeat_ngram.rows",
-                    "rows.no_repeat_ngram.cols",
-                    "rows.no_repeat_ngram.vals",
-                ],
-            )
-        })
-        .transpose()?;
-    Ok(Box::new(NoRepeatNGramTable { state, rows }))
+    Ok(Box::new(NoRepeatNGramTable::try_new(
+        state,
+        b.row_space(per_row),
+        None,
+    )?))
 }
 
 /// Hashes of token ids are already well mixed (`DefaultHasher` above); the map's own hasher

@@ -34,12 +34,11 @@ use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_config_token;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use crate::row_space::RowCopy;
+use crate::processor::{self, Admission, StepContext, Table};
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
+use crate::tables::triples::{TripleState, TripleTable};
 use crate::tables::Build;
-use std::any::Any;
 
 /// The model's reasoning delimiters (vLLM `ReasoningConfig.reasoning_{start,end}_token_ids`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -583,44 +582,16 @@ impl<H: TokenHistory> ThinkingState<H> {
     }
 }
 
-/// Thinking in a pipeline: the state, its row-space copy (stable slots).
-pub struct ThinkingTable {
-    pub state: ThinkingState<HistoryId>,
-    rows: Option<RowCopy>,
-}
+/// Thinking in a pipeline.
+pub type ThinkingTable = TripleTable<ThinkingState<HistoryId>>;
 
-impl ThinkingTable {
-    /// `state` with a row-space copy of `row_space` triples (stable slots).
-    pub fn try_new(state: ThinkingState<HistoryId>, row_space: Option<usize>) -> Result<Self> {
-        Ok(ThinkingTable {
-            state,
-            rows: row_space
-                .map(|n| {
-                    RowCopy::try_new(
-                        n,
-                        Padding::RepeatFirst,
-                        [
-                            "rows.thinking.rows",
-                            "rows.thinking.cols",
-                            "rows.thinking.vals",
-                        ],
-                    )
-                })
-                .transpose()?,
-        })
-    }
-}
-
-impl HasBuffers for ThinkingTable {
-    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        self.state.visit_buffers(f);
-    }
-}
-
-impl Table for ThinkingTable {
-    fn name(&self) -> &str {
-        "thinking"
-    }
+impl TripleState for ThinkingState<HistoryId> {
+    const NAME: &'static str = "thinking";
+    const ROW_BUFFERS: [&'static str; 3] = [
+        "rows.thinking.rows",
+        "rows.thinking.cols",
+        "rows.thinking.vals",
+    ];
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let p = ThinkingParams {
@@ -628,77 +599,49 @@ impl Table for ThinkingTable {
             prompt: fields.prompt.clone(),
             output: a.history,
         };
-        Ok(processor::entry(self.state.check(index, p)?))
+        Ok(processor::entry(ThinkingState::check(self, index, p)?))
     }
 
     fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
-        self.state.commit(processor::unbox(update));
-        self.state.step(ctx.batch_size, ctx.store);
-        self.state.sync_triples();
+        ThinkingState::commit(self, processor::unbox(update));
+        ThinkingState::step(self, ctx.batch_size, ctx.store);
+        self.sync_triples();
     }
 
     fn step(&mut self, ctx: &StepContext<'_>) {
-        self.state.step(ctx.batch_size, ctx.store);
-        self.state.sync_triples();
+        ThinkingState::step(self, ctx.batch_size, ctx.store);
+        self.sync_triples();
     }
 
-    fn active(&self) -> Option<usize> {
-        Some(self.state.active())
+    fn triples(&self) -> &SparseRows<f32> {
+        ThinkingState::triples(self)
+    }
+
+    fn active(&self) -> usize {
+        ThinkingState::active(self)
     }
 
     fn stepping(&self) -> bool {
-        self.state.active() > 0
+        ThinkingState::active(self) > 0
+    }
+
+    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
+        ThinkingState::readers(self).for_each(f);
+    }
+
+    fn saw_placeholders(&self) -> bool {
+        ThinkingState::saw_placeholders(self)
+    }
+
+    fn restep(&mut self, ctx: &StepContext<'_>) {
+        if ThinkingState::saw_placeholders(self) {
+            ThinkingState::restep(self, ctx.batch_size, ctx.store);
+            self.sync_triples();
+        }
     }
 
     fn wants_prompt(&self, fields: &Fields) -> bool {
         fields.is_set(&FIELDS[0])
-    }
-
-    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        self.state.readers().for_each(f);
-    }
-
-    fn status(&self, out: &mut StatusSink<'_>) {
-        out("thinking", self.state.triples().padded_len());
-        out(
-            "rows.thinking",
-            self.rows.as_ref().map_or(0, RowCopy::padded_len),
-        );
-    }
-
-    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
-        Some((self.state.triples(), false))
-    }
-
-    fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
-        if let Some(r) = &mut self.rows {
-            r.remap(self.state.triples(), capacity, row_to_slot);
-        }
-    }
-
-    fn visit_late_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        if let Some(r) = &mut self.rows {
-            r.visit(f);
-        }
-    }
-
-    fn saw_placeholders(&self) -> bool {
-        self.state.saw_placeholders()
-    }
-
-    fn restep(&mut self, ctx: &StepContext<'_>) {
-        if self.state.saw_placeholders() {
-            self.state.restep(ctx.batch_size, ctx.store);
-            self.state.sync_triples();
-        }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 
@@ -711,7 +654,11 @@ pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
         });
     };
     let state = ThinkingState::new(b.capacity, b.vocab_size, t)?;
-    Ok(Box::new(ThinkingTable::try_new(state, b.row_space(1))?))
+    Ok(Box::new(ThinkingTable::try_new(
+        state,
+        b.row_space(1),
+        None,
+    )?))
 }
 
 #[cfg(test)]
