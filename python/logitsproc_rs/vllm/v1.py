@@ -36,12 +36,9 @@ Importing this module imports vLLM.
 
 from __future__ import annotations
 
-import copyreg
-import sys
 import weakref
-from abc import ABCMeta
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from vllm.v1.sample.logits_processor import LogitsProcessor as VllmLogitsProcessor
@@ -53,30 +50,26 @@ from ..pipeline import Pipeline
 from ..step_protocol import update_signature
 from ..views import PipelineView, Stage
 from . import _guard
-from ._fields import NAMESPACE, Routed, routed_params
-
-# Groups still being built, by (config, device, namespace): vLLM builds each class on its own,
-# so this is where the members of one build_logitsprocs find each other. A group leaves it at
-# its first step (and holds its config meanwhile, so the id is not reused).
-_OPEN: dict[tuple[int, str, str | None], _Group] = {}
+from ._fields import NAMESPACE, routed_params
+from ._group import Bridge, BridgeType, Group, make_bridge
 
 
-class _Group:
+class _Group(Group):
     """The bridges built with one config on one device (and one namespace): one pipeline.
 
     Besides the pipeline it follows, by batch index, the rows of failed-closed requests
     (``_guard``) and of structured-output requests under our min_tokens (whose stop tokens
     come back when masking them would leave the grammar nothing, as vLLM >= 0.32 does)."""
 
+    # By (config, device, namespace): vLLM builds each class on its own, so this is where the
+    # members of one build_logitsprocs find each other. A group leaves it at its first step
+    # (and holds its config meanwhile, so the id is not reused).
+    FORMING: ClassVar[dict[tuple[int, str, str | None], _Group]] = {}
+
     def __init__(self, key: tuple[int, str, str | None], config: Any, device: Any, pin: bool):
-        self.key = key
+        super().__init__(key, config)
         self.config, self.device, self.pin = config, device, pin  # holds the config: id stays
-        self.members: list[_Bridge] = []
-        self.pipeline: Pipeline | None = None
         self.started = False
-        self.routes = False
-        self.eos = _guard.model_eos(config)
-        self.forced = _guard.ForcedRows()
         # row -> (min_tokens, output list, stop ids) of structured-output rows under min_tokens
         self.structured: dict[int, tuple[int, Any, list[int]]] = {}
         # Idle: no table or column has work and no row is forced. Then a step without a
@@ -87,42 +80,23 @@ class _Group:
         self.shape: tuple[int, int] = (0, 0)
 
     @classmethod
-    def join(cls, member: _Bridge, config: Any, device: Any, pin: bool) -> _Group:
+    def of(cls, member: _Bridge, config: Any, device: Any, pin: bool) -> _Group:
+        """The group ``member`` joins: a class listed twice, or a build after the group has
+        stepped, starts a new group."""
         device = torch.device(device)
         key = (id(config), str(device), type(member).NAMESPACE)
-        group = _OPEN.get(key)
-        if group is None or group.started or any(type(m) is type(member) for m in group.members):
-            group = _OPEN[key] = _Group(key, config, device, pin)
-        group.members.append(member)
-        group.pipeline = None  # (re)built at first use, with every member built by then
-        return group
+        return cls.joined(key, member, lambda: cls(key, config, device, pin))
 
-    def ensure(self) -> None:
-        """Build the pipeline once all members exist: vLLM builds every class, then asks
-        them anything (is_argmax_invariant, update_state), so there is one build, not one per
-        member (a penalties matrix on a GPU is hundreds of MB)."""
-        if self.pipeline is None:
-            self._build()
+    def accepts(self, member: Bridge) -> bool:
+        return not self.started and not any(type(m) is type(member) for m in self.members)
 
-    def _build(self) -> None:
-        views = [type(m).VIEW for m in self.members]
-        self.pipeline = Pipeline(
-            self.config,
-            self.device,
-            self.pin,
-            tables={t for v in views for t in v.TABLES},
-            columns=[c for v in views for c in v.COLUMNS],
-        )
-        for m in self.members:
-            m._built_view = type(m).VIEW(self.config, self.device, self.pin, pipeline=self.pipeline)
-        namespace = type(self.members[0]).NAMESPACE
-        self.routes = bool(namespace and self.pipeline.tables)
+    def _build(self) -> Pipeline:
+        return self.build_pipeline(self.config, self.device, self.pin)
 
     def start(self) -> None:
         if not self.started:
             self.started = True  # members built from now on start a new group
-            if _OPEN.get(self.key) is self:
-                del _OPEN[self.key]
+            self.close()
 
     # --- update_state -----------------------------------------------------------------------
 
@@ -133,10 +107,9 @@ class _Group:
         (only what the front end could not check gets here) is failed closed and the step is
         run again without it. The others join with the same converted update."""
         self.start()
-        self.ensure()
-        pipe = self.pipeline
-        assert pipe is not None
-        view = member._built_view
+        pipe = self.ensure()
+        view = member._view
+        assert view is not None
         first = pipe.starts_step(view)
         refused: dict[int, Exception] = {}
         if not first:
@@ -187,16 +160,9 @@ class _Group:
         are routed, and a refused request is neutral."""
         if update is None or not (self.routes or refused):
             return update
-        namespace = type(self.members[0]).NAMESPACE
         added = []
         for i, sp, prompt, out in update.added:
-            if i in refused:
-                params: Any = _guard.Refused(sp)
-            elif self.routes:
-                assert namespace is not None
-                params = Routed(sp, routed_params(i, sp, namespace))
-            else:
-                params = sp
+            params = _guard.Refused(sp) if i in refused else self.route(i, sp)
             added.append((i, params, prompt, out))
         return BatchUpdate(
             batch_size=update.batch_size, removed=update.removed, added=added, moved=update.moved
@@ -205,7 +171,6 @@ class _Group:
     def follow(self, update: Any, converted_update: Any, refused: dict[int, Exception]) -> None:
         """The forced and structured rows through this step's update (vLLM's dict rules)."""
         assert self.pipeline is not None
-        vocab = self.pipeline.vocab_size
         converted = {i: p for i, p, _, _ in converted_update.added}
 
         def forced(params: Any, _prompt: Any, _out: Any) -> Any:
@@ -218,8 +183,7 @@ class _Group:
         for i, sp, prompt, out in update.added:
             tokens = None
             if i in refused:
-                tokens = _guard.forced_tokens(sp, vocab, self.eos)
-                _guard.log_refused(f"request at index {i}", refused[i], tokens)
+                tokens = self.fail_closed(f"request at index {i}", sp, refused[i])
             forced_added.append((i, tokens, prompt, out))
             ours = converted.get(i, sp)
             entry = None
@@ -248,7 +212,7 @@ class _Group:
 
     def apply(self, member: _Bridge, logits: torch.Tensor) -> torch.Tensor:
         self.start()
-        view = member._view
+        view = member.view
         if self.structured and "min_tokens" in view.TABLES:
             return self._apply_keeping_grammar(view, logits)
         logits = view.apply(logits)
@@ -277,72 +241,25 @@ class _Group:
             logits = self.forced.apply_(logits)
         return logits
 
-    def owner(self, error: ValueError) -> str | None:
-        """The member whose table or column an error names (its ``processor`` or ``column``)."""
-        processor = getattr(error, "processor", None)
-        column = getattr(error, "column", None)
-        for member in self.members:
-            view = type(member).VIEW
-            if column is not None and any(c.name == column for c in view.COLUMNS):
-                return type(member).__name__
-            if processor is not None and processor in view.TABLES:
-                return type(member).__name__
-        return None
-
 
 def _nothing() -> None:
     return None
 
 
-class _BridgeType(ABCMeta):
-    """The metaclass of bridged classes: pickled by reference when importable by name, else
-    as a call to ``bridge`` (``LLM(logits_processors=[bridge(MyColumns)])`` sends the class
-    to the engine's processes)."""
+class _Bridge(Bridge, VllmLogitsProcessor, metaclass=BridgeType):
+    """A view of ours on the group's pipeline, speaking vLLM V1's interface."""
 
-
-def _reduce_bridge(cls: type) -> Any:
-    module = sys.modules.get(cls.__module__)
-    if module is not None and getattr(module, cls.__qualname__, None) is cls:
-        return cls.__qualname__  # importable: by reference, as any class
-    return (bridge, (cls.VIEW, cls.NAMESPACE, cls.__name__, cls.__module__))  # type: ignore[attr-defined]
-
-
-copyreg.pickle(_BridgeType, _reduce_bridge)
-
-
-class _Bridge(VllmLogitsProcessor, metaclass=_BridgeType):
-    """A view of ours on the group's pipeline, speaking vLLM's interface."""
-
-    VIEW: type[PipelineView]
-    NAMESPACE: str | None = NAMESPACE
+    BRIDGE = __name__
     # Our loader hands vLLM-derived processors vLLM's types; this one reads either.
     ACCEPTS_ANY_BATCH_UPDATE = True
 
-    @classmethod
-    def validate_params(cls, sampling_params: Any) -> None:
-        """vLLM's front-end check: the namespace's fields and their caps, then the
-        processor's own. Token ids against the vocabulary are checked in the worker (vLLM
-        gives this check no vocabulary), which fails such a request closed."""
-        if cls.NAMESPACE and cls.VIEW.TABLES:
-            ours = routed_params(None, sampling_params, cls.NAMESPACE)
-            _guard.check_caps("request", ours, sampling_params, cls.VIEW.TABLES)
-        cls.VIEW.validate_params(sampling_params)
+    _group: _Group
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        self._built_view: PipelineView
-        self._group = _Group.join(self, vllm_config, device, is_pin_memory)
-
-    @property
-    def _view(self) -> PipelineView:
-        self._group.ensure()
-        return self._built_view
-
-    @property
-    def pipeline(self) -> Pipeline:
-        return self._view.pipeline
+        self._group = _Group.of(self, vllm_config, device, is_pin_memory)
 
     def is_argmax_invariant(self) -> bool:
-        return self._view.is_argmax_invariant()
+        return self.view.is_argmax_invariant()
 
     def update_state(self, batch_update: Any) -> None:
         group = self._group
@@ -361,7 +278,8 @@ class _Bridge(VllmLogitsProcessor, metaclass=_BridgeType):
             if logits.shape == group.shape:
                 group.checked = weakref.ref(logits)
                 return logits
-            pipe = self._built_view.pipeline
+            pipe = group.pipeline
+            assert pipe is not None
             try:
                 logits = pipe.check_logits(self, logits, False)
             except ValueError as e:
@@ -396,21 +314,13 @@ def bridge(
     ``namespace``: where built-in tables read their fields (see the module docstring); ``None``
     reads the request's ordinary fields. Column readers always get the request itself.
     ``name`` and ``module``: the class's own (default: ``cls``'s)."""
-    if not (isinstance(cls, type) and issubclass(cls, PipelineView)):
-        raise ValueError(
-            f"bridge: {cls!r} is not a ColumnLogitsProcessor subclass or a built-in processor"
-        )
-    name = name or cls.__name__
-    return _BridgeType(
+    return make_bridge(
+        _Bridge,
+        cls,
         name,
-        (_Bridge,),
-        {
-            "VIEW": cls,
-            "NAMESPACE": namespace,
-            "__module__": module or cls.__module__,
-            "__qualname__": name,
-            "__doc__": f"{cls.__name__} as a vLLM V1 logits processor (logitsproc_rs).",
-        },
+        module,
+        namespace,
+        lambda view: f"{view.__name__} as a vLLM V1 logits processor (logitsproc_rs).",
     )
 
 

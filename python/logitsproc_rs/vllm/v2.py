@@ -48,7 +48,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -63,12 +63,8 @@ from ..pipeline import Pipeline
 from ..registry import HISTORY_TABLES, TABLES
 from ..views import PipelineView, Stage
 from . import _guard
-from ._fields import NAMESPACE, Routed, routed_params
-
-# The group that processors being built for a runner join, keyed (weakly) by the runner's
-# token buffer (``req_states.all_token_ids``); a group leaves it when it builds its pipeline
-# and then lives as long as its members.
-_GROUPS: weakref.WeakKeyDictionary[Any, _Group] = weakref.WeakKeyDictionary()
+from ._fields import NAMESPACE
+from ._group import Bridge, BridgeType, Group, make_bridge
 
 
 class _SlotConfig:
@@ -84,15 +80,18 @@ class _SlotConfig:
         return getattr(self._config, name)
 
 
-class _Group:
+class _Group(Group):
     """The processors of one runner and their shared pipeline (built at first use)."""
 
+    # The group that processors being built for a runner join, keyed (weakly) by the runner's
+    # token buffer (``req_states.all_token_ids``); a group leaves it when it builds its
+    # pipeline and then lives as long as its members.
+    FORMING: ClassVar[weakref.WeakKeyDictionary[Any, _Group]] = weakref.WeakKeyDictionary()
+
     def __init__(self, vllm_config: Any, req_states: Any) -> None:
+        super().__init__(req_states.all_token_ids, vllm_config)
         self.config = vllm_config
         self.req_states = req_states
-        self.members: list[_Bridge] = []
-        self.namespace: str | None = None
-        self.pipeline: Pipeline | None = None
         self.reads_history = False
         # Requests added since the last apply_staged_writes: slot -> (the engine's params, what
         # our tables read, joined members).
@@ -106,8 +105,6 @@ class _Group:
         self.last_slots: list[int] = []  # the last batch: who may have committed tokens
         self.snapshot: Any = None  # what prefetch read: (row of each slot, starts, host, event)
         self.ctx: Any = None
-        self.eos = _guard.model_eos(vllm_config)
-        self.forced = _guard.ForcedRows()  # failed-closed requests, by slot
         # Each slot's temperature: MRV2 applies it after the custom processors, so MinP
         # reads it to select what vLLM's own min_p selects (after temperature).
         self.temperature = np.ones(int(req_states.max_num_reqs), dtype=np.float32)
@@ -121,54 +118,28 @@ class _Group:
         )
         self.row_slots: Any = None  # this step's slot of each logits row, on the host
 
-    def build(self) -> Pipeline:
-        if self.pipeline is not None:
-            return self.pipeline
+    def _build(self) -> Pipeline:
         rs = self.req_states
         device = torch.device(rs.device)
-        tables = {t for m in self.members for t in m.INNER.TABLES}
-        columns = [c for m in self.members for c in m.INNER.COLUMNS]
-        config = _SlotConfig(self.config, rs)
-        pipe = Pipeline(
-            config,
+        pipe = self.build_pipeline(
+            _SlotConfig(self.config, rs),
             device,
             device.type == "cuda",
-            tables=tables,
-            columns=columns,
             token_feed=True,
             stable_slots=True,
         )
         for m in self.members:
-            m._inner = m.INNER(config, device, device.type == "cuda", pipeline=pipe)
-            if isinstance(m._inner, _TemperedMinP):
-                m._inner.group = self
-        self.reads_history = bool(tables & HISTORY_TABLES)  # only their tokens are fed
-        self.pipeline = pipe
-        if _GROUPS.get(rs.all_token_ids) is self:
-            del _GROUPS[rs.all_token_ids]  # later processors start a group of their own
+            if isinstance(m._view, _TemperedMinP):
+                m._view.group = self
+        self.reads_history = bool(self.tables() & HISTORY_TABLES)  # only their tokens are fed
+        self.close()  # later processors start a group of their own
         return pipe
 
     # --- add_request ----------------------------------------------------------------------
 
-    def join(self, member: _Bridge) -> None:
-        if self.members and self.namespace != member.NAMESPACE:
-            raise ValueError(
-                f"{type(member).__name__}: the processors of one runner must read one namespace "
-                f"({self.namespace!r}, not {member.NAMESPACE!r})"
-            )
-        self.namespace = member.NAMESPACE
-        self.members.append(member)
-
-    def route(self, slot: int | None, params: Any) -> Any:
-        """What our tables read: the namespace's fields over the request (or the request)."""
-        pipe = self.build()
-        if self.namespace is None or not pipe.tables:
-            return params
-        return Routed(params, routed_params(slot, params, self.namespace))
-
     def add(self, member: _Bridge, slot: int, params: Any) -> Any:
         """Returns what our tables read of the request."""
-        pipe = self.build()
+        pipe = self.ensure()
         pending = self.pending.get(slot)
         if pending is not None and pending[0] is params and id(member) not in pending[2]:
             pending[2].add(id(member))  # joins the add another member made for this slot
@@ -188,25 +159,12 @@ class _Group:
             # Raising would stop MRV2's engine: the request is failed closed (_guard).
             routed = _guard.Refused(params)
             pipe.add_request(slot, routed, None, [])  # neutral: replaces the previous occupant
-            tokens = _guard.forced_tokens(params, pipe.vocab_size, self.eos)
+            owner = self.owner(e) or type(member).__name__
+            tokens = self.fail_closed(f"{owner}.add_request(req_idx={slot})", params, e)
             self.forced.rows[slot] = tokens
             self.forced.changed()
-            what = f"{self.owner(e, member)}.add_request(req_idx={slot})"
-            _guard.log_refused(what, e, tokens)
         self.pending[slot] = (params, routed, {id(member)})
         return routed
-
-    def owner(self, error: ValueError, member: _Bridge) -> str:
-        """The member whose table or column an error names (its ``processor`` or ``column``;
-        else the one that was called)."""
-        processor = getattr(error, "processor", None)
-        column = getattr(error, "column", None)
-        for m in self.members:
-            if processor is not None and processor in m.INNER.TABLES:
-                return type(m).__name__
-            if column is not None and any(c.name == column for c in m.INNER.COLUMNS):
-                return type(m).__name__
-        return type(member).__name__
 
     # --- apply_staged_writes --------------------------------------------------------------
 
@@ -225,7 +183,7 @@ class _Group:
         one, so re-adding what add_request checked is safe."""
         if not self.pending:
             return
-        pipe = self.build()
+        pipe = self.ensure()
         slots = np.fromiter(self.pending, dtype=np.int64)
         params = [self.pending[s][1] for s in slots.tolist()]
         self.pending.clear()
@@ -287,7 +245,7 @@ class _Group:
     def step(self, logits: torch.Tensor, ctx: Any) -> None:
         """Once per step (the first member called with this ``ctx``): feed the committed
         tokens, then the row map."""
-        pipe = self.build()
+        pipe = self.ensure()
         self.install_pending()  # normally done already, by apply_staged_writes
         slots_np = np.asarray(ctx.idx_mapping_np, dtype=np.int64)
         if logits.shape[0] == slots_np.shape[0]:
@@ -359,33 +317,18 @@ class _Group:
         return window[take], np.repeat(slots, need), (slots, known + need)
 
 
-class _Bridge(_V2LogitsProcessor):
-    """One of our processors (``INNER``) as an MRV2 ``LogitsProcessor``."""
+class _Bridge(Bridge, _V2LogitsProcessor, metaclass=BridgeType):
+    """One of our processors (``VIEW``) as an MRV2 ``LogitsProcessor``. Token ids against the
+    vocabulary are checked at ``add_request``, which fails such a request closed."""
 
-    INNER: type[PipelineView]
-    NAMESPACE: str | None = NAMESPACE
+    BRIDGE = __name__
 
-    @classmethod
-    def validate_params(cls, sampling_params: Any) -> None:
-        """vLLM's front-end check: the namespace's fields and their caps, then the
-        processor's own (as in ``v1``). Token ids against the vocabulary are checked at
-        ``add_request``, which fails such a request closed."""
-        if cls.NAMESPACE and cls.INNER.TABLES:
-            ours = routed_params(None, sampling_params, cls.NAMESPACE)
-            _guard.check_caps("request", ours, sampling_params, cls.INNER.TABLES)
-        cls.INNER.validate_params(sampling_params)
+    _group: _Group
 
     def __init__(self, vllm_config: Any, req_states: Any) -> None:
-        group = _GROUPS.get(req_states.all_token_ids)
-        if group is None:
-            group = _GROUPS[req_states.all_token_ids] = _Group(vllm_config, req_states)
-        group.join(self)
-        self._group = group
-        self._inner: PipelineView | None = None
-
-    @property
-    def pipeline(self) -> Pipeline:
-        return self._group.build()
+        self._group = _Group.joined(
+            req_states.all_token_ids, self, lambda: _Group(vllm_config, req_states)
+        )
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
         routed = self._group.add(self, req_idx, sampling_params)
@@ -394,8 +337,8 @@ class _Bridge(_V2LogitsProcessor):
     def acts_on(self, sp: Any) -> bool:
         """Whether this processor may change a request's logits (MRV2 skips ``apply`` for
         batches where no processor acts). Conservative: True unless its fields are unset."""
-        fields = [f for t in self.INNER.TABLES for f in TABLES[t].fields]
-        if not fields or self.INNER.COLUMNS:
+        fields = [f for t in self.VIEW.TABLES for f in TABLES[t].fields]
+        if not fields or self.VIEW.COLUMNS:
             return True
         return any(f.is_set(getattr(sp, key, None)) for f in fields for key in {f.name, f.attr})
 
@@ -406,11 +349,12 @@ class _Bridge(_V2LogitsProcessor):
         group = self._group
         if ctx is not group.ctx:
             group.step(logits, ctx)
-        assert self._inner is not None
+        view = self._view
+        assert view is not None
         try:
-            logits = self._inner.apply_rows(logits)
+            logits = view.apply_rows(logits)
         except Exception as e:
-            if isinstance(self._inner, ColumnLogitsProcessor):
+            if isinstance(view, ColumnLogitsProcessor):
                 # A custom transform's failure, named (the pipeline is unaffected).
                 raise RuntimeError(f"{type(self).__name__}.apply raised {e!r}") from e
             raise
@@ -437,18 +381,13 @@ def bridge(
     ``"module:Name"`` where the module defines ``Name = bridge(MyColumns)``). ``namespace``:
     where built-in tables read their fields (module docstring); ``None``: the ordinary ones.
     The processors of one runner must agree on it."""
-    if not (isinstance(cls, type) and issubclass(cls, PipelineView)):
-        raise ValueError(f"{cls!r} is not a processor built on a Pipeline (a PipelineView)")
-    name = name or cls.__name__
     if cls is builtin.MinPLogitsProcessor:
-        cls = _TemperedMinP  # MRV2 applies temperature after the custom processors
-    attrs = {
-        "INNER": cls,
-        "NAMESPACE": namespace,
-        "__module__": module or cls.__module__,
-        "__doc__": cls.__doc__,
-    }
-    return type(name, (_Bridge,), attrs)
+        # MRV2 applies temperature after the custom processors.
+        cls, name = _TemperedMinP, name or cls.__name__
+    bridged: type[_Bridge] = make_bridge(
+        _Bridge, cls, name, module, namespace, lambda view: view.__doc__
+    )
+    return bridged
 
 
 class _TemperedMinP(builtin.MinPLogitsProcessor):
@@ -482,7 +421,7 @@ globals().update({cls.__name__: cls for cls in _BRIDGED.values()})
 # reasoning config).
 ALL: Sequence[type[_Bridge]] = sorted(
     (c for view, c in _BRIDGED.items() if view.STAGE is not Stage.OPT_IN),
-    key=lambda c: bool(c.INNER.ARGMAX_INVARIANT),  # a stable sort
+    key=lambda c: bool(c.VIEW.ARGMAX_INVARIANT),  # a stable sort
 )
 
 __all__ = [

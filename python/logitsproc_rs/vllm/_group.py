@@ -1,0 +1,242 @@
+"""What the two vLLM bridges share: a group of bridged processors on one ``Pipeline``, the
+bridged class itself, and how it pickles. Shared by ``v1`` and ``v2``; imports no vLLM.
+
+**A group** (``Group``) is the bridged processors that vLLM builds for one engine (``v1``: one
+config on one device and one namespace) or one runner (``v2``: one ``req_states``). Each
+member joins the group still forming under its key (``Group.joined``; the forming groups of a
+bridge are its group class's ``FORMING``), and the group builds one ``Pipeline`` for all of
+them at its first use (``ensure``), with the union of their tables and their columns, and
+binds each member's ``VIEW`` to it. Its members read one namespace; it routes a request's
+parameters (``route``: the namespace's fields over the request, ``_fields``), names the member
+whose table or column an error is about (``owner``) and fails a refused request closed
+(``fail_closed``, ``forced``: ``_guard``). When a group stops taking members (``close``) and
+how it steps are each bridge's own.
+
+**A bridged class** (``Bridge``, built by ``make_bridge``) is a view of ours (``VIEW``) that
+reads its fields from ``NAMESPACE``, checks a request at vLLM's front end
+(``validate_params``) and exposes the group's ``pipeline``. Its metaclass (``BridgeType``)
+pickles it by reference when it is importable by name, else as a call to its bridge's
+``bridge`` (``LLM(logits_processors=[bridge(MyColumns)])`` sends the class to the engine's
+processes).
+"""
+
+from __future__ import annotations
+
+import copyreg
+import importlib
+import sys
+from abc import ABCMeta
+from collections.abc import Callable, MutableMapping
+from typing import Any, ClassVar, TypeVar
+
+from ..pipeline import Pipeline
+from ..views import PipelineView
+from . import _guard
+from ._fields import NAMESPACE, Routed, routed_params
+
+G = TypeVar("G", bound="Group")
+
+
+class Group:
+    """Bridged processors built for one engine or runner, and their one pipeline."""
+
+    #: The groups still taking members, by key: each bridge's group class has its own.
+    FORMING: ClassVar[MutableMapping[Any, Any]]
+
+    def __init__(self, key: Any, config: Any) -> None:
+        self.key = key
+        self.members: list[Bridge] = []
+        self.namespace: str | None = None
+        self.pipeline: Pipeline | None = None
+        # Whether our tables read the namespace (there is one, and the pipeline has tables).
+        self.routes = False
+        self.eos = _guard.model_eos(config)
+        self.forced = _guard.ForcedRows()  # failed-closed requests: row or slot -> tokens
+
+    # --- members ------------------------------------------------------------------------------
+
+    @classmethod
+    def joined(cls: type[G], key: Any, member: Bridge, new: Callable[[], G]) -> G:
+        """The group forming under ``key`` with ``member`` in it: the one there if it takes
+        ``member`` (``accepts``), else ``new()``, which then forms under ``key``."""
+        group = cls.FORMING.get(key)
+        if group is None or not group.accepts(member):
+            group = cls.FORMING[key] = new()
+        group.join(member)
+        return group
+
+    def accepts(self, member: Bridge) -> bool:
+        """Whether ``member`` joins this group rather than starting one of its own."""
+        return True
+
+    def join(self, member: Bridge) -> None:
+        if self.members and self.namespace != member.NAMESPACE:
+            raise ValueError(
+                f"{type(member).__name__}: the processors of one runner must read one namespace "
+                f"({self.namespace!r}, not {member.NAMESPACE!r})"
+            )
+        self.namespace = member.NAMESPACE
+        self.members.append(member)
+        self.pipeline = None  # (re)built at first use, with every member built by then
+
+    def close(self) -> None:
+        """No member joins this group from now on (later ones start a group of their own)."""
+        forming = type(self).FORMING
+        if forming.get(self.key) is self:
+            del forming[self.key]
+
+    # --- the pipeline -------------------------------------------------------------------------
+
+    def ensure(self) -> Pipeline:
+        """The pipeline, built once all members exist: vLLM builds every processor, then asks
+        them anything, so there is one build, not one per member (a penalties matrix on a GPU
+        is hundreds of MB)."""
+        pipe = self.pipeline
+        if pipe is None:
+            pipe = self._build()
+        return pipe
+
+    def _build(self) -> Pipeline:
+        """Builds the pipeline (``build_pipeline``, with the bridge's config and options)."""
+        raise NotImplementedError
+
+    def tables(self) -> set[str]:
+        """The tables of every member."""
+        return {t for m in self.members for t in m.VIEW.TABLES}
+
+    def build_pipeline(self, config: Any, device: Any, pin: bool, **options: Any) -> Pipeline:
+        """One pipeline with every member's tables and columns (``options``: the pipeline's
+        front-end), and each member's view on it."""
+        views = [type(m).VIEW for m in self.members]
+        pipe = Pipeline(
+            config,
+            device,
+            pin,
+            tables=self.tables(),
+            columns=[c for v in views for c in v.COLUMNS],
+            **options,
+        )
+        for m in self.members:
+            m._view = type(m).VIEW(config, device, pin, pipeline=pipe)
+        self.pipeline = pipe
+        self.routes = bool(self.namespace and pipe.tables)
+        return pipe
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def route(self, index: int | None, params: Any) -> Any:
+        """What our tables read of a request (``index``: its batch index or slot): the
+        namespace's fields over the request when the group routes, else the request."""
+        if not self.routes:
+            return params
+        assert self.namespace is not None
+        return Routed(params, routed_params(index, params, self.namespace))
+
+    def owner(self, error: ValueError) -> str | None:
+        """The member whose table or column an error names (its ``processor`` or ``column``)."""
+        processor = getattr(error, "processor", None)
+        column = getattr(error, "column", None)
+        for m in self.members:
+            view = type(m).VIEW
+            if processor is not None and processor in view.TABLES:
+                return type(m).__name__
+            if column is not None and any(c.name == column for c in view.COLUMNS):
+                return type(m).__name__
+        return None
+
+    def fail_closed(self, what: str, params: Any, error: Exception) -> list[int]:
+        """The tokens a refused request (``what``, for the log) may still emit: its stop
+        tokens, else the model's EOS (``_guard``); the refusal is logged at ERROR."""
+        assert self.pipeline is not None
+        tokens = _guard.forced_tokens(params, self.pipeline.vocab_size, self.eos)
+        _guard.log_refused(what, error, tokens)
+        return tokens
+
+
+class BridgeType(ABCMeta):
+    """The metaclass of bridged classes: pickled by reference when importable by name, else
+    as a call to their bridge's ``bridge``."""
+
+
+def _reduce_bridge(cls: BridgeType) -> Any:
+    name: str = cls.__qualname__
+    module = sys.modules.get(cls.__module__)
+    if module is not None and getattr(module, name, None) is cls:
+        return name  # importable: by reference, as any class
+    assert issubclass(cls, Bridge)
+    return (rebridge, (cls.BRIDGE, cls.VIEW, cls.__name__, cls.__module__, cls.NAMESPACE))
+
+
+def rebridge(
+    bridge_module: str, view: type[PipelineView], name: str, module: str, namespace: str | None
+) -> type:
+    """A bridged class again, in another process: ``<bridge_module>.bridge(view, ...)``."""
+    bridge = importlib.import_module(bridge_module).bridge
+    cls: type = bridge(view, name=name, module=module, namespace=namespace)
+    return cls
+
+
+copyreg.pickle(BridgeType, _reduce_bridge)
+
+
+class Bridge:
+    """A view of ours (``VIEW``) on its group's pipeline. Mixed into each bridge's class (with
+    vLLM's ``LogitsProcessor`` of that runner and ``BridgeType``)."""
+
+    #: The module of the bridge that made the class (``logitsproc_rs.vllm.v1`` or ``v2``).
+    BRIDGE: ClassVar[str]
+    VIEW: type[PipelineView]
+    NAMESPACE: str | None = NAMESPACE
+
+    _group: Group
+    _view: PipelineView | None = None  # its VIEW on the group's pipeline, once built
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        """vLLM's front-end check: the namespace's fields and their caps, then the
+        processor's own. Token ids against the vocabulary are checked in the worker (vLLM
+        gives this check no vocabulary), which fails such a request closed."""
+        if cls.NAMESPACE and cls.VIEW.TABLES:
+            ours = routed_params(None, sampling_params, cls.NAMESPACE)
+            _guard.check_caps("request", ours, sampling_params, cls.VIEW.TABLES)
+        cls.VIEW.validate_params(sampling_params)
+
+    @property
+    def view(self) -> PipelineView:
+        """Its ``VIEW`` on the group's pipeline (built at first use)."""
+        self._group.ensure()
+        assert self._view is not None
+        return self._view
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self._group.ensure()
+
+
+def make_bridge(
+    base: type[Bridge],
+    cls: type[PipelineView],
+    name: str | None,
+    module: str | None,
+    namespace: str | None,
+    doc: Callable[[type[PipelineView]], str | None],
+) -> Any:
+    """A subclass of ``base`` (a bridge's class) for ``cls``: ``VIEW`` is ``cls``, named
+    ``name`` in ``module`` (default: ``cls``'s), documented by ``doc(cls)``."""
+    if not (isinstance(cls, type) and issubclass(cls, PipelineView)):
+        raise ValueError(
+            f"bridge: {cls!r} is not a processor built on a Pipeline (a PipelineView: a "
+            "ColumnLogitsProcessor subclass or a built-in processor)"
+        )
+    name = name or cls.__name__
+    return BridgeType(
+        name,
+        (base,),
+        {
+            "VIEW": cls,
+            "NAMESPACE": namespace,
+            "__module__": module or cls.__module__,
+            "__qualname__": name,
+            "__doc__": doc(cls),
+        },
+    )
