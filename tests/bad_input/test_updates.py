@@ -644,7 +644,7 @@ def test_huge_capacity_raises_instead_of_aborting(expr: str) -> None:
     """A capacity whose tables cannot be allocated (or whose size overflows) must raise an
     ordinary ``Exception`` (ValueError / MemoryError / OverflowError), not abort the process
     (allocation failure) or raise pyo3's ``PanicException`` (a ``BaseException``)."""
-    src = Path(__file__).resolve().parents[1] / "python"
+    src = Path(__file__).resolve().parents[2] / "python"
     if expr.startswith("build_logitsprocs"):
         setup = "from logitsproc_rs import EngineConfig, build_logitsprocs\n"
     else:

@@ -22,7 +22,7 @@ from logitsproc_rs import (
 )
 from logitsproc_rs.reference import RefMinPLogitsProcessor
 
-SRC = Path(__file__).resolve().parents[1] / "python"
+SRC = Path(__file__).resolve().parents[2] / "python"
 
 
 def test_repetition_penalty_is_checked_as_float32() -> None:
