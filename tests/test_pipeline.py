@@ -23,8 +23,13 @@ from typing import Any
 
 import pytest
 import torch
-from test_differential import random_logits
-from test_differential_full import HOT_IDS, make_next_token, make_params_factory, make_prompt_ids
+from test_differential import (
+    HOT_IDS,
+    full_next_token,
+    full_params_factory,
+    make_prompt_ids,
+    random_logits,
+)
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -67,7 +72,7 @@ def phases(procs: Any, logits: torch.Tensor, rows: bool = False) -> tuple[torch.
 
 
 def make_sim(seed: int, max_num_seqs: int, vocab: int, placeholders: bool) -> ChurnSimulator:
-    next_token = make_next_token(vocab)
+    next_token = full_next_token(vocab)
     if not placeholders:
         inner = next_token
 
@@ -79,7 +84,7 @@ def make_sim(seed: int, max_num_seqs: int, vocab: int, placeholders: bool) -> Ch
         max_num_seqs,
         vocab,
         seed,
-        make_params_factory(vocab),
+        full_params_factory(vocab),
         finish_prob=1 / 30,
         max_tokens=(4, 90),
         next_token=next_token,
