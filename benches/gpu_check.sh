@@ -21,7 +21,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.tx
 # Limits add up to 5.2 minutes, so a second run fits the 15 minutes of device time.
 step env 20 python3 -c "import torch, logitsproc_rs; print(torch.__version__, torch.cuda.get_device_name(), logitsproc_rs.__version__)"
 # CUDA vs CPU exactness, pinned staging, uploads (span and packed), no sync in apply.
-step cuda_tests 140 python3 -m pytest -q -p no:cacheprovider -W default tests/test_cuda.py tests/test_triton.py tests/test_transforms.py tests/test_pipeline.py tests/test_misuse.py
+step cuda_tests 140 python3 -m pytest -q -p no:cacheprovider -W default tests/test_cuda.py tests/test_triton.py tests/test_builtin_penalties.py tests/test_builtin_bad_words.py tests/test_builtin_allowed_token_ids.py tests/test_bitmask.py tests/test_sampler_logprobs.py tests/test_sampler_transforms.py tests/test_params_validation.py tests/test_reference.py tests/bad_input/test_params_transforms.py tests/test_pipeline.py tests/bad_input/test_logits.py tests/bad_input/test_calls.py
 step kernels 40 python3 benches/kernels.py --iters 30
 step bench 70 python3 benches/report.py --device cuda --quick --no-appendix --out "$OUT/bench-report.md"
 step demo 40 python3 -m logitsproc_rs demo --device cuda --steps 100

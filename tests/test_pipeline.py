@@ -15,12 +15,21 @@ from __future__ import annotations
 
 import random
 import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from test_differential import random_logits
-from test_differential_full import HOT_IDS, make_next_token, make_params_factory, make_prompt_ids
+from test_differential import (
+    HOT_IDS,
+    full_next_token,
+    full_params_factory,
+    make_prompt_ids,
+    random_logits,
+)
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -32,6 +41,7 @@ from logitsproc_rs import (
 from logitsproc_rs.simulate import ChurnSimulator
 
 SWAP = MoveDirectionality.SWAP
+SRC = Path(__file__).resolve().parents[1] / "python"
 
 
 def config(max_num_seqs: int, vocab: int) -> EngineConfig:
@@ -62,7 +72,7 @@ def phases(procs: Any, logits: torch.Tensor, rows: bool = False) -> tuple[torch.
 
 
 def make_sim(seed: int, max_num_seqs: int, vocab: int, placeholders: bool) -> ChurnSimulator:
-    next_token = make_next_token(vocab)
+    next_token = full_next_token(vocab)
     if not placeholders:
         inner = next_token
 
@@ -74,7 +84,7 @@ def make_sim(seed: int, max_num_seqs: int, vocab: int, placeholders: bool) -> Ch
         max_num_seqs,
         vocab,
         seed,
-        make_params_factory(vocab),
+        full_params_factory(vocab),
         finish_prob=1 / 30,
         max_tokens=(4, 90),
         next_token=next_token,
@@ -189,59 +199,6 @@ def test_placeholders_on_the_device_path_and_the_vllm_loop() -> None:
             got = phases(procs, logits)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert filled > 20
-
-
-# ---------------------------------------------------------------------------------------------
-# The step protocol of processors that share one pipeline
-
-
-def _two_rows() -> tuple[Any, list[Any]]:
-    cfg = EngineConfig(max_num_seqs=4, vocab_size=16)
-    procs = build_logitsprocs(cfg, "cpu", False)
-    return procs, list(procs.all)
-
-
-def _bias_rows(procs: Any) -> list[int]:
-    x = torch.zeros(procs.pipeline.count("batch_size"), 16)
-    for p in procs.non_argmax_invariant:
-        x = p.apply(x)
-    return [int(i) for i in (x[:, 5] > 0).nonzero().flatten()]
-
-
-def test_a_reused_update_object_is_read_afresh() -> None:
-    """The same SWAP update passed on two steps swaps twice, through both routes."""
-    for route in ("container", "loop"):
-        procs, all_ = _two_rows()
-        add = BatchUpdate(2, [], [(0, SamplingParams(logit_bias={5: 1.0}), None, [])], [])
-        swap = BatchUpdate(2, [], [], [(0, 1, SWAP)])
-        for u, want in ((add, [0]), (swap, [1]), (None, [1]), (swap, [0]), (swap, [1])):
-            if route == "container":
-                procs.update_state(u)
-            else:
-                for p in all_:
-                    p.update_state(u)
-            assert _bias_rows(procs) == want, route
-
-
-def test_an_update_changed_between_processors_is_refused() -> None:
-    _, all_ = _two_rows()
-    added = [(0, SamplingParams(logit_bias={5: 1.0}), None, [])]
-    u = BatchUpdate(2, [], added, [])
-    all_[0].update_state(u)
-    added.append((1, SamplingParams(logit_bias={5: 1.0}), None, []))
-    with pytest.raises(RuntimeError, match="different batch updates in one step"):
-        all_[1].update_state(u)
-    other = BatchUpdate(2, [], [], [])
-    with pytest.raises(RuntimeError, match="different batch updates in one step"):
-        all_[1].update_state(other)
-
-
-def test_two_pipelines_are_independent() -> None:
-    a, _ = _two_rows()
-    b, _ = _two_rows()
-    a.update_state(BatchUpdate(2, [], [(1, SamplingParams(logit_bias={5: 1.0}), None, [])], []))
-    b.update_state(BatchUpdate(2, [], [], []))
-    assert _bias_rows(a) == [1] and _bias_rows(b) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,3 +361,33 @@ def test_bad_token_feed_changes_nothing() -> None:
     assert _same(before, _full_state(procs, 2, 2))
     with pytest.raises(ValueError, match="token_feed=True"):
         build_logitsprocs(cfg, "cpu", False).update_state(None, sampled_token_ids=[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Building costs no memory until used
+
+
+def test_a_big_capacity_costs_no_memory_until_used() -> None:
+    """max_num_seqs=65536 with every table: the buffers are zeroed lazily (fresh pages), so
+    building does not write gigabytes (4.25 GB of RSS, and 25 s, when every page was written up
+    front). Memory is what is checked; the time follows from it."""
+    script = textwrap.dedent(
+        """
+        import resource
+        import torch
+        from logitsproc_rs import EngineConfig, build_logitsprocs
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        procs = build_logitsprocs(EngineConfig(max_num_seqs=65536, vocab_size=32000), "cpu", False)
+        grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+        print(grew // 1024)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout) < 400, f"building grew the RSS by {out.stdout.strip()} MiB"

@@ -42,8 +42,12 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from test_differential import classify_min_p_diffs, random_logits
-from test_differential_full import FREQ_PRES_VALUES, REPETITION_VALUES
+from test_differential import (
+    FREQ_PRES_VALUES,
+    REPETITION_VALUES,
+    classify_min_p_diffs,
+    random_logits,
+)
 
 from logitsproc_rs import (
     BatchUpdate,

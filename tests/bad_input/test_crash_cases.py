@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "python"
+SRC = Path(__file__).resolve().parents[2] / "python"
 
 # Runs before each case: imports, then the address-space limit (after torch's import, which
 # reserves a lot of virtual memory) and a watchdog that dumps the stack and exits.

@@ -1,0 +1,273 @@
+"""Bad per-request params never break the processors: every invalid value of a request (MinP,
+LogitBias, MinTokens and their stop ids, penalties, bad words, allowed ids, output lists) is a
+``ValueError`` naming the request index and the field, and a rejected update leaves every table
+exactly as it was (``_checks.check_rejected``); ``SamplingParams`` refuses bad values at
+construction, naming the field."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from logitsproc_rs import (
+    BatchUpdate,
+    EngineConfig,
+    SamplingParams,
+    build_logitsprocs,
+)
+
+from ._checks import (
+    ALL,
+    CFG,
+    LOGIT_BIAS,
+    MIN_P,
+    MIN_TOKENS,
+    P,
+    V,
+    World,
+    assert_same,
+    bad_update,
+    check_rejected,
+    snapshot,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Per-request parameter values
+
+
+@pytest.mark.parametrize("value", [math.nan, -0.1, -1e-30, 1.0000001, 1.5, math.inf, -math.inf])
+def test_min_p_out_of_range(value: float) -> None:
+    check_rejected(MIN_P, bad_update((4, P(min_p=value), None, [])), 4, "min_p")
+
+
+@pytest.mark.parametrize("value", ["0.1", [0.1], object(), 1j])
+def test_min_p_wrong_type(value: Any) -> None:
+    check_rejected(MIN_P, bad_update((4, P(min_p=value), None, [])), 4, "min_p")
+
+
+@pytest.mark.parametrize("token", [V, V + 1, 10**6, -1, -V, 2**31, -(2**40)])
+def test_logit_bias_token_outside_vocab(token: int) -> None:
+    check_rejected(
+        LOGIT_BIAS, bad_update((4, P(logit_bias={0: 1.0, token: 1.0}), None, [])), 4, "logit_bias"
+    )
+
+
+@pytest.mark.parametrize("bias", [math.inf, -math.inf, math.nan, 1e39, -3.5e38])
+def test_logit_bias_non_finite(bias: float) -> None:
+    check_rejected(
+        LOGIT_BIAS, bad_update((4, P(logit_bias={3: 1.0, 4: bias}), None, [])), 4, "logit_bias"
+    )
+
+
+@pytest.mark.parametrize("lb", [[(1, 1.0)], {"1": 1.0}, {1: "x"}, {1.5: 1.0}, 3.0])
+def test_logit_bias_wrong_type(lb: Any) -> None:
+    check_rejected(LOGIT_BIAS, bad_update((4, P(logit_bias=lb), None, [])), 4, "logit_bias")
+
+
+def test_logit_bias_over_cap_default_config() -> None:
+    cap = CFG.max_logit_bias_entries
+    lb = {t: 0.5 for t in range(cap + 1)}
+    check_rejected(
+        LOGIT_BIAS, bad_update((4, P(logit_bias=lb), None, [])), 4, "logit_bias", extra="cap"
+    )
+
+
+def test_logit_bias_over_cap_in_vocab() -> None:
+    cfg = EngineConfig(max_num_seqs=8, vocab_size=50, max_logit_bias_entries=4)
+    # 4 entries is fine, 5 (all inside the vocabulary) is over the cap.
+    World(cfg).procs[LOGIT_BIAS].update_state(
+        BatchUpdate(5, [], [(4, P(logit_bias={t: 1.0 for t in range(4)}), None, [])], [])
+    )
+    lb = {t: 1.0 for t in range(10, 15)}
+    check_rejected(
+        LOGIT_BIAS, bad_update((4, P(logit_bias=lb), None, [])), 4, "logit_bias", cfg, extra="cap"
+    )
+
+
+@pytest.mark.parametrize("value", [-1, -(2**40)])
+def test_negative_min_tokens(value: int) -> None:
+    check_rejected(MIN_TOKENS, bad_update((4, P(min_tokens=value), None, [])), 4, "min_tokens")
+
+
+@pytest.mark.parametrize("value", ["3", 2.5, [3]])
+def test_min_tokens_wrong_type(value: Any) -> None:
+    check_rejected(MIN_TOKENS, bad_update((4, P(min_tokens=value), None, [])), 4, "min_tokens")
+
+
+@pytest.mark.parametrize("stop", [{V}, {1, V + 7}, {-1}, {2**33}])
+def test_stop_ids_outside_vocab(stop: set[int]) -> None:
+    check_rejected(
+        MIN_TOKENS,
+        bad_update((4, P(min_tokens=3, all_stop_token_ids=stop), None, [])),
+        4,
+        "stop_token_ids",
+    )
+
+
+def test_stop_ids_wrong_type() -> None:
+    params = SimpleNamespace(min_p=0.0, logit_bias=None, min_tokens=3, all_stop_token_ids={"eos"})
+    check_rejected(MIN_TOKENS, bad_update((4, params, None, [])), 4, "stop_token_ids")
+
+
+def test_stop_ids_over_cap() -> None:
+    cfg = EngineConfig(max_num_seqs=8, vocab_size=50, max_stop_token_ids=3)
+    stop = {1, 2, 3, 4}
+    check_rejected(
+        MIN_TOKENS,
+        bad_update((4, P(min_tokens=3, all_stop_token_ids=stop), None, [])),
+        4,
+        "stop_token_ids",
+        cfg,
+        extra="cap",
+    )
+
+
+@pytest.mark.parametrize(
+    ("proc", "field"), [(MIN_P, "min_p"), (LOGIT_BIAS, "logit_bias"), (MIN_TOKENS, "min_tokens")]
+)
+def test_params_property_raising(proc: str, field: str) -> None:
+    """A params attribute whose getter raises is a ValueError naming request and field."""
+
+    class Params:
+        def __getattr__(self, name: str) -> Any:
+            if name == field:
+                raise RuntimeError("boom")
+            return getattr(P(), name)
+
+    check_rejected(proc, bad_update((4, Params(), None, [])), 4, field)
+
+
+@pytest.mark.parametrize("proc", ALL)
+def test_params_missing_attribute_reads_as_unset(proc: str) -> None:
+    """Duck-typed params need only the fields a processor reads; a missing one is "not set"."""
+    world = World()
+    p = world.procs[proc]
+    update = BatchUpdate(4, [], [(3, SimpleNamespace(), None, [])], [])
+    p.update_state(update)
+    before = snapshot(p, rows=4)
+    twin = World().procs[proc]
+    twin.update_state(BatchUpdate(4, [], [(3, P(), None, [])], []))
+    assert_same(snapshot(twin, rows=4), before)
+
+
+@pytest.mark.parametrize("output", [(1, 2), None, "abc", 5])
+def test_output_list_not_a_list(output: Any) -> None:
+    check_rejected(MIN_TOKENS, bad_update((4, P(min_tokens=3), None, output)), 4, "output_tok_ids")
+
+
+BAD_PARAMS: list[tuple[str, Any]] = [
+    ("n", 0),
+    ("n", 1.5),
+    ("n", True),
+    ("presence_penalty", 2.5),
+    ("presence_penalty", -2.01),
+    ("presence_penalty", math.nan),
+    ("frequency_penalty", -3.0),
+    ("frequency_penalty", "0.1"),
+    ("repetition_penalty", 0.0),
+    ("repetition_penalty", -1.0),
+    ("repetition_penalty", math.inf),
+    ("repetition_penalty", math.nan),
+    ("temperature", -0.5),
+    ("temperature", math.inf),
+    ("temperature", math.nan),
+    ("top_p", 0.0),
+    ("top_p", 1.01),
+    ("top_p", math.nan),
+    ("top_k", -2),
+    ("top_k", 1.5),
+    ("min_p", -0.01),
+    ("min_p", 1.01),
+    ("min_p", math.nan),
+    ("seed", 1.5),
+    ("seed", "7"),
+    ("max_tokens", 0),
+    ("max_tokens", 2.0),
+    ("min_tokens", -1),
+    ("min_tokens", 1.0),
+    ("logprobs", -1),
+    ("stop_token_ids", [-1]),
+    ("stop_token_ids", [1.5]),
+    ("stop_token_ids", "abc"),
+    ("stop_token_ids", 5),
+    ("eos_token_id", -1),
+    ("eos_token_id", "2"),
+    ("logit_bias", [(1, 1.0)]),
+    ("logit_bias", {-1: 1.0}),
+    ("logit_bias", {"x": 1.0}),
+    ("logit_bias", {1: math.inf}),
+    ("logit_bias", {1: math.nan}),
+    ("logit_bias", {1: "big"}),
+    ("allowed_token_ids", []),
+    ("allowed_token_ids", [-3]),
+    ("bad_words_token_ids", [[]]),
+    ("bad_words_token_ids", [[1, -2]]),
+    ("thinking_token_budget", -2),
+    ("thinking_token_budget", 1.5),
+    ("thinking_token_budget", True),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD_PARAMS, ids=lambda v: repr(v)[:20])
+def test_sampling_params_rejects(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        SamplingParams(**{field: value})
+
+
+def test_sampling_params_min_tokens_above_max_tokens() -> None:
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(min_tokens=10, max_tokens=5)
+    SamplingParams(min_tokens=5, max_tokens=5)
+    SamplingParams(min_tokens=50, max_tokens=None)
+
+
+def test_repetition_penalty_is_checked_as_float32() -> None:
+    procs = build_logitsprocs(EngineConfig(max_num_seqs=2, vocab_size=8), "cpu", False)
+    for rep in (1e39, 1e-46):
+        sp = SamplingParams()
+        object.__setattr__(sp, "repetition_penalty", rep)
+        with pytest.raises(ValueError, match="request at index 0: field 'repetition_penalty'"):
+            procs.update_state(BatchUpdate(1, [], [(0, sp, [1], [])], []))
+
+
+def test_endless_iterables_are_refused_at_their_cap() -> None:
+    import itertools
+
+    cfg = EngineConfig(max_num_seqs=2, vocab_size=8, max_bad_word_len=4, max_allowed_token_ids=4)
+    procs = build_logitsprocs(cfg, "cpu", False)
+    for field, value in (
+        ("bad_words_token_ids", [itertools.repeat(1)]),
+        ("allowed_token_ids", itertools.repeat(1)),
+        ("_all_stop_token_ids", itertools.repeat(1)),
+    ):
+        sp = SamplingParams(min_tokens=3)
+        object.__setattr__(sp, field, value)
+        with pytest.raises(ValueError, match="cap"):
+            procs.update_state(BatchUpdate(1, [], [(0, sp, None, [])], []))
+
+
+@pytest.mark.parametrize("junk", ["7", None, 2.5, True, -3, 2**70])
+def test_junk_in_an_output_list_is_an_error_not_a_placeholder(junk: object) -> None:
+    """Only ints >= -1 (-1: an async placeholder) belong in an output list. Anything else
+    used to read as a placeholder, and every later token of that request went uncounted."""
+    cfg = EngineConfig(max_num_seqs=4, vocab_size=16)
+    procs = build_logitsprocs(cfg, "cpu", False)
+    sp = SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5)
+    with pytest.raises(ValueError, match="request at index 0: field 'output_tok_ids'"):
+        procs.update_state(BatchUpdate(1, [], [(0, sp, [1], [3, junk])], []))
+    out = [3]
+    procs.update_state(BatchUpdate(1, [], [(0, sp, [1], out)], []))
+    before = [v.clone() for v in procs.pipeline.arena.views]
+    out.extend([junk, 4])
+    add = BatchUpdate(2, [], [(1, SamplingParams(logit_bias={2: 1.0}), None, [])], [])
+    with pytest.raises(ValueError, match="request at index 0: field 'output_tok_ids'"):
+        procs.update_state(add)
+    assert all(torch.equal(a, b) for a, b in zip(before, procs.pipeline.arena.views, strict=True))
+    assert procs.pipeline.status[0] == 1  # the add in the rejected step did not land
+    out[1] = 5  # the engine repairs its list: the request's later tokens count again
+    procs.update_state(add)
+    assert procs.pipeline.core.penalties_counted(0) == [3, 5, 4]
