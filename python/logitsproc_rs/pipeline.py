@@ -126,8 +126,8 @@ class Pipeline(StableSlots):
         self.status: list[int] = self.core.status()
         self._status_index = {n: i for i, n in enumerate(self.core.status_names())}
         self._placeholders = self._status_index["placeholders"]
-        # Counts of the tables' work (every entry but the sizes).
-        self._work = [i for n, i in self._status_index.items() if n not in ("batch_size", "rows")]
+        # The two sizes come first (the core's order); every entry after them is work.
+        assert self.core.status_names()[:2] == ["batch_size", "rows"]
         self.idle = True  # nothing applied, no per-step state (refreshed with the status)
         self._views: list[Any] = []
         # Which processor's update_state runs each step (vLLM's loop).
@@ -208,7 +208,7 @@ class Pipeline(StableSlots):
 
     def _refresh_idle(self) -> None:
         s = self.status
-        self.idle = not any(s[i] for i in self._work)
+        self.idle = not any(s[2:])
 
     def count(self, name: str) -> int:
         """The step's status entry ``name`` (see the core's ``status_names``): a table's

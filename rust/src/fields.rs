@@ -82,21 +82,44 @@ pub struct Fields {
     pub columns: Vec<ColumnValue>,
 }
 
+/// Whether two field names are the same; names from the same declaration are the same
+/// string, so the pointer is compared first.
+fn same_name(a: &str, b: &str) -> bool {
+    (std::ptr::eq(a.as_ptr(), b.as_ptr()) && a.len() == b.len()) || a == b
+}
+
 impl Fields {
+    /// Room for `n` fields (a reader knows how many it reads).
+    pub fn with_capacity(n: usize) -> Self {
+        Fields {
+            values: Vec::with_capacity(n),
+            ..Fields::default()
+        }
+    }
+
     /// Sets (or replaces) a field's value.
     pub fn set(&mut self, name: &'static str, value: Value) {
-        match self.values.iter_mut().find(|(n, _)| *n == name) {
+        match self.values.iter_mut().find(|(n, _)| same_name(n, name)) {
             Some(slot) => slot.1 = value,
             None => self.values.push((name, value)),
         }
     }
 
+    /// Adds a field the request does not hold yet (a reader reading each field once).
+    pub fn push(&mut self, name: &'static str, value: Value) {
+        debug_assert!(self.get(name).is_none(), "field {name} read twice");
+        self.values.push((name, value));
+    }
+
     pub fn get(&self, name: &str) -> Option<&Value> {
-        self.values.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+        self.values
+            .iter()
+            .find(|(n, _)| same_name(n, name))
+            .map(|(_, v)| v)
     }
 
     fn take(&mut self, name: &str) -> Option<Value> {
-        let k = self.values.iter().position(|(n, _)| *n == name)?;
+        let k = self.values.iter().position(|(n, _)| same_name(n, name))?;
         Some(self.values.swap_remove(k).1)
     }
 

@@ -584,15 +584,15 @@ impl<S: HistorySource> Pipeline<S> {
     }
 
     /// The names of [`status_into`](Self::status_into)'s values, in order (fixed for the
-    /// pipeline's life): `batch_size`, each table's own counts (`min_p`, `logit_bias`,
-    /// `rows.logit_bias`, ...; a column's is `column.<k>`), `penalties`' active count,
-    /// `placeholders`, `rows`, `stepping`.
+    /// pipeline's life): the two sizes `batch_size` and `rows` (the stable slots' mapped rows),
+    /// then each table's own counts (`min_p`, `logit_bias`, `rows.logit_bias`, ...; a column's
+    /// is `column.<k>`), `placeholders` and `stepping`: every entry after the sizes is work.
     pub fn status_names(&self) -> Vec<String> {
-        let mut names = vec!["batch_size".to_string()];
+        let mut names = vec!["batch_size".to_string(), "rows".to_string()];
         for t in &self.tables.list {
             t.status(&mut |name, _| names.push(name.to_string()));
         }
-        names.extend(["placeholders", "rows", "stepping"].map(String::from));
+        names.extend(["placeholders", "stepping"].map(String::from));
         names
     }
 
@@ -602,11 +602,11 @@ impl<S: HistorySource> Pipeline<S> {
     pub fn status_into(&self, out: &mut Vec<usize>) {
         out.clear();
         out.push(self.batch_size);
+        out.push(self.tables.rows.as_ref().map_or(0, |r| r.rows));
         for t in &self.tables.list {
             t.status(&mut |_, v| out.push(v));
         }
         out.push(usize::from(self.saw_placeholders()));
-        out.push(self.tables.rows.as_ref().map_or(0, |r| r.rows));
         out.push(usize::from(self.any_active()));
     }
 

@@ -9,7 +9,7 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 use super::errors::{bad_column, bad_value};
 use super::history::{output_of, PyListSource};
 use super::update::{bounded_ints, extract_as, param_named, token_ids, AddedEntry};
-use crate::fields::{FieldKind, FieldSpec, Value};
+use crate::fields::{FieldKind, FieldSpec, Fields, Value};
 use crate::pipeline::{Pipeline, PipelineConfig, RequestParams};
 use crate::tables::columns::{ColumnKind, ColumnValue};
 
@@ -100,6 +100,7 @@ impl Reader {
     ) -> PyResult<RequestParams<PyListSource>> {
         let py = e.params.py();
         let mut p = RequestParams::neutral(output_of(e, self.token_feed)?);
+        p.fields = Fields::with_capacity(self.fields.len());
         for f in &self.fields {
             if let Some(gate) = f.spec.when_positive {
                 if !matches!(p.get(gate), Some(Value::Int(n)) if *n > 0) {
@@ -133,7 +134,7 @@ impl Reader {
                 FieldKind::IdLists { .. } => Value::IdLists(read_id_lists(index, name, &v, f)?),
                 FieldKind::Bias { .. } => Value::Bias(read_bias(index, name, &v, f.cap)?),
             };
-            p.set(name, value);
+            p.push(name, value);
         }
         if pipeline.wants_prompt(&p.fields) && !e.prompt_tok_ids.is_none() {
             p.prompt = Some(token_ids(e.index, "prompt_tok_ids", &e.prompt_tok_ids)?);

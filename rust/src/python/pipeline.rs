@@ -28,6 +28,11 @@ use crate::tables::thinking::{ThinkingConfig, ThinkingTable};
 pub struct Pipeline {
     inner: pipeline::Pipeline<PyListSource>,
     reader: Reader,
+    /// The list `step` last wrote the status into, and what it wrote: the next step writes
+    /// only the entries that changed (a Python int per entry is most of the cost).
+    status_list: Option<Py<PyList>>,
+    status_written: Vec<usize>,
+    status_scratch: Vec<usize>,
 }
 
 /// A column declaration from Python: `(name, kind, width, default, reader)` with kind one of
@@ -121,6 +126,29 @@ impl Pipeline {
         parse_update(bu, max, |e| self.reader.read(&self.inner, e))
     }
 
+    /// The status into `out`, writing only what changed since the last write into the same
+    /// list (held, so it cannot be another list at the same address).
+    fn write_status(&mut self, out: &Bound<'_, PyList>) -> PyResult<()> {
+        self.inner.status_into(&mut self.status_scratch);
+        let same = self.status_list.as_ref().is_some_and(|l| l.is(out))
+            && out.len() == self.status_written.len();
+        for (i, &v) in self.status_scratch.iter().enumerate() {
+            if same && self.status_written[i] == v {
+                continue;
+            }
+            if i < out.len() {
+                out.set_item(i, v)?;
+            } else {
+                out.append(v)?;
+            }
+        }
+        std::mem::swap(&mut self.status_written, &mut self.status_scratch);
+        if !same {
+            self.status_list = Some(out.clone().unbind());
+        }
+        Ok(())
+    }
+
     fn check_rows(&self, rows: usize, mapped: bool) -> PyResult<Option<&[usize]>> {
         if mapped {
             let map = self.inner.row_map().unwrap_or(&[]);
@@ -203,7 +231,13 @@ impl Pipeline {
         };
         let inner = pipeline::Pipeline::new(cfg.clone())?;
         let reader = Reader::new(py, inner.fields(), &cfg, token_feed, readers);
-        Ok(Pipeline { inner, reader })
+        Ok(Pipeline {
+            inner,
+            reader,
+            status_list: None,
+            status_written: Vec::new(),
+            status_scratch: Vec::new(),
+        })
     }
 
     /// One step: the token feed (if given), then the batch update (or, with None, only the
@@ -235,7 +269,7 @@ impl Pipeline {
             self.inner.discard();
         }
         if let Some(out) = status {
-            self.status_into(out)?;
+            self.write_status(out)?;
         }
         Ok(())
     }
@@ -404,15 +438,8 @@ impl Pipeline {
     }
 
     /// As `status`, written into an existing list (no new container per step).
-    fn status_into(&self, out: &Bound<'_, PyList>) -> PyResult<()> {
-        for (i, v) in self.status_vec().into_iter().enumerate() {
-            if i < out.len() {
-                out.set_item(i, v)?;
-            } else {
-                out.append(v)?;
-            }
-        }
-        Ok(())
+    fn status_into(&mut self, out: &Bound<'_, PyList>) -> PyResult<()> {
+        self.write_status(out)
     }
 
     /// Table `table` applied by Rust on CPU logits, in place, from its own state (the CPU
