@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from _helpers import assert_same
 
 from logitsproc_rs import (
     apply_token_bitmask_,
@@ -17,10 +18,6 @@ from logitsproc_rs.reference import (
 )
 
 INF = math.inf
-
-
-def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
-    assert torch.equal(a, b), f"\n{a}\n!=\n{b}"
 
 
 def pack(allowed_rows: list[set[int]], words: int) -> np.ndarray:

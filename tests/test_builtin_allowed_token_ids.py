@@ -8,10 +8,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from _helpers import applied, assert_same, step, upd
 
 from logitsproc_rs import (
     AllowedTokenIdsLogitsProcessor,
-    BatchUpdate,
     EngineConfig,
     MoveDirectionality,
 )
@@ -28,25 +28,6 @@ CFG = EngineConfig(max_num_seqs=4, vocab_size=V)
 
 def make(cls: type, cfg: EngineConfig = CFG) -> Any:
     return cls(cfg, torch.device("cpu"), False)
-
-
-def upd(batch_size: int, added=(), removed=(), moved=()) -> BatchUpdate:
-    return BatchUpdate(
-        batch_size=batch_size, removed=list(removed), added=list(added), moved=list(moved)
-    )
-
-
-def step(procs, update) -> None:
-    for p in procs:
-        p.update_state(update)
-
-
-def applied(proc, logits: torch.Tensor) -> torch.Tensor:
-    return proc.apply(logits.clone())
-
-
-def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
-    assert torch.equal(a, b), f"\n{a}\n!=\n{b}"
 
 
 def allow(ids) -> SimpleNamespace:

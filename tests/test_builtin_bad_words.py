@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import applied, step, upd
 
 from logitsproc_rs import (
     BadWordsLogitsProcessor,
-    BatchUpdate,
     EngineConfig,
     MoveDirectionality,
 )
@@ -29,21 +29,6 @@ CFG = EngineConfig(max_num_seqs=4, vocab_size=V)
 
 def make(cls: type, cfg: EngineConfig = CFG) -> Any:
     return cls(cfg, torch.device("cpu"), False)
-
-
-def upd(batch_size: int, added=(), removed=(), moved=()) -> BatchUpdate:
-    return BatchUpdate(
-        batch_size=batch_size, removed=list(removed), added=list(added), moved=list(moved)
-    )
-
-
-def step(procs, update) -> None:
-    for p in procs:
-        p.update_state(update)
-
-
-def applied(proc, logits: torch.Tensor) -> torch.Tensor:
-    return proc.apply(logits.clone())
 
 
 def bw(*words: list[int]) -> SimpleNamespace:

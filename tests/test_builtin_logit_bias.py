@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
 import torch
+from _helpers import _vparams, active, upd
 
 from logitsproc_rs import (
-    BatchUpdate,
     EngineConfig,
     LogitBiasLogitsProcessor,
     SamplingParams,
@@ -18,30 +15,6 @@ V = 16
 CFG = EngineConfig(max_num_seqs=8, vocab_size=V)
 CPU = torch.device("cpu")
 NEG_INF = float("-inf")
-
-
-def upd(batch_size: int, removed=(), added=(), moved=()) -> BatchUpdate:
-    return BatchUpdate(
-        batch_size=batch_size, removed=list(removed), added=list(added), moved=list(moved)
-    )
-
-
-TABLE = {
-    "MinPLogitsProcessor": "min_p",
-    "LogitBiasLogitsProcessor": "logit_bias",
-    "MinTokensLogitsProcessor": "min_tokens",
-}
-
-
-def active(proc: Any) -> int:
-    """Requests the processor's table tracks in the Rust core (MinP: slots with min_p != 0)."""
-    return dict(proc.pipeline.core.active())[TABLE[type(proc).__name__]]
-
-
-def _vparams(min_p=0.0, logit_bias=None, min_tokens=0, stop=()):
-    return SimpleNamespace(
-        min_p=min_p, logit_bias=logit_bias, min_tokens=min_tokens, all_stop_token_ids=set(stop)
-    )
 
 
 def test_logit_bias_adds() -> None:

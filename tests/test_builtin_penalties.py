@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _helpers import applied, assert_same, step, upd
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -63,27 +64,8 @@ class _ChunkCounter:
         return m
 
 
-def upd(batch_size: int, added=(), removed=(), moved=()) -> BatchUpdate:
-    return BatchUpdate(
-        batch_size=batch_size, removed=list(removed), added=list(added), moved=list(moved)
-    )
-
-
 def pen(rep: float = 1.0, freq: float = 0.0, pres: float = 0.0) -> SimpleNamespace:
     return SimpleNamespace(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
-
-
-def step(procs, update) -> None:
-    for p in procs:
-        p.update_state(update)
-
-
-def applied(proc, logits: torch.Tensor) -> torch.Tensor:
-    return proc.apply(logits.clone())
-
-
-def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
-    assert torch.equal(a, b), f"\n{a}\n!=\n{b}"
 
 
 # --- penalties ---------------------------------------------------------------------------------

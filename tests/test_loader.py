@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import upd
 
 from logitsproc_rs import (
     STR_POOLING_REJECTS_LOGITSPROCS,
@@ -33,12 +34,6 @@ from logitsproc_rs import loader as loader_mod
 V = 16
 CFG = EngineConfig(max_num_seqs=8, vocab_size=V)
 CPU = torch.device("cpu")
-
-
-def upd(batch_size: int, removed=(), added=(), moved=()) -> BatchUpdate:
-    return BatchUpdate(
-        batch_size=batch_size, removed=list(removed), added=list(added), moved=list(moved)
-    )
 
 
 class _Proc(LogitsProcessor):

@@ -3,11 +3,11 @@ generators."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from _helpers import _vparams, upd
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -27,12 +27,6 @@ CPU = torch.device("cpu")
 NEG_INF = float("-inf")
 
 
-def upd(batch_size: int, removed=(), added=(), moved=()) -> BatchUpdate:
-    return BatchUpdate(
-        batch_size=batch_size, removed=list(removed), added=list(added), moved=list(moved)
-    )
-
-
 class _Proc(LogitsProcessor):
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.invariant = bool(vllm_config)
@@ -45,12 +39,6 @@ class _Proc(LogitsProcessor):
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         return logits
-
-
-def _vparams(min_p=0.0, logit_bias=None, min_tokens=0, stop=()):
-    return SimpleNamespace(
-        min_p=min_p, logit_bias=logit_bias, min_tokens=min_tokens, all_stop_token_ids=set(stop)
-    )
 
 
 class SpyInvariant(_Proc):

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _helpers import assert_same, upd
 
 from logitsproc_rs import (
-    BatchUpdate,
     EngineConfig,
     LogitBiasLogitsProcessor,
     LogitsProcessors,
@@ -31,16 +31,6 @@ CFG = EngineConfig(max_num_seqs=4, vocab_size=V)
 
 def make(cls: type, cfg: EngineConfig = CFG) -> Any:
     return cls(cfg, torch.device("cpu"), False)
-
-
-def upd(batch_size: int, added=(), removed=(), moved=()) -> BatchUpdate:
-    return BatchUpdate(
-        batch_size=batch_size, removed=list(removed), added=list(added), moved=list(moved)
-    )
-
-
-def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
-    assert torch.equal(a, b), f"\n{a}\n!=\n{b}"
 
 
 def pack(allowed_rows: list[set[int]], words: int) -> np.ndarray:

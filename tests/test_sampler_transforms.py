@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import applied, assert_same, upd
 
 from logitsproc_rs import (
     AllowedTokenIdsLogitsProcessor,
     BadWordsLogitsProcessor,
-    BatchUpdate,
     EngineConfig,
     PenaltiesLogitsProcessor,
 )
@@ -27,22 +27,8 @@ def make(cls: type, cfg: EngineConfig = CFG) -> Any:
     return cls(cfg, torch.device("cpu"), False)
 
 
-def upd(batch_size: int, added=(), removed=(), moved=()) -> BatchUpdate:
-    return BatchUpdate(
-        batch_size=batch_size, removed=list(removed), added=list(added), moved=list(moved)
-    )
-
-
 def pen(rep: float = 1.0, freq: float = 0.0, pres: float = 0.0) -> SimpleNamespace:
     return SimpleNamespace(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
-
-
-def applied(proc, logits: torch.Tensor) -> torch.Tensor:
-    return proc.apply(logits.clone())
-
-
-def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
-    assert torch.equal(a, b), f"\n{a}\n!=\n{b}"
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from _helpers import _vparams, active, upd
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -31,27 +31,9 @@ UNI = MoveDirectionality.UNIDIRECTIONAL
 NEG_INF = float("-inf")
 
 
-def upd(batch_size: int, removed=(), added=(), moved=()) -> BatchUpdate:
-    return BatchUpdate(
-        batch_size=batch_size, removed=list(removed), added=list(added), moved=list(moved)
-    )
-
-
 def builtins(cfg: EngineConfig = CFG) -> dict[str, Any]:
     procs = build_logitsprocs(cfg, CPU, False, sampler_transforms=False)
     return {type(p).__name__: p for p in procs.all}
-
-
-TABLE = {
-    "MinPLogitsProcessor": "min_p",
-    "LogitBiasLogitsProcessor": "logit_bias",
-    "MinTokensLogitsProcessor": "min_tokens",
-}
-
-
-def active(proc: Any) -> int:
-    """Requests the processor's table tracks in the Rust core (MinP: slots with min_p != 0)."""
-    return dict(proc.pipeline.core.active())[TABLE[type(proc).__name__]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,12 +172,6 @@ class VllmBatchUpdate:
     removed: list
     added: list
     moved: list
-
-
-def _vparams(min_p=0.0, logit_bias=None, min_tokens=0, stop=()):
-    return SimpleNamespace(
-        min_p=min_p, logit_bias=logit_bias, min_tokens=min_tokens, all_stop_token_ids=set(stop)
-    )
 
 
 def test_duck_typed_update_enum_and_params_match_ours() -> None:
