@@ -228,6 +228,25 @@ def test_min_tokens_delays_eos(ours):
         assert o["t"][5] == driver.EOS and o["f"] == "stop", o
 
 
+def _repeats_a_bigram(seq: list[int], start: int) -> bool:
+    """Whether some bigram ending at position ``start`` or later came before in ``seq``."""
+    return any(
+        tuple(seq[j - 1 : j + 1]) in {tuple(seq[i : i + 2]) for i in range(j - 1)}
+        for j in range(max(start, 1), len(seq))
+    )
+
+
+def test_no_repeat_ngram_bans_repeated_bigrams(ours):
+    """Ours beyond vLLM's, through the V1 bridge (extra_args namespace): with size 2 no bigram
+    of prompt + output repeats, greedy and sampled; the model repeats itself without it."""
+    e = part(ours, "effects")
+    prompts = e["no_repeat_prompts"]
+    base = [p + o["t"] for p, o in zip(driver.PROMPTS, e["no_repeat_base"], strict=True)]
+    assert any(_repeats_a_bigram(s, 1) for s in base), "the model should repeat without the ban"
+    for prompt, o in zip(prompts, e["no_repeat"], strict=True):
+        assert not _repeats_a_bigram(prompt + o["t"], len(prompt)), (prompt, o)
+
+
 def test_penalties_change_output(ours):
     base, repetition, presence = part(ours, "effects")["penalties"]
     assert repetition["t"] != base["t"] and presence["t"] != base["t"], (base, repetition)

@@ -395,10 +395,12 @@ def ours(model: str) -> None:
         "logitsproc_rs.vllm.v1:MinPLogitsProcessor",
         margin_cls,
     ]
+    # Ours beyond vLLM's (opt-in), in the engine for its effect; not in the cost profile.
+    extra: list[Any] = ["logitsproc_rs.vllm.v1:NoRepeatNGramLogitsProcessor"]
     captured = Captured()
     logging.getLogger("logitsproc_rs").addHandler(captured)
     t0 = time.perf_counter()
-    llm = engine(model, processors)
+    llm = engine(model, [*processors, *extra])
     RESULTS["start_s"] = round(time.perf_counter() - t0, 1)
     RESULTS["classes"] = [getattr(p, "__name__", p) for p in processors]
     if os.environ.get("LOGITSPROC_ENGINE_PROFILE_ONLY"):  # benches/engine_cost.py
@@ -496,6 +498,18 @@ def effects(llm) -> dict:
     out["sampling_greedy"] = run(llm, [greedy])[0]
     out["sampling_plain"] = run(llm, sampled)
     out["min_p_one"] = run(llm, [{**s, "ns": {"min_p": 1.0}} for s in sampled])
+    # No-repeat-ngram (ours, opt-in): the tiny model repeats itself greedily; with size 2 no
+    # bigram of the prompt and output comes twice.
+    out["no_repeat_base"] = run(llm, [spec(q, n=40) for q in PROMPTS])
+    out["no_repeat"] = run(
+        llm,
+        [spec(q, n=40, ns={"no_repeat_ngram_size": 2}) for q in PROMPTS]
+        + [
+            spec(PROMPTS[0], n=40, temperature=1.0, seed=s, ns={"no_repeat_ngram_size": 2})
+            for s in seeds
+        ],
+    )
+    out["no_repeat_prompts"] = PROMPTS + [PROMPTS[0]] * len(seeds)
     out["margin_tiny"] = run(llm, [{**s, "margin": 1e-3} for s in sampled])
     out["margin_huge"] = run(llm, [{**s, "margin": 1e6} for s in sampled])
     return out
