@@ -21,6 +21,7 @@ from logitsproc_rs import (
     BatchUpdate,
     EngineConfig,
     MoveDirectionality,
+    SamplingParams,
     build_logitsprocs,
 )
 
@@ -185,3 +186,17 @@ def check_rejected(
         p.update_state(None)
         p.update_state(follow)
     assert_same(snapshot(twin_proc), snapshot(proc))
+
+
+# The small config and one-request update the logits and call checks use.
+SMALL_V = 16
+SMALL_CFG = EngineConfig(max_num_seqs=4, vocab_size=SMALL_V)
+# vLLM's three built-ins (the processor classes vLLM itself builds).
+TRIO = list(BUILTIN_LOGITS_PROCESSORS)
+
+
+def bias_update(n: int = 1) -> BatchUpdate:
+    """``n`` requests, each with a logit bias."""
+    return BatchUpdate(
+        n, [], [(i, SamplingParams(logit_bias={3: 5.0}), [1], []) for i in range(n)], []
+    )

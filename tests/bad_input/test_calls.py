@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from logitsproc_rs import (
-    BUILTIN_LOGITS_PROCESSORS,
     BatchUpdate,
     BatchUpdateBuilder,
     EngineConfig,
@@ -23,16 +22,10 @@ from logitsproc_rs import (
     build_logitsprocs,
 )
 
-V = 16
-CFG = EngineConfig(max_num_seqs=4, vocab_size=V)
-ALL = [cls for cls in BUILTIN_LOGITS_PROCESSORS if cls.__name__ != "ThinkingBudgetLogitsProcessor"]
-
-
-def _bias_update(n: int = 1) -> BatchUpdate:
-    return BatchUpdate(
-        n, [], [(i, SamplingParams(logit_bias={3: 5.0}), [1], []) for i in range(n)], []
-    )
-
+from ._checks import SMALL_CFG as CFG
+from ._checks import SMALL_V as V
+from ._checks import TRIO as ALL
+from ._checks import bias_update
 
 # --- a skipped update_state ------------------------------------------------------------------
 
@@ -53,7 +46,7 @@ def test_logits_for_a_batch_the_processor_was_never_told_of_are_refused(cls) -> 
 
 def test_skipped_update_with_a_new_request_is_refused_not_dropped() -> None:
     procs = build_logitsprocs(CFG, "cpu", False)
-    procs.update_state(_bias_update(1))
+    procs.update_state(bias_update(1))
     # Step 2 adds a second request, but the engine forgets update_state.
     bias = next(p for p in procs.all if isinstance(p, LogitBiasLogitsProcessor))
     with pytest.raises(ValueError, match=r"expected \[1, 16\]"):

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from logitsproc_rs import (
-    BUILTIN_LOGITS_PROCESSORS,
     BatchUpdate,
     EngineConfig,
     PenaltiesLogitsProcessor,
@@ -20,16 +19,10 @@ from logitsproc_rs import (
 )
 from logitsproc_rs.reference import ReferenceSampler, build_reference_logitsprocs
 
-V = 16
-CFG = EngineConfig(max_num_seqs=4, vocab_size=V)
-ALL = [cls for cls in BUILTIN_LOGITS_PROCESSORS if cls.__name__ != "ThinkingBudgetLogitsProcessor"]
-
-
-def _bias_update(n: int = 1) -> BatchUpdate:
-    return BatchUpdate(
-        n, [], [(i, SamplingParams(logit_bias={3: 5.0}), [1], []) for i in range(n)], []
-    )
-
+from ._checks import SMALL_CFG as CFG
+from ._checks import SMALL_V as V
+from ._checks import TRIO as ALL
+from ._checks import bias_update
 
 # --- logits the processors cannot take -------------------------------------------------------
 
@@ -39,7 +32,7 @@ def test_logits_on_another_device_are_refused(cls) -> None:
     """CPU processors given device logits (here the meta device, which every build has) never
     hand a device pointer to a host kernel."""
     p = cls(CFG, "cpu", False)
-    p.update_state(_bias_update(1))
+    p.update_state(bias_update(1))
     with pytest.raises(ValueError, match=r"logits on meta, but the processors were built for cpu"):
         p.apply(torch.empty(1, V, device="meta"))
 
@@ -47,7 +40,7 @@ def test_logits_on_another_device_are_refused(cls) -> None:
 @pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
 def test_rows_that_are_not_contiguous_are_refused(cls) -> None:
     p = cls(CFG, "cpu", False)
-    p.update_state(_bias_update(2))
+    p.update_state(bias_update(2))
     x = torch.randn(V, 2).t()
     x0 = x.clone()
     with pytest.raises(ValueError, match="rows must be contiguous"):
