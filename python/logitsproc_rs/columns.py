@@ -84,19 +84,23 @@ class ColumnLogitsProcessor(PipelineView):
     ) -> torch.Tensor:
         raise NotImplementedError
 
+    def attach(self, pipeline: Any) -> None:
+        # Per column, once: its status entry and its sections' occurrences in the arena.
+        self._column_parts = [
+            (c, f"column.{k}", _occurrence(pipeline, k), _occurrence(pipeline, k, "tokens"))
+            for c, k in zip(self.COLUMNS, self._column_index, strict=True)
+        ]
+
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
         rows = logits.shape[0]  # matched to the batch by check_logits
         cols: dict[str, torch.Tensor] = {}
         active = 0
-        for c, k in zip(self.COLUMNS, self._column_index, strict=True):
-            occ = _occurrence(pipe, k)
-            active = max(active, pipe.count(f"column.{k}"))
+        for c, status, occ, tokens_occ in self._column_parts:
+            active = max(active, pipe.count(status))
             cols[c.name] = pipe.dense("column.values", rows, rowspace, c.width, occ)
             if c.kind == "tokens":
-                cols[c.name + "_len"] = pipe.dense(
-                    "column.lengths", rows, rowspace, 1, _occurrence(pipe, k, "tokens")
-                )
+                cols[c.name + "_len"] = pipe.dense("column.lengths", rows, rowspace, 1, tokens_occ)
         return self.transform(logits, cols, active)
 
 
