@@ -77,6 +77,9 @@ def validate_thinking_token_budget(budget: Any) -> int | None:
     return budget
 
 
+_F32_MAX = 3.4028234663852886e38  # top_n_sigma is stored as a float32
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling parameters (vLLM names)."""
@@ -102,6 +105,13 @@ class SamplingParams:
     thinking_token_budget: int | None = None
     # HF's no-repeat-ngram (ours, not vLLM's; 0: off): never repeat an n-gram of the sequence.
     no_repeat_ngram_size: int = 0
+    # Truncations beyond vLLM (ours; opt-in, applied after temperature and MinP, before
+    # top-k/top-p): llama.cpp's top-n-sigma (<= 0 or None: off, stored as 0.0), HF's typical-p
+    # (in (0, 1], 1: off), epsilon and eta cutoffs (in [0, 1), 0: off). None reads as off.
+    top_n_sigma: float | None = 0.0
+    typical_p: float | None = 1.0
+    epsilon_cutoff: float | None = 0.0
+    eta_cutoff: float | None = 0.0
     # Free-form per-request arguments for custom processors (vLLM's ``extra_args``).
     extra_args: dict[str, Any] | None = None
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
@@ -121,6 +131,35 @@ class SamplingParams:
         if self.eos_token_id is not None:
             # vLLM adds EOS to the stop set even with ignore_eos.
             self._all_stop_token_ids.add(self.eos_token_id)
+
+    def _verify_truncations(self) -> None:
+        """top_n_sigma, typical_p, epsilon_cutoff, eta_cutoff: the ranges the core checks
+        (``rust/src/tables/{top_n_sigma,typical_p,epsilon_cutoff,eta_cutoff}.rs``); None and
+        top_n_sigma <= 0 become the neutral value."""
+        for name, neutral in (
+            ("top_n_sigma", 0.0),
+            ("typical_p", 1.0),
+            ("epsilon_cutoff", 0.0),
+            ("eta_cutoff", 0.0),
+        ):
+            v = getattr(self, name)
+            if v is None:
+                setattr(self, name, neutral)
+                continue
+            if not _is_number(v) or math.isnan(v):
+                raise RequestError(f"{name} must be a number, got {v!r}", field=name)
+            if name == "top_n_sigma":
+                if not math.isfinite(v) or v > _F32_MAX:
+                    raise RequestError(
+                        f"top_n_sigma must be a finite number (<= 0: off), got {v}", field=name
+                    )
+                if v <= 0:
+                    self.top_n_sigma = 0.0
+            elif name == "typical_p":
+                if not 0.0 < v <= 1.0:
+                    raise RequestError(f"typical_p must be in (0, 1] (1: off), got {v}", field=name)
+            elif not 0.0 <= v < 1.0:
+                raise RequestError(f"{name} must be in [0, 1) (0: off), got {v}", field=name)
 
     def _verify(self) -> None:
         def number(name: str, lo: float, hi: float, lo_open: bool = False) -> None:
@@ -170,6 +209,7 @@ class SamplingParams:
                 f"no_repeat_ngram_size must be an int >= 0, got {self.no_repeat_ngram_size!r}",
                 field="no_repeat_ngram_size",
             )
+        self._verify_truncations()
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise RequestError(
                 f"logprobs must be an int >= 0, got {self.logprobs!r}", field="logprobs"

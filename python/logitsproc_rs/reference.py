@@ -39,11 +39,15 @@ from .state import LogitsProcessors
 __all__ = [
     "RefAllowedTokenIdsLogitsProcessor",
     "RefBadWordsLogitsProcessor",
+    "RefEpsilonCutoffLogitsProcessor",
+    "RefEtaCutoffLogitsProcessor",
     "RefLogitBiasLogitsProcessor",
     "RefMinPLogitsProcessor",
     "RefMinTokensLogitsProcessor",
     "RefNoRepeatNGramLogitsProcessor",
     "RefPenaltiesLogitsProcessor",
+    "RefTopNSigmaLogitsProcessor",
+    "RefTypicalPLogitsProcessor",
     "ReferenceSampler",
     "build_reference_logitsprocs",
     "process_dict_updates",
@@ -336,6 +340,130 @@ class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
                 if 0 <= t < vocab:
                     logits[index, t] = -math.inf
         return logits
+
+
+class _RefTruncation(LogitsProcessor):
+    """The four truncations beyond vLLM (top-n-sigma, typical-p, epsilon, eta): state is slot
+    → the request's value as float32, only where it is not off; ``apply`` loops over those
+    rows and rewrites each one by itself (``mask_row``, on a ``[1, V]`` view of the row).
+    Argmax-invariant phase (see ``builtin/typical_p.py`` for typical-p)."""
+
+    FIELD = ""
+    NEUTRAL = 0.0
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = device
+        self.values: dict[int, float] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    @classmethod
+    def is_off(cls, value: float) -> bool:
+        return value == cls.NEUTRAL
+
+    @classmethod
+    def new_state(cls, params: Any, _prompt: list[int] | None, _output: list[int]) -> float | None:
+        value = float(np.float32(_param(params, cls.FIELD, cls.NEUTRAL)))
+        return None if cls.is_off(value) else value
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.values, batch_update, self.new_state)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for index, value in self.values.items():
+            row = logits[index : index + 1]
+            row.copy_(self.mask_row(row.clone(), value))
+        return logits
+
+    @staticmethod
+    def mask_row(row: torch.Tensor, value: float) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class RefTopNSigmaLogitsProcessor(_RefTruncation):
+    """llama.cpp's ``llama_sampler_top_n_sigma_apply``: over the logits that are not -inf, the
+    max, the mean and the population std (÷ count); every logit below ``max - n * std`` becomes
+    -inf. ``n <= 0``: off. A row holding +inf or NaN, or of all -inf, is left alone (llama.cpp's
+    threshold is NaN there)."""
+
+    FIELD = "top_n_sigma"
+
+    @classmethod
+    def is_off(cls, value: float) -> bool:
+        return value <= 0.0
+
+    @staticmethod
+    def mask_row(row: torch.Tensor, value: float) -> torch.Tensor:
+        counted = row != -math.inf
+        count = int(counted.sum())
+        if count == 0 or bool(torch.isnan(row).any()) or bool((row == math.inf).any()):
+            return row
+        mean = row.masked_fill(~counted, 0.0).sum(dim=-1, keepdim=True) / count
+        dev = (row - mean).masked_fill(~counted, 0.0)
+        std = (dev * dev).sum(dim=-1, keepdim=True).div(count).sqrt()
+        n = torch.tensor(value, dtype=torch.float32)
+        threshold = row.max() - n * std
+        return row.masked_fill(row < threshold, -math.inf)
+
+
+class RefTypicalPLogitsProcessor(_RefTruncation):
+    """HF's ``TypicalLogitsWarper(mass=typical_p)`` (``min_tokens_to_keep=1``), one row at a
+    time: tokens sorted by ``|-log p - entropy|``; kept up to the first whose cumulative
+    probability (in that order) reaches the mass, and always the first. 1: off."""
+
+    FIELD = "typical_p"
+    NEUTRAL = 1.0
+
+    @staticmethod
+    def mask_row(row: torch.Tensor, value: float) -> torch.Tensor:
+        mass = torch.tensor(value, dtype=torch.float32)
+        normalized = torch.log_softmax(row, dim=-1)
+        p = torch.exp(normalized)
+        ent = -(normalized * p).nansum(-1, keepdim=True)
+        shifted = torch.abs((-normalized) - ent)
+        sorted_scores, sorted_indices = torch.sort(shifted, descending=False)
+        cumulative = row.gather(-1, sorted_indices).softmax(dim=-1).cumsum(dim=-1)
+        last = min(int((cumulative < mass).sum()), row.shape[-1] - 1)
+        remove_sorted = sorted_scores > sorted_scores[0, last]
+        remove_sorted[0, 0] = False
+        remove = torch.zeros_like(remove_sorted)
+        remove[0, sorted_indices[0]] = remove_sorted[0]
+        return row.masked_fill(remove, -math.inf)
+
+
+class RefEpsilonCutoffLogitsProcessor(_RefTruncation):
+    """HF's ``EpsilonLogitsWarper(epsilon_cutoff)`` (``min_tokens_to_keep=1``): a token whose
+    probability is below epsilon becomes -inf unless its logit is the row's max. 0: off."""
+
+    FIELD = "epsilon_cutoff"
+
+    @staticmethod
+    def mask_row(row: torch.Tensor, value: float) -> torch.Tensor:
+        eps = torch.tensor(value, dtype=torch.float32)
+        remove = (row.softmax(dim=-1) < eps) & (row < row.max())
+        return row.masked_fill(remove, -math.inf)
+
+
+class RefEtaCutoffLogitsProcessor(_RefTruncation):
+    """HF's ``EtaLogitsWarper(eta_cutoff)`` (``min_tokens_to_keep=1``): with the row's entropy
+    H (``torch.distributions.Categorical``'s), a token whose probability is below
+    ``min(eta, sqrt(eta) * exp(-H))`` becomes -inf unless its logit is the row's max. A row
+    whose entropy is NaN (it holds +inf or NaN, or is all -inf) is left alone, where HF's own
+    warper raises. 0: off."""
+
+    FIELD = "eta_cutoff"
+
+    @staticmethod
+    def mask_row(row: torch.Tensor, value: float) -> torch.Tensor:
+        eps = torch.tensor(value, dtype=torch.float32)
+        norm = row - row.logsumexp(dim=-1, keepdim=True)
+        entropy = -(norm.clamp(min=torch.finfo(norm.dtype).min) * norm.softmax(dim=-1)).sum()
+        if bool(torch.isnan(entropy)):
+            return row
+        eta = torch.min(eps, torch.sqrt(eps) * torch.exp(-entropy))
+        remove = (row.softmax(dim=-1) < eta) & (row < row.max())
+        return row.masked_fill(remove, -math.inf)
 
 
 class RefPenaltiesLogitsProcessor(LogitsProcessor):

@@ -6,7 +6,9 @@ vLLM hard-codes in its sampler are processors here too: ``SAMPLER_TRANSFORMS_BEF
 the built-ins (allowed ids, bad words) and ``SAMPLER_TRANSFORMS_AFTER`` after the custom ones
 (penalties); ``REASONING_TRANSFORMS`` follow them when a reasoning config exists (the thinking
 budget). ``OPT_IN`` processors are ours, not vLLM's: built when asked for (passed as a processor,
-or through the vLLM bridges).
+or through the vLLM bridges); the sampler runs each in its phase (no-repeat-ngram with the
+argmax-changing ones, the truncations top-n-sigma → typical-p → epsilon → eta after MinP with
+the argmax-invariant ones), in this list's order within it.
 """
 
 from collections.abc import Iterable
@@ -16,12 +18,16 @@ from ..registry import TABLES
 from ..views import PipelineView, Stage
 from .allowed_token_ids import AllowedTokenIdsLogitsProcessor
 from .bad_words import BadWordsLogitsProcessor
+from .epsilon_cutoff import EpsilonCutoffLogitsProcessor
+from .eta_cutoff import EtaCutoffLogitsProcessor
 from .logit_bias import LogitBiasLogitsProcessor
 from .min_p import MinPLogitsProcessor
 from .min_tokens import MinTokensLogitsProcessor
 from .no_repeat_ngram import NoRepeatNGramLogitsProcessor
 from .penalties import PenaltiesLogitsProcessor
 from .thinking import ThinkingBudgetLogitsProcessor
+from .top_n_sigma import TopNSigmaLogitsProcessor
+from .typical_p import TypicalPLogitsProcessor
 
 BUILTINS: tuple[type[PipelineView], ...] = (
     AllowedTokenIdsLogitsProcessor,
@@ -30,6 +36,11 @@ BUILTINS: tuple[type[PipelineView], ...] = (
     MinTokensLogitsProcessor,
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,
+    # Opt-in truncations, run after MinP in the argmax-invariant phase, in this order.
+    TopNSigmaLogitsProcessor,
+    TypicalPLogitsProcessor,
+    EpsilonCutoffLogitsProcessor,
+    EtaCutoffLogitsProcessor,
     PenaltiesLogitsProcessor,
     ThinkingBudgetLogitsProcessor,
 )
@@ -76,10 +87,14 @@ __all__ = [
     "SPEC_DECODE_BUILTINS",
     "AllowedTokenIdsLogitsProcessor",
     "BadWordsLogitsProcessor",
+    "EpsilonCutoffLogitsProcessor",
+    "EtaCutoffLogitsProcessor",
     "LogitBiasLogitsProcessor",
     "MinPLogitsProcessor",
     "MinTokensLogitsProcessor",
     "NoRepeatNGramLogitsProcessor",
     "PenaltiesLogitsProcessor",
     "ThinkingBudgetLogitsProcessor",
+    "TopNSigmaLogitsProcessor",
+    "TypicalPLogitsProcessor",
 ]

@@ -8,13 +8,18 @@
 pub mod allowed;
 pub mod bad_words;
 pub mod columns;
+pub mod epsilon_cutoff;
+pub mod eta_cutoff;
+pub mod float_params;
 pub mod logit_bias;
 pub mod min_p;
 pub mod min_tokens;
 pub mod no_repeat_ngram;
 pub mod penalties;
 pub mod thinking;
+pub mod top_n_sigma;
 pub mod triples;
+pub mod typical_p;
 
 use crate::error::{Error, Result};
 use crate::fields::FieldSpec;
@@ -167,5 +172,37 @@ pub const BUILTINS: &[Builtin] = &[
         history: true,
         layout: 3,
         build: thinking::build,
+    },
+    Builtin {
+        name: "top_n_sigma",
+        caps: &[],
+        fields: top_n_sigma::FIELDS,
+        history: false,
+        layout: 9,
+        build: top_n_sigma::build,
+    },
+    Builtin {
+        name: "typical_p",
+        caps: &[],
+        fields: typical_p::FIELDS,
+        history: false,
+        layout: 10,
+        build: typical_p::build,
+    },
+    Builtin {
+        name: "epsilon_cutoff",
+        caps: &[],
+        fields: epsilon_cutoff::FIELDS,
+        history: false,
+        layout: 11,
+        build: epsilon_cutoff::build,
+    },
+    Builtin {
+        name: "eta_cutoff",
+        caps: &[],
+        fields: eta_cutoff::FIELDS,
+        history: false,
+        layout: 12,
+        build: eta_cutoff::build,
     },
 ];

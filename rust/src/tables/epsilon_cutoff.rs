@@ -1,0 +1,46 @@
+//! epsilon sampling (HF `EpsilonLogitsWarper`, min_tokens_to_keep 1): mask tokens whose
+//! probability is below `epsilon_cutoff`, never the top one. One float32 per slot on the
+//! generic float-parameter table; the apply is in `builtin/epsilon_cutoff.py`.
+
+use crate::error::{Error, Result};
+use crate::fields::{FieldKind, FieldSpec};
+use crate::processor::Table;
+use crate::tables::float_params::{self, FloatParams, Values};
+use crate::tables::Build;
+
+/// The request field it reads (`epsilon_cutoff`; 0.0 is off).
+pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
+    "epsilon_cutoff",
+    FieldKind::Float { neutral: 0.0 },
+)];
+
+/// Its declaration on the generic float-parameter table.
+pub static SPEC: FloatParams = FloatParams {
+    name: "epsilon_cutoff",
+    fields: FIELDS,
+    buffers: &["epsilon_cutoff.value"],
+    check,
+};
+
+/// HF's range: in [0, 1); 0 is off (HF's `generate` adds no warper then).
+pub fn check(index: usize, v: &[f64]) -> Result<Option<Values>> {
+    cutoff(index, "epsilon_cutoff", v[0])
+}
+
+/// A cutoff in [0, 1), 0 off: shared with eta.
+pub fn cutoff(index: usize, field: &'static str, eps: f64) -> Result<Option<Values>> {
+    if eps.is_nan() || !(0.0..1.0).contains(&eps) {
+        return Err(Error::invalid(
+            index,
+            field,
+            format!("must be in [0, 1) (0: off), got {eps}"),
+        ));
+    }
+    let stored = eps as f32;
+    Ok((stored > 0.0).then(|| float_params::values(&[stored])))
+}
+
+/// Builds the table for a pipeline (the registry's entry).
+pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
+    float_params::build(&SPEC, b)
+}

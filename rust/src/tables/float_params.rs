@@ -1,0 +1,299 @@
+//! The generic table of per-request float parameters: one float32 per field per slot, dense,
+//! with the count of slots whose request sets it (MinP's bookkeeping, declared rather than
+//! written again). A processor built on it is a [`FloatParams`] declaration: its name, its
+//! float fields (with their neutral values), one arena buffer per field, and its range check.
+//!
+//! Used by top-n-sigma, typical-p, epsilon and eta (`top_n_sigma.rs`, `typical_p.rs`,
+//! `epsilon_cutoff.rs`, `eta_cutoff.rs`). A slot whose request is neutral holds every field's
+//! neutral value (as float32), so a dense device view needs no "unset" marker; the status count
+//! (`"<name>"`) says whether any row is active, so an apply can skip all work without a sync.
+//! Added, removed, moved and swapped exactly like MinP: an empty slot is the neutral request.
+//! Stable slots read the dense buffers through the row map (`Pipeline.dense`), as MinP does.
+
+use crate::arena::{HasBuffers, Staged};
+use crate::batch::{BatchUpdate, SlotOps};
+use crate::buffer::HostBuffer;
+use crate::error::Result;
+use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::processor::{entry, unbox, Admission, Entry, StatusSink, StepContext, Table};
+use crate::tables::Build;
+use std::any::Any;
+
+/// The most float fields one declaration may have (XTC will have two).
+pub const MAX_FIELDS: usize = 4;
+
+/// One request's checked values, in field order (entries past the declaration's fields are
+/// unused).
+pub type Values = [f32; MAX_FIELDS];
+
+/// A processor's declaration on the generic table.
+pub struct FloatParams {
+    /// The table's (and its status count's) name.
+    pub name: &'static str,
+    /// Its request fields: all `FieldKind::Float`, at most [`MAX_FIELDS`].
+    pub fields: &'static [FieldSpec],
+    /// The arena buffer of each field, in field order (`"<name>.<field>"`).
+    pub buffers: &'static [&'static str],
+    /// Checks one request's values (read in field order; unset reads as neutral): an
+    /// `Error::invalid` naming the index and the field, `Ok(None)` for a request that is
+    /// neutral (the slot holds the neutral values and is not counted), else the values to
+    /// store.
+    pub check: fn(usize, &[f64]) -> Result<Option<Values>>,
+}
+
+impl FloatParams {
+    /// The neutral value of field `k`, as stored.
+    pub fn neutral(&self, k: usize) -> f32 {
+        match self.fields[k].kind {
+            FieldKind::Float { neutral } => neutral as f32,
+            _ => panic!(
+                "{}: field {} is not a float",
+                self.name, self.fields[k].name
+            ),
+        }
+    }
+
+    /// The neutral values, as stored.
+    pub fn neutrals(&self) -> Values {
+        let mut out = [0.0; MAX_FIELDS];
+        for (k, v) in out.iter_mut().enumerate().take(self.fields.len()) {
+            *v = self.neutral(k);
+        }
+        out
+    }
+}
+
+/// The dense per-slot state of one declaration.
+pub struct FloatParamsTable {
+    spec: &'static FloatParams,
+    /// One buffer per field, `capacity` long, neutral where a slot is not set.
+    buffers: Vec<HostBuffer<f32>>,
+    /// Whether each slot holds a non-neutral request.
+    set: Vec<bool>,
+    count: usize,
+}
+
+impl FloatParamsTable {
+    pub fn try_new(spec: &'static FloatParams, capacity: usize) -> Result<Self> {
+        assert!(
+            !spec.fields.is_empty()
+                && spec.fields.len() <= MAX_FIELDS
+                && spec.buffers.len() == spec.fields.len(),
+            "{}: one buffer per float field, at most {MAX_FIELDS}",
+            spec.name
+        );
+        let buffers = (0..spec.fields.len())
+            .map(|k| HostBuffer::try_new(capacity, spec.neutral(k), "max_num_seqs"))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(FloatParamsTable {
+            spec,
+            buffers,
+            set: vec![false; capacity],
+            count: 0,
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.set.len()
+    }
+
+    /// Slots holding a non-neutral request.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The stored values of slot `index` (neutral when unset), `None` outside the table.
+    pub fn get(&self, index: usize) -> Option<Vec<f32>> {
+        (index < self.capacity()).then(|| self.buffers.iter().map(|b| b.get(index)).collect())
+    }
+
+    /// Checks one request's values, read in field order from `fields`.
+    pub fn check_fields(&self, index: usize, fields: &Fields) -> Result<Option<Values>> {
+        let mut raw = [0.0f64; MAX_FIELDS];
+        for (k, f) in self.spec.fields.iter().enumerate() {
+            raw[k] = fields.float(f);
+        }
+        (self.spec.check)(index, &raw[..self.spec.fields.len()])
+    }
+
+    /// Validates the update and every added request's values, then applies it (tests).
+    pub fn update(&mut self, update: BatchUpdate<Vec<f64>>) -> Result<()> {
+        update.validate(self.capacity())?;
+        let spec = self.spec;
+        let update = update.try_map_added(|i, v| (spec.check)(i, &v))?;
+        self.commit(update);
+        Ok(())
+    }
+
+    /// Applies an update whose values were already checked.
+    pub fn commit(&mut self, update: BatchUpdate<Option<Values>>) {
+        update.replay(self, |v| v);
+    }
+
+    fn read(&self, index: usize) -> Option<Values> {
+        if !self.set[index] {
+            return None;
+        }
+        let mut out = [0.0; MAX_FIELDS];
+        for (k, b) in self.buffers.iter().enumerate() {
+            out[k] = b.get(index);
+        }
+        Some(out)
+    }
+
+    fn write(&mut self, index: usize, values: Option<Values>) {
+        if values.is_none() && !self.set[index] {
+            return; // already neutral: nothing to write (or to upload)
+        }
+        let v = values.unwrap_or_else(|| self.spec.neutrals());
+        for (k, b) in self.buffers.iter_mut().enumerate() {
+            if b.get(index).to_bits() != v[k].to_bits() {
+                b.set(index, v[k]);
+            }
+        }
+        let is_set = values.is_some();
+        self.count = self.count + usize::from(is_set) - usize::from(self.set[index]);
+        self.set[index] = is_set;
+    }
+}
+
+impl SlotOps for FloatParamsTable {
+    type Value = Values;
+
+    fn put(&mut self, index: usize, value: Option<Values>) {
+        self.write(index, value);
+    }
+
+    fn take(&mut self, index: usize) -> Option<Values> {
+        let v = self.read(index);
+        self.write(index, None);
+        v
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        let (va, vb) = (self.read(a), self.read(b));
+        self.write(a, vb);
+        self.write(b, va);
+    }
+}
+
+impl HasBuffers for FloatParamsTable {
+    fn visit_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        for (name, b) in self.spec.buffers.iter().zip(self.buffers.iter_mut()) {
+            f(name, b);
+        }
+    }
+}
+
+impl Table for FloatParamsTable {
+    fn name(&self) -> &str {
+        self.spec.name
+    }
+
+    fn check(&self, index: usize, fields: &mut Fields, _: Admission) -> Result<Entry> {
+        Ok(entry(self.check_fields(index, fields)?))
+    }
+
+    fn commit(&mut self, update: BatchUpdate<Entry>, _: &StepContext<'_>) {
+        FloatParamsTable::commit(self, unbox::<Values>(update).map_added(|v| v));
+    }
+
+    fn active(&self) -> Option<usize> {
+        Some(self.count)
+    }
+
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out(self.spec.name, self.count);
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// Builds a declaration's table for a pipeline (each declaration's registry `build`).
+pub fn build(spec: &'static FloatParams, b: &Build<'_>) -> Result<Box<dyn Table>> {
+    Ok(Box::new(FloatParamsTable::try_new(spec, b.capacity)?))
+}
+
+/// One value per field, the first `values.len()` entries set.
+pub fn values(values: &[f32]) -> Values {
+    let mut out = [0.0; MAX_FIELDS];
+    out[..values.len()].copy_from_slice(values);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Move;
+    use crate::error::Error;
+
+    const FIELDS: &[FieldSpec] = &[
+        FieldSpec::new("t_a", FieldKind::Float { neutral: 1.0 }),
+        FieldSpec::new("t_b", FieldKind::Float { neutral: 0.0 }),
+    ];
+
+    fn check(index: usize, v: &[f64]) -> Result<Option<Values>> {
+        if !(0.0..=1.0).contains(&v[0]) {
+            return Err(Error::invalid(index, "t_a", "must be in [0, 1]"));
+        }
+        Ok((v[0] != 1.0 || v[1] != 0.0).then(|| values(&[v[0] as f32, v[1] as f32])))
+    }
+
+    static SPEC: FloatParams = FloatParams {
+        name: "t",
+        fields: FIELDS,
+        buffers: &["t.a", "t.b"],
+        check,
+    };
+
+    #[test]
+    fn counts_moves_swaps_and_removes_like_min_p() {
+        let mut t = FloatParamsTable::try_new(&SPEC, 4).unwrap();
+        assert_eq!(t.get(0), Some(vec![1.0, 0.0]));
+        let mut u = BatchUpdate::new(3);
+        u.added = vec![
+            (0, vec![0.5, 0.0]),
+            (1, vec![1.0, 0.0]),
+            (2, vec![1.0, 2.0]),
+        ];
+        t.update(u).unwrap();
+        assert_eq!(t.count(), 2);
+        let mut u = BatchUpdate::new(3);
+        u.moved = vec![Move::swap(0, 1)];
+        t.update(u).unwrap();
+        assert_eq!(
+            (t.get(0), t.get(1)),
+            (Some(vec![1.0, 0.0]), Some(vec![0.5, 0.0]))
+        );
+        assert_eq!(t.count(), 2);
+        let mut u = BatchUpdate::new(2);
+        u.moved = vec![Move::unidirectional(2, 0)];
+        t.update(u).unwrap();
+        assert_eq!(
+            (t.get(0), t.get(2)),
+            (Some(vec![1.0, 2.0]), Some(vec![1.0, 0.0]))
+        );
+        assert_eq!(t.count(), 2);
+        let mut u = BatchUpdate::new(2);
+        u.removed = vec![1];
+        t.update(u).unwrap();
+        assert_eq!((t.count(), t.get(1)), (1, Some(vec![1.0, 0.0])));
+        assert_eq!(t.get(4), None);
+    }
+
+    #[test]
+    fn a_bad_value_names_index_and_field_and_changes_nothing() {
+        let mut t = FloatParamsTable::try_new(&SPEC, 4).unwrap();
+        let mut u = BatchUpdate::new(2);
+        u.added = vec![(0, vec![0.5, 0.0]), (1, vec![2.0, 0.0])];
+        let err = t.update(u).unwrap_err().to_string();
+        assert!(err.contains("index 1") && err.contains("t_a"), "{err}");
+        assert_eq!((t.count(), t.get(0)), (0, Some(vec![1.0, 0.0])));
+    }
+}

@@ -1,0 +1,42 @@
+//! top-n-sigma (llama.cpp `llama_sampler_top_n_sigma_apply`, arXiv 2411.07641): over a row's
+//! logits other than -inf, mask every logit below `max - n * sigma` (population std). One float32
+//! per slot on the generic float-parameter table; the apply is in `builtin/top_n_sigma.py`.
+
+use crate::error::{Error, Result};
+use crate::fields::{FieldKind, FieldSpec};
+use crate::processor::Table;
+use crate::tables::float_params::{self, FloatParams, Values};
+use crate::tables::Build;
+
+/// The request field it reads (`top_n_sigma`; 0.0 is off).
+pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
+    "top_n_sigma",
+    FieldKind::Float { neutral: 0.0 },
+)];
+
+/// Its declaration on the generic float-parameter table.
+pub static SPEC: FloatParams = FloatParams {
+    name: "top_n_sigma",
+    fields: FIELDS,
+    buffers: &["top_n_sigma.value"],
+    check,
+};
+
+/// A finite number; n <= 0 is off (llama.cpp), stored as the neutral 0.
+pub fn check(index: usize, v: &[f64]) -> Result<Option<Values>> {
+    let n = v[0];
+    let stored = n as f32;
+    if !stored.is_finite() {
+        return Err(Error::invalid(
+            index,
+            "top_n_sigma",
+            format!("must be a finite number (<= 0: off), got {n}"),
+        ));
+    }
+    Ok((stored > 0.0).then(|| float_params::values(&[stored])))
+}
+
+/// Builds the table for a pipeline (the registry's entry).
+pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
+    float_params::build(&SPEC, b)
+}

@@ -1,0 +1,42 @@
+//! typical-p (HF `TypicalLogitsWarper`, min_tokens_to_keep 1): keep the tokens whose
+//! surprisal is closest to the entropy, up to mass `typical_p`. One float32 per slot on the
+//! generic float-parameter table; the apply is in `builtin/typical_p.py`.
+
+use crate::error::{Error, Result};
+use crate::fields::{FieldKind, FieldSpec};
+use crate::processor::Table;
+use crate::tables::float_params::{self, FloatParams, Values};
+use crate::tables::Build;
+
+/// The request field it reads (`typical_p`; 1.0 is off).
+pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
+    "typical_p",
+    FieldKind::Float { neutral: 1.0 },
+)];
+
+/// Its declaration on the generic float-parameter table.
+pub static SPEC: FloatParams = FloatParams {
+    name: "typical_p",
+    fields: FIELDS,
+    buffers: &["typical_p.value"],
+    check,
+};
+
+/// HF's range: in (0, 1]; 1 is off (HF's `generate` adds no warper then).
+pub fn check(index: usize, v: &[f64]) -> Result<Option<Values>> {
+    let mass = v[0];
+    if mass.is_nan() || mass <= 0.0 || mass > 1.0 {
+        return Err(Error::invalid(
+            index,
+            "typical_p",
+            format!("must be in (0, 1] (1: off), got {mass}"),
+        ));
+    }
+    let stored = mass as f32;
+    Ok((stored < 1.0).then(|| float_params::values(&[stored])))
+}
+
+/// Builds the table for a pipeline (the registry's entry).
+pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
+    float_params::build(&SPEC, b)
+}
