@@ -46,3 +46,69 @@ def _vparams(min_p=0.0, logit_bias=None, min_tokens=0, stop=()):
     return SimpleNamespace(
         min_p=min_p, logit_bias=logit_bias, min_tokens=min_tokens, all_stop_token_ids=set(stop)
     )
+
+
+def routes_match_reference(
+    view: Any,
+    ref: Any,
+    sim: Any,
+    cap: int,
+    vocab: int,
+    logits_of: Any,
+    steps: int = 120,
+) -> int:
+    """Drives ``sim`` (a seeded ``ChurnSimulator``) through ``view`` (an opt-in built-in view
+    class) on every route and its reference ``ref``, requiring identical logits each step: one
+    call (``procs.update_state``), vLLM's loop, the device path (``emulate_device``), the token
+    feed, stable slots (a request keeps its slot; rows map to slots), and the view built alone.
+    ``logits_of(step, rows)`` gives the step's logits. Returns how many logits the reference
+    masked (so a caller can check the churn did something)."""
+    from logitsproc_rs import EngineConfig, build_logitsprocs
+
+    cfg = EngineConfig(max_num_seqs=cap, vocab_size=vocab)
+    extra = [view]
+    one = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=extra)
+    loop = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=extra)
+    emu = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=extra, emulate_device=True)
+    fed = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=extra, token_feed=True)
+    slots = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=extra, stable_slots=True)
+    alone = view(cfg, "cpu", False)
+
+    def ours(procs: Any) -> Any:
+        return next(p for p in procs.all if isinstance(p, view))
+
+    reference = ref(cfg, torch.device("cpu"), False)
+    pipe = ours(slots).pipeline
+    slot_of: dict[int, int] = {}
+    prev_rows: list[Any] = []
+    masked = 0
+    for k in range(steps):
+        update = sim.step()
+        rows = sim.batch.rows()
+        one.update_state(update)
+        emu.update_state(update)
+        for p in loop.all:
+            p.update_state(update)
+        alone.update_state(update)
+        sampled = [r.output_token_ids[-1] for r in prev_rows]
+        fed.update_state(update, sampled_token_ids=sampled if prev_rows else None)
+        live = {r.req_id for r in rows}
+        for rid in [rid for rid in slot_of if rid not in live]:
+            pipe.remove_request(slot_of.pop(rid))
+        for r in rows:
+            if r.req_id not in slot_of:
+                slot_of[r.req_id] = min(set(range(cap)) - set(slot_of.values()))
+                pipe.add_request(slot_of[r.req_id], r.params, r.prompt_token_ids, r.output_token_ids)
+        reference.update_state(update)
+        logits = logits_of(k, len(rows))
+        want = reference.apply(logits.clone())
+        for name, procs in (("one call", one), ("loop", loop), ("emulated", emu), ("fed", fed)):
+            got = ours(procs).apply(logits.clone())
+            assert torch.equal(got, want), f"{name}, step {k}\n{got}\n{want}"
+        assert torch.equal(alone.apply(logits.clone()), want), f"alone, step {k}"
+        row_to_slot = [slot_of[r.req_id] for r in rows]
+        got = pipe.apply(logits.clone(), row_to_slot, processors=[ours(slots)])
+        assert torch.equal(got, want), f"stable slots, step {k}\n{got}\n{want}"
+        masked += int((torch.isinf(want) & ~torch.isinf(logits)).sum())
+        prev_rows = list(rows)
+    return masked
