@@ -258,3 +258,18 @@ def test_hf_generate_gives_transformers_own_tokens(tiny_llama: Any, setting: dic
         ours = proc.generate(tiny_llama, ids, max_new_tokens=30)
     assert torch.equal(ours, theirs), setting
     assert not torch.equal(plain, theirs)  # the warper changed what was sampled
+
+
+def test_vllm_bridges_read_them_from_the_namespace() -> None:
+    """The V1 and MRV2 bridges read the four from ``extra_args["logitsproc_rs"]`` (vLLM's names
+    of the fields, checked by our ``SamplingParams``); a bad one names the request and field."""
+    from logitsproc_rs.vllm._fields import NAMESPACE, NAMESPACE_FIELDS, routed_params
+
+    fields = {"top_n_sigma", "typical_p", "epsilon_cutoff", "eta_cutoff"}
+    assert fields <= NAMESPACE_FIELDS
+    ns = {"top_n_sigma": 1.5, "typical_p": 0.5, "epsilon_cutoff": 0.01, "eta_cutoff": 0.02}
+    got = routed_params(0, SimpleNamespace(extra_args={NAMESPACE: ns}), NAMESPACE)
+    assert {f: getattr(got, f) for f in fields} == ns
+    with pytest.raises(RequestError) as ei:
+        routed_params(3, SimpleNamespace(extra_args={NAMESPACE: {"typical_p": 0.0}}), NAMESPACE)
+    assert (ei.value.index, ei.value.field) == (3, "typical_p")
