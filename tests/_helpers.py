@@ -98,7 +98,9 @@ def routes_match_reference(
         for r in rows:
             if r.req_id not in slot_of:
                 slot_of[r.req_id] = min(set(range(cap)) - set(slot_of.values()))
-                pipe.add_request(slot_of[r.req_id], r.params, r.prompt_token_ids, r.output_token_ids)
+                pipe.add_request(
+                    slot_of[r.req_id], r.params, r.prompt_token_ids, r.output_token_ids
+                )
         reference.update_state(update)
         logits = logits_of(k, len(rows))
         want = reference.apply(logits.clone())

@@ -95,7 +95,9 @@ def test_kept_set_equals_llama_cpps_loop(n: float) -> None:
     differ in the last bits (a few ulp of the row's scale)."""
     rows = 32
     proc = TopNSigmaLogitsProcessor(EngineConfig(max_num_seqs=rows, vocab_size=V), "cpu", False)
-    proc.update_state(upd(rows, added=[(i, SamplingParams(top_n_sigma=n), None, []) for i in range(rows)]))
+    proc.update_state(
+        upd(rows, added=[(i, SamplingParams(top_n_sigma=n), None, []) for i in range(rows)])
+    )
     g = torch.Generator().manual_seed(int(n * 10))
     x = torch.randn(rows, V, generator=g) * 3
     x[torch.rand(rows, V, generator=g) < 0.1] = NEG_INF
@@ -115,7 +117,9 @@ def test_kept_set_equals_llama_cpps_loop(n: float) -> None:
 
 def test_temperature_invariant_and_keeps_the_max() -> None:
     proc = TopNSigmaLogitsProcessor(CFG, "cpu", False)
-    proc.update_state(upd(4, added=[(i, SamplingParams(top_n_sigma=1.0), None, []) for i in range(4)]))
+    proc.update_state(
+        upd(4, added=[(i, SamplingParams(top_n_sigma=1.0), None, []) for i in range(4)])
+    )
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, V, generator=g) * 2
     kept = ~torch.isinf(proc.apply(x.clone()))

@@ -98,7 +98,9 @@ def test_equal_to_hfs_own_warper(field: str) -> None:
     g = torch.Generator().manual_seed(11)
     for value in values[2:]:
         proc = view(cfg, "cpu", False)
-        proc.update_state(upd(rows, added=[(i, SamplingParams(**{field: value}), None, []) for i in range(rows)]))
+        proc.update_state(
+            upd(rows, added=[(i, SamplingParams(**{field: value}), None, []) for i in range(rows)])
+        )
         for _ in range(5):
             x = random_logits(g, rows)
             want = hf_warper(field, value)(None, x.clone())
@@ -106,7 +108,11 @@ def test_equal_to_hfs_own_warper(field: str) -> None:
             assert torch.equal(got, want), f"{field}={value}\n{got}\n{want}"
     proc = view(cfg, "cpu", False)
     per_row = [values[2 + i % (len(values) - 2)] if i % 4 else values[0] for i in range(rows)]
-    proc.update_state(upd(rows, added=[(i, SamplingParams(**{field: v}), None, []) for i, v in enumerate(per_row)]))
+    proc.update_state(
+        upd(
+            rows, added=[(i, SamplingParams(**{field: v}), None, []) for i, v in enumerate(per_row)]
+        )
+    )
     x = random_logits(g, rows)
     got = proc.apply(x.clone())
     for i, v in enumerate(per_row):
@@ -163,9 +169,14 @@ def test_sampler_order() -> None:
     the order top-n-sigma, typical-p, epsilon, eta."""
     from logitsproc_rs import builtin
 
-    procs = build_logitsprocs(CFG, "cpu", False, custom_logitsprocs=builtin.asked_for(
-        [SamplingParams(eta_cutoff=0.1), SamplingParams(typical_p=0.5, top_n_sigma=1.0)]
-    ))
+    procs = build_logitsprocs(
+        CFG,
+        "cpu",
+        False,
+        custom_logitsprocs=builtin.asked_for(
+            [SamplingParams(eta_cutoff=0.1), SamplingParams(typical_p=0.5, top_n_sigma=1.0)]
+        ),
+    )
     assert [type(p).__name__ for p in procs.argmax_invariant] == [
         "MinPLogitsProcessor",
         "TopNSigmaLogitsProcessor",

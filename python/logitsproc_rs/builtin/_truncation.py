@@ -30,7 +30,7 @@ class TruncationView(PipelineView):
         return self.mask_(logits, value)
 
     @staticmethod
-    def mask_(logits: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    def mask_(logits: torch.Tensor, value: torch.Tensor, /) -> torch.Tensor:
         """In place: -inf where the rows' values (``[rows, 1]``, neutral where unset) drop."""
         raise NotImplementedError
 
