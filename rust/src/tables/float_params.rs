@@ -296,4 +296,34 @@ mod tests {
         assert!(err.contains("index 1") && err.contains("t_a"), "{err}");
         assert_eq!((t.count(), t.get(0)), (0, Some(vec![1.0, 0.0])));
     }
+
+    #[test]
+    fn the_four_declarations_check_their_ranges() {
+        use crate::tables::{epsilon_cutoff, eta_cutoff, top_n_sigma, typical_p};
+        let on = |v: f32| Ok(Some(values(&[v])));
+        assert_eq!((top_n_sigma::SPEC.check)(0, &[1.5]), on(1.5));
+        assert_eq!((top_n_sigma::SPEC.check)(0, &[0.0]), Ok(None));
+        assert_eq!((top_n_sigma::SPEC.check)(0, &[-3.0]), Ok(None)); // <= 0: off
+        assert_eq!((typical_p::SPEC.check)(0, &[0.5]), on(0.5));
+        assert_eq!((typical_p::SPEC.check)(0, &[1.0]), Ok(None));
+        for spec in [&epsilon_cutoff::SPEC, &eta_cutoff::SPEC] {
+            assert_eq!((spec.check)(0, &[0.01]), on(0.01));
+            assert_eq!((spec.check)(0, &[0.0]), Ok(None));
+        }
+        let bad: [(&FloatParams, f64); 9] = [
+            (&top_n_sigma::SPEC, f64::NAN),
+            (&top_n_sigma::SPEC, f64::INFINITY),
+            (&top_n_sigma::SPEC, 1e39),
+            (&typical_p::SPEC, 0.0),
+            (&typical_p::SPEC, 1.5),
+            (&epsilon_cutoff::SPEC, 1.0),
+            (&epsilon_cutoff::SPEC, -0.1),
+            (&eta_cutoff::SPEC, f64::NAN),
+            (&eta_cutoff::SPEC, 1.0),
+        ];
+        for (spec, v) in bad {
+            let err = (spec.check)(2, &[v]).unwrap_err().to_string();
+            assert!(err.contains("index 2") && err.contains(spec.name), "{err}");
+        }
+    }
 }
