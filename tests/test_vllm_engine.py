@@ -247,6 +247,19 @@ def test_no_repeat_ngram_bans_repeated_bigrams(ours):
         assert not _repeats_a_bigram(prompt + o["t"], len(prompt)), (prompt, o)
 
 
+def test_truncations_top_n_sigma_and_typical_p(ours):
+    """Ours beyond vLLM's, through the V1 bridge (extra_args namespace), in the
+    argmax-invariant phase: top_n_sigma=1e-6 keeps only the max, so sampling at T=1 gives the
+    greedy tokens; typical_p=1e-6 keeps a single token per step, so every seed gives the same
+    tokens; the same seeds without them vary."""
+    e = part(ours, "effects")
+    greedy = e["sampling_greedy"]["t"]
+    assert sum(o["t"] != greedy for o in e["sampling_plain"]) >= 4, "baseline should vary"
+    assert all(o["t"] == greedy for o in e["top_n_sigma_tiny"]), e["top_n_sigma_tiny"]
+    typical = e["typical_p_tiny"]
+    assert all(o["t"] == typical[0]["t"] for o in typical), typical
+
+
 def test_penalties_change_output(ours):
     base, repetition, presence = part(ours, "effects")["penalties"]
     assert repetition["t"] != base["t"] and presence["t"] != base["t"], (base, repetition)

@@ -396,7 +396,11 @@ def ours(model: str) -> None:
         margin_cls,
     ]
     # Ours beyond vLLM's (opt-in), in the engine for its effect; not in the cost profile.
-    extra: list[Any] = ["logitsproc_rs.vllm.v1:NoRepeatNGramLogitsProcessor"]
+    extra: list[Any] = [
+        "logitsproc_rs.vllm.v1:NoRepeatNGramLogitsProcessor",
+        "logitsproc_rs.vllm.v1:TopNSigmaLogitsProcessor",
+        "logitsproc_rs.vllm.v1:TypicalPLogitsProcessor",
+    ]
     captured = Captured()
     logging.getLogger("logitsproc_rs").addHandler(captured)
     t0 = time.perf_counter()
@@ -510,6 +514,11 @@ def effects(llm) -> dict:
         ],
     )
     out["no_repeat_prompts"] = PROMPTS + [PROMPTS[0]] * len(seeds)
+    # Truncations (ours, opt-in, argmax-invariant phase): a tiny top_n_sigma keeps only the
+    # max (sampled = greedy); a tiny typical_p keeps one token, the most typical (every seed
+    # samples the same tokens).
+    out["top_n_sigma_tiny"] = run(llm, [{**s, "ns": {"top_n_sigma": 1e-6}} for s in sampled])
+    out["typical_p_tiny"] = run(llm, [{**s, "ns": {"typical_p": 1e-6}} for s in sampled])
     out["margin_tiny"] = run(llm, [{**s, "margin": 1e-3} for s in sampled])
     out["margin_huge"] = run(llm, [{**s, "margin": 1e6} for s in sampled])
     return out
