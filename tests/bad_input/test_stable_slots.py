@@ -135,7 +135,7 @@ def test_a_bad_slot_is_a_typed_value_error_naming_the_slot(slot: Any, what: str)
     assert "slot" in str(e)
     if isinstance(slot, (int, np.integer)) and not isinstance(slot, (bool, np.bool_)):
         assert str(int(slot)) in str(e)
-        assert e.index == (int(slot) if 0 <= int(slot) < 2**64 else None)
+        assert e.index == (int(slot) if 0 <= int(slot) < 2**63 else None)
 
 
 class Index:

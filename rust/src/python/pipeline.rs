@@ -9,7 +9,7 @@ use pyo3::types::{PyByteArray, PyBytes, PyDict, PyFrozenSet, PyList, PySet, PySt
 
 use super::buffer::{logits_rows, HostBufferView};
 use super::errors::{bad_input, bad_value, out_of_memory};
-use super::history::{describe, int_item, is_interrupt, PyListSource};
+use super::history::{describe, int_item, is_interrupt, NotInt, PyListSource};
 use super::params::Reader;
 use super::update::{parse_update, AddedEntry};
 use crate::arena::Upload;
@@ -149,6 +149,33 @@ fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResu
             })
         })
         .collect()
+}
+
+/// A slot argument (`add_request` / `remove_request`): a Python int or a numpy integer;
+/// anything else (a bool, a float, a str, None, an object with `__index__`, whose code never
+/// runs) and a negative one is a `RequestError` naming the field `slot` and the slot, and
+/// one past the capacity the core's `BatchUpdateError` naming it (`index`).
+fn slot_arg(obj: &Bound<'_, PyAny>, capacity: usize) -> PyResult<usize> {
+    let what = match int_item(obj) {
+        Ok(v) => match usize::try_from(v) {
+            Ok(s) if s < capacity => return Ok(s),
+            Ok(s) => {
+                return Err(crate::error::Error::IndexOutOfRange {
+                    index: s,
+                    field: "slot",
+                    capacity,
+                }
+                .into())
+            }
+            Err(_) => v.to_string(),
+        },
+        Err(NotInt::Range(v)) => v,
+        Err(NotInt::Kind(d)) => d,
+    };
+    Err(bad_input(
+        "slot",
+        format!("slot {what} is not an int in [0, {capacity}) (max_num_seqs)"),
+    ))
 }
 
 impl Pipeline {
@@ -333,11 +360,12 @@ impl Pipeline {
     fn add_request(
         &mut self,
         py: Python<'_>,
-        slot: usize,
+        slot: &Bound<'_, PyAny>,
         params: Bound<'_, PyAny>,
         prompt_tok_ids: Option<Bound<'_, PyAny>>,
         output_tok_ids: Option<Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let slot = slot_arg(slot, self.inner.capacity())?;
         let entry = AddedEntry {
             index: slot,
             params,
@@ -350,8 +378,8 @@ impl Pipeline {
     }
 
     /// Stable slots: `slot` is free.
-    fn remove_request(&mut self, slot: usize) -> PyResult<()> {
-        Ok(self.inner.remove_request(slot)?)
+    fn remove_request(&mut self, slot: &Bound<'_, PyAny>) -> PyResult<()> {
+        Ok(self.inner.remove_request(slot_arg(slot, self.inner.capacity())?)?)
     }
 
     /// Stable slots, one step: the token feed (`sampled_token_ids[k]` for slot `slots[k]`),
