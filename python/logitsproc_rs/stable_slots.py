@@ -63,7 +63,9 @@ class StableSlots:
         self._need_stable("step_slots")
         self._step_slots(*self._slot_inputs(row_to_slot, sampled_token_ids, slots))
 
-    def _slot_inputs(self, row_to_slot: Any, sampled_token_ids: Any, slots: Any) -> tuple:
+    def _slot_inputs(
+        self, row_to_slot: Any, sampled_token_ids: Any, slots: Any
+    ) -> tuple[Any, Any, Any]:
         """The row map, the feed and its slots in the core's form (refused if malformed)."""
         if (sampled_token_ids is None) != (slots is None):
             detail = "sampled_token_ids and slots go together (the slot each token is for)"

@@ -203,9 +203,7 @@ BAD_FEEDS: list[tuple[str, Any]] = [
     ("nested", [[5], [6], [7]]),
 ]
 if hasattr(torch, "uint64"):
-    BAD_FEEDS.append(
-        ("uint64_tensor_past_int64", torch.tensor([2**63, 5, 6], dtype=torch.uint64))
-    )
+    BAD_FEEDS.append(("uint64_tensor_past_int64", torch.tensor([2**63, 5, 6], dtype=torch.uint64)))
 
 
 @pytest.mark.parametrize("with_update", [False, True])
@@ -422,7 +420,9 @@ MIDDLE = [[3, -1, 4], [-1, 3], [3, -1, -1, 5], [-1, -1, 0]]
 
 @pytest.mark.parametrize("token_feed", [False, True])
 @pytest.mark.parametrize("output", MIDDLE, ids=str)
-def test_a_placeholder_before_a_token_is_refused_at_add(output: list[int], token_feed: bool) -> None:
+def test_a_placeholder_before_a_token_is_refused_at_add(
+    output: list[int], token_feed: bool
+) -> None:
     """Async placeholders (−1) are only ever a suffix of an output list: one before a token is
     refused by ours and by the reference, naming the request, the field and the position."""
     pos = next(i for i, t in enumerate(output) if t >= 0 and -1 in output[:i])
@@ -434,7 +434,9 @@ def test_a_placeholder_before_a_token_is_refused_at_add(output: list[int], token
         with pytest.raises(ValueError, match=rf"index 2\b.*output_tok_ids.*position {pos}\b"):
             target.update_state(update)
     assert ours.pipeline.core.batch_size == 0
-    assert ours.pipeline.core.active() == build_logitsprocs(CFG, "cpu", False).pipeline.core.active()
+    assert (
+        ours.pipeline.core.active() == build_logitsprocs(CFG, "cpu", False).pipeline.core.active()
+    )
 
 
 @pytest.mark.parametrize("output", [[3, -1], [3, -1, -1], [-1], [-1, -1], []], ids=str)

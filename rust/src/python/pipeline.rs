@@ -76,7 +76,10 @@ fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResul
     if let Ok(b) = obj.cast::<PyBytes>() {
         let raw = b.as_bytes();
         if raw.len() % 8 != 0 {
-            return Err(bad_input(field, "int64 bytes: a length not a multiple of 8"));
+            return Err(bad_input(
+                field,
+                "int64 bytes: a length not a multiple of 8",
+            ));
         }
         if raw.len() / 8 > max {
             return Err(crate::error::Error::TooLarge {
@@ -131,8 +134,7 @@ fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResul
         let item = item.map_err(|e| raised("iterating it", e))?;
         let v = int_item(&item)
             .map_err(|why| bad_value(pos, field, format!("position {pos}: {why}")))?;
-        out.try_reserve(1)
-            .map_err(|_| out_of_memory(pos, field))?;
+        out.try_reserve(1).map_err(|_| out_of_memory(pos, field))?;
         out.push(v);
     }
     Ok(out)
@@ -144,9 +146,8 @@ fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResu
     v.into_iter()
         .enumerate()
         .map(|(r, s)| {
-            usize::try_from(s).map_err(|_| {
-                bad_value(r, field, format!("position {r}: slot {s} is negative"))
-            })
+            usize::try_from(s)
+                .map_err(|_| bad_value(r, field, format!("position {r}: slot {s} is negative")))
         })
         .collect()
 }
@@ -379,7 +380,9 @@ impl Pipeline {
 
     /// Stable slots: `slot` is free.
     fn remove_request(&mut self, slot: &Bound<'_, PyAny>) -> PyResult<()> {
-        Ok(self.inner.remove_request(slot_arg(slot, self.inner.capacity())?)?)
+        Ok(self
+            .inner
+            .remove_request(slot_arg(slot, self.inner.capacity())?)?)
     }
 
     /// Stable slots, one step: the token feed (`sampled_token_ids[k]` for slot `slots[k]`),
