@@ -654,6 +654,16 @@ class TokenFeedMachine(PipelineMachine):
                 "string",
                 "nested",
                 "huge",
+                "short",
+                "long",
+                "empty",
+                "dict",
+                "set",
+                "array_2d",
+                "tensor_0d",
+                "bytes",
+                "uint64_past_int64",
+                "bool_item",
             ]
         ),
     )
@@ -664,7 +674,16 @@ class TokenFeedMachine(PipelineMachine):
         feed: list[Any] = [-1] * n
         pos = data.draw(st.integers(0, max(0, n - 1)))
         if (
-            kind in ("out_of_vocab", "below_minus_one", "huge", "floats", "string", "nested")
+            kind
+            in (
+                "out_of_vocab",
+                "below_minus_one",
+                "huge",
+                "floats",
+                "string",
+                "nested",
+                "bool_item",
+            )
             and n == 0
         ):
             feed = [-1]
@@ -688,6 +707,31 @@ class TokenFeedMachine(PipelineMachine):
             bad = "1"
         elif kind == "nested":
             feed[pos] = [1]
+        elif kind == "short":
+            if n == 0:
+                return
+            bad = feed[: data.draw(st.integers(0, n - 1))]
+        elif kind == "long":
+            bad = [-1] * data.draw(st.integers(n + 1, n + 2))
+        elif kind == "empty":
+            if n == 0:
+                return
+            bad = []
+        elif kind == "dict":
+            bad = dict(enumerate(feed))
+        elif kind == "set":
+            bad = set(feed) | {0}
+        elif kind == "array_2d":
+            bad = np.array([feed or [-1]])
+        elif kind == "tensor_0d":
+            bad = torch.tensor(-1)
+        elif kind == "bytes":
+            bad = np.array(feed, dtype=np.int64).tobytes()
+        elif kind == "uint64_past_int64":
+            bad = np.array(feed or [0], dtype=np.int64).astype(np.uint64)
+            bad[pos] = np.uint64(2**64 - 1)  # would wrap to -1: a silent "no token"
+        elif kind == "bool_item":
+            feed[pos] = True
         update = None
         if data.draw(st.booleans()):
             _r, added, moved, size = self.base_update(data)

@@ -174,14 +174,14 @@ class Pipeline(StableSlots):
                     "sampled_token_ids given to a pipeline that reads the engine's output "
                     "lists; build it with token_feed=True"
                 )
-            sampled_token_ids = host_ints(sampled_token_ids)
+            sampled_token_ids = host_ints(sampled_token_ids, "sampled_token_ids")
         elif batch_update is None and self.token_feed and not self._pending_restep:
             # Token feed, no update, no tokens: nothing can have changed.
             self.protocol.stepped_all()
             self.core.discard()
             return
         self._core_step(
-            batch_update, sampled_token_ids, None if slots is None else host_ints(slots)
+            batch_update, sampled_token_ids, None if slots is None else host_ints(slots, "slots")
         )
         self.protocol.stepped_all()  # every view has taken part in this step
 

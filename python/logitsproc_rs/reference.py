@@ -30,6 +30,7 @@ import torch
 # added, removed, moved; an added request whose state is None clears its slot; a UNIDIRECTIONAL
 # move discards the destination's old state and empties the source; a SWAP exchanges, also
 # when one side is empty.
+from .errors import RequestError
 from .interface import BatchUpdate, LogitsProcessor, process_dict_updates
 from .params import _SAMPLING_EPS, NEUTRAL_REPETITION_PENALTY
 from .registry import CAP_DEFAULTS
@@ -50,12 +51,39 @@ __all__ = [
     "RefTypicalPLogitsProcessor",
     "ReferenceSampler",
     "build_reference_logitsprocs",
+    "check_outputs",
     "process_dict_updates",
     "ref_apply_bad_words_single_batch",
     "ref_apply_token_bitmask",
     "ref_gather_logprobs",
     "reference_of",
 ]
+
+
+def check_outputs(batch_update: BatchUpdate | None, live: Any) -> None:
+    """Output lists as vLLM writes them: async placeholders (``-1``, one per step in flight,
+    filled in before more tokens are appended) are only ever a suffix. A token after one is
+    refused, as the fast path refuses it: a ``ValueError`` naming the request's index, the
+    field and the position. ``live``: ``(index, output)`` of the lists a processor holds
+    (checked before the update changes anything), then the update's added requests."""
+    for index, output in live:
+        _check_output(index, output)
+    for index, _params, _prompt, output in batch_update.added if batch_update else ():
+        _check_output(index, output)
+
+
+def _check_output(index: int, output: Any) -> None:
+    first = None
+    for pos, t in enumerate(output):
+        if isinstance(t, (int, np.integer)) and t == -1:
+            first = pos if first is None else first
+        elif first is not None:
+            raise RequestError.located(
+                index,
+                "output_tok_ids",
+                f"position {pos} holds a token after the async placeholder (-1) at position "
+                f"{first}: placeholders are only ever a suffix of the output",
+            )
 
 
 class RefMinTokensLogitsProcessor(LogitsProcessor):
@@ -84,6 +112,7 @@ class RefMinTokensLogitsProcessor(LogitsProcessor):
         return (min_tokens, output, set(params.all_stop_token_ids))
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        check_outputs(batch_update, ((i, e[1]) for i, e in self.min_toks.items()))
         process_dict_updates(self.min_toks, batch_update, self.new_state)
         for index, (min_tokens, output, _) in list(self.min_toks.items()):
             if len(output) >= min_tokens:
@@ -280,6 +309,7 @@ class RefBadWordsLogitsProcessor(LogitsProcessor):
         return ([list(w) for w in words], output)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        check_outputs(batch_update, ((i, e[1]) for i, e in self.bad_words.items()))
         process_dict_updates(self.bad_words, batch_update, self.new_state)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -321,6 +351,7 @@ class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
         return (int(n), list(prompt or ()), output)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        check_outputs(batch_update, ((i, e[2]) for i, e in self.rows.items()))
         process_dict_updates(self.rows, batch_update, self.new_state)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -507,6 +538,7 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
         return (values, None if prompt is None else list(prompt), output)
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        check_outputs(batch_update, ((i, e[2]) for i, e in self.penalties.items()))
         process_dict_updates(self.penalties, batch_update, self.new_state)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -515,7 +547,12 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
             row = logits[index]
             prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=row.device)
             prompt_mask[[t for t in prompt or () if 0 <= t < vocab]] = True
-            real = [t for t in output if isinstance(t, int) and 0 <= t < vocab]
+            # numpy integer scalars are ints (vLLM makes a tensor of the list); bools are not.
+            real = [
+                int(t)
+                for t in output
+                if isinstance(t, (int, np.integer)) and not isinstance(t, bool) and 0 <= t < vocab
+            ]
             counts = torch.bincount(torch.tensor(real, dtype=torch.int64), minlength=vocab)
             counts = counts.to(device=row.device, dtype=torch.float32)
             in_output = counts > 0

@@ -196,6 +196,9 @@ class RefThinkingBudgetLogitsProcessor(LogitsProcessor):
         return ReferenceThinking(prompt, budget, self.start, self.end), output
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
+        from .reference import check_outputs
+
+        check_outputs(batch_update, ((r, out) for r, (_ref, out) in self.states.items()))
         if batch_update is not None:
             process_dict_updates(self.states, batch_update, self._new_state)
             self.batch_size = batch_update.batch_size

@@ -9,12 +9,15 @@ slot, the slot changes, the per-step work, this step's row map, one upload); pro
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
+from .errors import RequestError
 from .host_ints import host_ints
+from .logits_check import checked_logits
 
 
 class StableSlots:
@@ -27,6 +30,8 @@ class StableSlots:
     protocol: Any
     _views: list[Any]
     _row_map: Any
+    vocab_size: int
+    device: torch.device
 
     def _after_step(self) -> None:
         raise NotImplementedError
@@ -53,15 +58,29 @@ class StableSlots:
     ) -> None:
         """Stable slots, once per step before applying: the tokens sampled last step (by
         slot), the slot changes since the last step, the per-step work, then this step's row
-        map (logits row ``r`` belongs to slot ``row_to_slot[r]``), and one upload."""
+        map (logits row ``r`` belongs to slot ``row_to_slot[r]``), and one upload. Everything
+        is checked first: a refused call changes nothing (pending changes stay pending)."""
         self._need_stable("step_slots")
-        self._row_map = host_ints(row_to_slot)
-        self.arena.begin_step()
-        self.core.step_slots(
-            self._row_map,
-            None if sampled_token_ids is None else host_ints(sampled_token_ids),
-            None if slots is None else host_ints(slots),
+        self._step_slots(*self._slot_inputs(row_to_slot, sampled_token_ids, slots))
+
+    def _slot_inputs(
+        self, row_to_slot: Any, sampled_token_ids: Any, slots: Any
+    ) -> tuple[Any, Any, Any]:
+        """The row map, the feed and its slots in the core's form (refused if malformed)."""
+        if (sampled_token_ids is None) != (slots is None):
+            detail = "sampled_token_ids and slots go together (the slot each token is for)"
+            raise RequestError(f"field 'slots': {detail}", field="slots", detail=detail)
+        row_map = _materialized(
+            host_ints(row_to_slot, "row_to_slot"), "row_to_slot", self.core.max_rows + 1
         )
+        tokens = None if sampled_token_ids is None else host_ints(sampled_token_ids)
+        feed_slots = None if slots is None else host_ints(slots, "slots")
+        return row_map, tokens, feed_slots
+
+    def _step_slots(self, row_map: Any, tokens: Any, feed_slots: Any) -> None:
+        self.arena.begin_step()
+        self.core.step_slots(row_map, tokens, feed_slots)
+        self._row_map = row_map  # only once the core took it (re-mapped after a re-step)
         self._after_step()
         self.protocol.stepped_all()
 
@@ -74,12 +93,39 @@ class StableSlots:
         slots: Any = None,
     ) -> torch.Tensor:
         """Stable slots, the whole step: ``step_slots`` then every processor on this pipeline
-        (or the given ones, in order) with rows lined up through the map."""
-        self.step_slots(row_to_slot, sampled_token_ids, slots)
-        for p in processors if processors is not None else self._views:
+        (or the given ones, in order) with rows lined up through the map. The logits are
+        checked against the new row map first: refused logits change nothing."""
+        self._need_stable("apply")
+        procs = list(processors) if processors is not None else self._views
+        row_map, tokens, feed_slots = self._slot_inputs(row_to_slot, sampled_token_ids, slots)
+        rows = len(row_map) // 8 if isinstance(row_map, bytes) else len(row_map)
+        name = type(procs[0]).__name__ if procs else type(self).__name__
+        checked_logits(name, logits, rows, self.vocab_size, self.device, "the row map")
+        self._step_slots(row_map, tokens, feed_slots)
+        for p in procs:
             logits = p.apply_rows(logits)
         return logits
 
     def _need_stable(self, what: str) -> None:
         if not self.stable_slots:
             raise RuntimeError(f"{what}: this pipeline was built without stable_slots=True")
+
+
+def _materialized(obj: Any, field: str, limit: int) -> Any:
+    """A row map the core reads twice (the step, and the re-map after a re-step) and whose
+    length is known before the step: bytes, or a list copied from any other iterable. The
+    copy reads at most ``limit`` entries (one more than a step may have: the core refuses
+    it); an error
+    raised while iterating becomes a ``RequestError`` (interrupts propagate)."""
+    if isinstance(obj, bytes):
+        return obj
+    try:
+        it = iter(obj)
+    except Exception as e:
+        detail = f"expected a sequence of ints, got a {type(obj).__name__}"
+        raise RequestError(f"field '{field}': {detail}", field=field, detail=detail) from e
+    try:
+        return list(itertools.islice(it, limit))
+    except Exception as e:
+        detail = f"iterating it raised {e!r}"
+        raise RequestError(f"field '{field}': {detail}", field=field, detail=detail) from e

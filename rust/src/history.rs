@@ -102,9 +102,38 @@ impl HistorySource for SharedHistory {
 }
 
 /// What a sync replaced (`Ok(first replaced position)`, `usize::MAX` if the copy only grew),
-/// or `Err(position)` of an entry that is neither a token id nor a placeholder (the copy then
-/// holds what came before it).
-pub type SyncResult = std::result::Result<usize, usize>;
+/// or the bad entry it stopped at (the copy then holds what came before it).
+pub type SyncResult = std::result::Result<usize, BadEntry>;
+
+/// An output-list entry no engine writes: at `pos`, neither a token id nor an async placeholder
+/// (`after: None`), or a token after the placeholder at `after` (placeholders are only ever a
+/// suffix: the engine appends one per step in flight and fills it in before it appends more).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadEntry {
+    pub pos: usize,
+    pub after: Option<usize>,
+}
+
+impl std::fmt::Display for BadEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.after {
+            None => write!(
+                f,
+                "position {} holds neither a token id nor an async placeholder (-1)",
+                self.pos
+            ),
+            Some(first) => f.write_str(&token_after_placeholder(self.pos, first)),
+        }
+    }
+}
+
+/// The message for a token at `pos` after the async placeholder at `first`.
+pub fn token_after_placeholder(pos: usize, first: usize) -> String {
+    format!(
+        "position {pos} holds a token after the async placeholder (-1) at position {first}: \
+         placeholders are only ever a suffix of the output"
+    )
+}
 
 /// Brings a copy of a source up to date, reading as little as possible. The copy keeps its
 /// prefix up to the first position where it still held an async placeholder (`*unresolved`),
@@ -115,7 +144,8 @@ pub type SyncResult = std::result::Result<usize, usize>;
 /// was replaced (`usize::MAX` if the copy only grew).
 ///
 /// The prefix is trusted by its last token: a list rewritten in the middle with its tail
-/// unchanged is not noticed (engines only append, fill placeholders and truncate).
+/// unchanged is not noticed (engines only append, fill placeholders and truncate). A token read
+/// after a placeholder is a [`BadEntry`] (placeholders are only ever a suffix).
 pub fn sync_history(
     src: &impl HistorySource,
     tokens: &mut Vec<i64>,
@@ -138,10 +168,21 @@ pub fn sync_history(
     *unresolved = usize::MAX;
     for i in keep..n {
         let Some(t) = src.token_at(i) else {
-            return Err(i);
+            return Err(BadEntry {
+                pos: i,
+                after: None,
+            });
         };
-        if t < 0 && *unresolved == usize::MAX {
-            *unresolved = i;
+        if t < 0 {
+            if *unresolved == usize::MAX {
+                *unresolved = i;
+            }
+        } else if *unresolved != usize::MAX {
+            // The kept prefix holds no placeholder (it ends at the first one at most).
+            return Err(BadEntry {
+                pos: i,
+                after: Some(*unresolved),
+            });
         }
         tokens.push(t);
     }
@@ -298,7 +339,35 @@ mod tests {
         sync_history(&src, &mut copy, &mut unresolved).unwrap();
         assert_eq!(copy, vec![1]);
         src.write().unwrap().extend([4, -7]);
-        assert_eq!(sync_history(&src, &mut copy, &mut unresolved), Err(2));
+        assert_eq!(
+            sync_history(&src, &mut copy, &mut unresolved),
+            Err(BadEntry {
+                pos: 2,
+                after: None
+            })
+        );
+    }
+
+    #[test]
+    fn a_token_after_a_placeholder_is_a_bad_entry() {
+        let src: SharedHistory = Arc::new(RwLock::new(vec![1, -1]));
+        let (mut copy, mut unresolved) = (Vec::new(), usize::MAX);
+        sync_history(&src, &mut copy, &mut unresolved).unwrap();
+        src.write().unwrap().extend([-1, 3]);
+        let e = sync_history(&src, &mut copy, &mut unresolved).unwrap_err();
+        assert_eq!(
+            e,
+            BadEntry {
+                pos: 3,
+                after: Some(1)
+            }
+        );
+        assert!(e.to_string().contains("position 3"), "{e}");
+        // Filled in, it reads on.
+        src.write().unwrap()[1] = 2;
+        src.write().unwrap()[2] = 2;
+        sync_history(&src, &mut copy, &mut unresolved).unwrap();
+        assert_eq!((copy, unresolved), (vec![1, 2, 2, 3], usize::MAX));
     }
 
     #[test]

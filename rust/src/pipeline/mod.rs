@@ -723,6 +723,24 @@ mod tests {
     }
 
     #[test]
+    fn a_feed_has_one_entry_per_row_of_the_last_step() {
+        let mut p = Pipeline::new(PipelineConfig::new(4, 16).with("penalties")).unwrap();
+        let mut u = BatchUpdate::new(2);
+        u.added = vec![(0, req()), (1, req())];
+        p.step(Some(u), None).unwrap();
+        for (feed, pos) in [(&[3][..], 1), (&[3, 4, 5][..], 2), (&[][..], 0)] {
+            let e = p.step(None, Some((feed, None))).unwrap_err();
+            assert_eq!(
+                (e.index(), e.field()),
+                (Some(pos), Some("sampled_token_ids"))
+            );
+        }
+        assert_eq!(p.history(0), Some(&[][..]));
+        p.step(None, Some((&[3, -1], None))).unwrap();
+        assert_eq!(p.history(0), Some(&[3][..]));
+    }
+
+    #[test]
     fn a_bad_token_feed_stops_the_update_too() {
         let mut p = Pipeline::new(PipelineConfig::new(4, 16).with("penalties")).unwrap();
         let mut u = BatchUpdate::new(1);

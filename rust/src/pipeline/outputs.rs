@@ -5,7 +5,6 @@ use super::{Checked, Pipeline, RequestParams};
 use crate::batch::SlotOps;
 use crate::error::{Error, Result};
 use crate::history::{HistoryId, HistorySource, HistoryStore};
-use crate::limits::check_token;
 use crate::table::SlotTable;
 
 impl<S: HistorySource> Pipeline<S> {
@@ -72,7 +71,7 @@ impl<S: HistorySource> Pipeline<S> {
         }
         // Only the histories some table will read: a request whose min_tokens were reached, or
         // whose thinking ended, is not re-read.
-        let mut junk: Option<(HistoryId, usize)> = None;
+        let mut junk: Option<(HistoryId, crate::history::BadEntry)> = None;
         let mut sync = |id: &HistoryId| {
             let i = id.index();
             if junk.is_some()
@@ -85,11 +84,11 @@ impl<S: HistorySource> Pipeline<S> {
             if let Some(src) = &sources[i] {
                 match src.sync_into(store.tokens_mut(*id), &mut unresolved[i]) {
                     Ok(rewritten) => store.set_rewritten(*id, rewritten),
-                    Err(pos) => {
+                    Err(bad) => {
                         // The copy holds what came before the bad entry: the next sync
                         // re-reads from there.
-                        unresolved[i] = unresolved[i].min(pos);
-                        junk = Some((*id, pos));
+                        unresolved[i] = unresolved[i].min(bad.pos);
+                        junk = Some((*id, bad));
                     }
                 }
             }
@@ -99,19 +98,13 @@ impl<S: HistorySource> Pipeline<S> {
         }
         match junk {
             None => Ok(()),
-            Some((id, pos)) => {
+            Some((id, bad)) => {
                 let slot = self
                     .outputs
                     .iter()
                     .find(|(_, &h)| h == id)
                     .map_or(0, |(s, _)| s);
-                Err(Error::invalid(
-                    slot,
-                    "output_tok_ids",
-                    format!(
-                        "position {pos} holds neither a token id nor an async placeholder (-1)"
-                    ),
-                ))
+                Err(Error::invalid(slot, "output_tok_ids", bad.to_string()))
             }
         }
     }
@@ -121,16 +114,38 @@ impl<S: HistorySource> Pipeline<S> {
         self.outputs.get(slot).map(|&id| self.store.tokens(id))
     }
 
-    /// Checks a token feed without appending anything.
+    /// Checks a token feed without appending anything. Without `slots` the feed has one entry
+    /// per row of the last step (the batch before this step's update), −1 for a row that got
+    /// no token; with `slots`, `tokens[k]` is for slot `slots[k]` (a slot may repeat, one entry
+    /// per token). A bad entry is named by its position (`index`).
     pub(super) fn check_feed(&self, tokens: &[i64], slots: Option<&[usize]>) -> Result<()> {
-        if let Some(s) = slots {
-            if s.len() != tokens.len() {
+        match slots {
+            Some(s) if s.len() != tokens.len() => {
+                let pos = s.len().min(tokens.len());
                 return Err(Error::invalid(
-                    0,
+                    pos,
                     "sampled_token_ids",
-                    format!("{} tokens for {} rows", tokens.len(), s.len()),
+                    format!(
+                        "position {pos}: {} tokens for {} slots (one slot per token)",
+                        tokens.len(),
+                        s.len()
+                    ),
                 ));
             }
+            None if tokens.len() != self.batch_size => {
+                let pos = self.batch_size.min(tokens.len());
+                return Err(Error::invalid(
+                    pos,
+                    "sampled_token_ids",
+                    format!(
+                        "position {pos}: {} entries for the {} rows of the last step (one per \
+                         row, -1 for a row that got no token)",
+                        tokens.len(),
+                        self.batch_size
+                    ),
+                ));
+            }
+            _ => {}
         }
         if tokens.len() > self.max_rows() {
             return Err(Error::TooLarge {
@@ -142,16 +157,28 @@ impl<S: HistorySource> Pipeline<S> {
         for (r, &t) in tokens.iter().enumerate() {
             let slot = slots.map_or(r, |s| s[r]);
             if slot >= self.capacity {
-                return Err(Error::IndexOutOfRange {
-                    index: slot,
-                    field: "row_to_slot",
-                    capacity: self.capacity,
-                });
+                return Err(Error::invalid(
+                    r,
+                    "slots",
+                    format!(
+                        "position {r}: slot {slot} outside [0, {}) (max_num_seqs)",
+                        self.capacity
+                    ),
+                ));
             }
             if t == -1 {
                 continue;
             }
-            check_token(r, "sampled_token_ids", t, self.vocab_size)?;
+            if t < 0 || t as u64 >= self.vocab_size as u64 {
+                return Err(Error::invalid(
+                    r,
+                    "sampled_token_ids",
+                    format!(
+                        "position {r}: token id {t} outside [0, {}) (or -1 for none)",
+                        self.vocab_size
+                    ),
+                ));
+            }
             if self.listed > 0
                 && self
                     .outputs

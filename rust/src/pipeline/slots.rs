@@ -109,12 +109,19 @@ impl<S: HistorySource> Pipeline<S> {
                 max: rs.row_to_slot.len(),
             });
         }
-        if let Some(&s) = row_to_slot.iter().find(|&&s| s >= self.capacity) {
-            return Err(Error::IndexOutOfRange {
-                index: s,
-                field: "row_to_slot",
-                capacity: self.capacity,
-            });
+        if let Some((r, &s)) = row_to_slot
+            .iter()
+            .enumerate()
+            .find(|&(_, &s)| s >= self.capacity)
+        {
+            return Err(Error::invalid(
+                r,
+                "row_to_slot",
+                format!(
+                    "position {r}: slot {s} outside [0, {}) (max_num_seqs)",
+                    self.capacity
+                ),
+            ));
         }
         Ok(())
     }

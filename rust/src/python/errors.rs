@@ -165,3 +165,17 @@ pub fn out_of_memory(index: usize, field: &str) -> PyErr {
         "out of memory".to_string(),
     )
 }
+
+/// A `RequestError` (a `ValueError`) about a whole per-step input that names no one request
+/// (a token feed, a row map that is not a sequence of ints): `field '...': detail`.
+pub fn bad_input(field: &str, detail: impl std::fmt::Display) -> PyErr {
+    Parts {
+        kind: ErrorKind::Request,
+        message: format!("field '{field}': {}", detail),
+        index: None,
+        field: Some(field),
+        detail: Some(detail.to_string()),
+        column: None,
+    }
+    .into_err()
+}

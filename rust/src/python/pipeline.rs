@@ -5,13 +5,13 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyFrozenSet, PyList, PySet, PyString};
 
 use super::buffer::{logits_rows, HostBufferView};
-use super::errors::bad_value;
-use super::history::PyListSource;
+use super::errors::{bad_input, bad_value, out_of_memory};
+use super::history::{describe, int_item, is_interrupt, NotInt, PyListSource};
 use super::params::Reader;
-use super::update::{bounded_ints, parse_update, AddedEntry};
+use super::update::{parse_update, AddedEntry};
 use crate::arena::Upload;
 use crate::batch::BatchUpdate;
 use crate::history::HistoryId;
@@ -65,36 +65,118 @@ fn column_kind(name: &str, kind: &str, width: usize, default: f64) -> PyResult<C
     })
 }
 
-/// Ints from the host: `bytes` of native int64 (what the Python side makes of a tensor or an
-/// array, one copy), or a sequence of ints; at most `max` of them.
+/// Ints from the host, one per position (a token feed, its slots, a row map): `bytes` of
+/// native int64 (what the Python side makes of a tensor or an array, one copy), or an ordered
+/// iterable of ints (Python ints or numpy integer scalars; see [`int_item`]); at most `max`
+/// of them. Read element by element, bounded, trusting no `__len__`. A bad item is named by
+/// its position (`index`); `KeyboardInterrupt` and `SystemExit` raised by the caller's
+/// iterator go through untouched, any other error of theirs becomes a `ValueError`.
 fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResult<Vec<i64>> {
+    let py = obj.py();
     if let Ok(b) = obj.cast::<PyBytes>() {
         let raw = b.as_bytes();
-        if raw.len() % 8 != 0 || raw.len() / 8 > max {
-            return Err(bad_value(
-                0,
+        if raw.len() % 8 != 0 {
+            return Err(bad_input(
                 field,
-                format!("int64 bytes: a length not a multiple of 8, or more than {max} ints"),
+                "int64 bytes: a length not a multiple of 8",
             ));
+        }
+        if raw.len() / 8 > max {
+            return Err(crate::error::Error::TooLarge {
+                field,
+                value: raw.len() / 8,
+                max,
+            }
+            .into());
         }
         return Ok(raw
             .chunks_exact(8)
             .map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes")))
             .collect());
     }
-    // Any other sequence (lists from an engine; numpy arrays and tensors arrive as bytes):
-    // read element by element, bounded, trusting no `__len__`.
-    bounded_ints(0, field, obj, max)
+    if obj.is_instance_of::<PyString>()
+        || obj.is_instance_of::<PyByteArray>()
+        || obj.is_instance_of::<PyDict>()
+        || obj.is_instance_of::<PySet>()
+        || obj.is_instance_of::<PyFrozenSet>()
+    {
+        return Err(bad_input(
+            field,
+            format!("expected a sequence of ints, got {}", describe(obj)),
+        ));
+    }
+    let raised = |what: &str, e: PyErr| {
+        if is_interrupt(py, &e) {
+            e
+        } else {
+            bad_input(field, format!("{what} raised {e}"))
+        }
+    };
+    let iter = obj.try_iter().map_err(|e| {
+        if is_interrupt(py, &e) {
+            e
+        } else {
+            bad_input(
+                field,
+                format!("expected a sequence of ints, got {} ({e})", describe(obj)),
+            )
+        }
+    })?;
+    let mut out: Vec<i64> = Vec::new();
+    for (pos, item) in iter.enumerate() {
+        if pos == max {
+            return Err(bad_value(
+                pos,
+                field,
+                format!("position {pos}: more than the {max} rows one step may have"),
+            ));
+        }
+        let item = item.map_err(|e| raised("iterating it", e))?;
+        let v = int_item(&item)
+            .map_err(|why| bad_value(pos, field, format!("position {pos}: {why}")))?;
+        out.try_reserve(1).map_err(|_| out_of_memory(pos, field))?;
+        out.push(v);
+    }
+    Ok(out)
 }
 
+/// [`host_ints`] as slots (non-negative; the core checks them against the capacity).
 fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResult<Vec<usize>> {
     let v = host_ints(obj, field, max)?;
     v.into_iter()
         .enumerate()
         .map(|(r, s)| {
-            usize::try_from(s).map_err(|_| bad_value(r, field, format!("slot {s} is negative")))
+            usize::try_from(s)
+                .map_err(|_| bad_value(r, field, format!("position {r}: slot {s} is negative")))
         })
         .collect()
+}
+
+/// A slot argument (`add_request` / `remove_request`): a Python int or a numpy integer;
+/// anything else (a bool, a float, a str, None, an object with `__index__`, whose code never
+/// runs) and a negative one is a `RequestError` naming the field `slot` and the slot, and
+/// one past the capacity the core's `BatchUpdateError` naming it (`index`).
+fn slot_arg(obj: &Bound<'_, PyAny>, capacity: usize) -> PyResult<usize> {
+    let what = match int_item(obj) {
+        Ok(v) => match usize::try_from(v) {
+            Ok(s) if s < capacity => return Ok(s),
+            Ok(s) => {
+                return Err(crate::error::Error::IndexOutOfRange {
+                    index: s,
+                    field: "slot",
+                    capacity,
+                }
+                .into())
+            }
+            Err(_) => v.to_string(),
+        },
+        Err(NotInt::Range(v)) => v,
+        Err(NotInt::Kind(d)) => d,
+    };
+    Err(bad_input(
+        "slot",
+        format!("slot {what} is not an int in [0, {capacity}) (max_num_seqs)"),
+    ))
 }
 
 impl Pipeline {
@@ -279,11 +361,12 @@ impl Pipeline {
     fn add_request(
         &mut self,
         py: Python<'_>,
-        slot: usize,
+        slot: &Bound<'_, PyAny>,
         params: Bound<'_, PyAny>,
         prompt_tok_ids: Option<Bound<'_, PyAny>>,
         output_tok_ids: Option<Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let slot = slot_arg(slot, self.inner.capacity())?;
         let entry = AddedEntry {
             index: slot,
             params,
@@ -296,8 +379,10 @@ impl Pipeline {
     }
 
     /// Stable slots: `slot` is free.
-    fn remove_request(&mut self, slot: usize) -> PyResult<()> {
-        Ok(self.inner.remove_request(slot)?)
+    fn remove_request(&mut self, slot: &Bound<'_, PyAny>) -> PyResult<()> {
+        Ok(self
+            .inner
+            .remove_request(slot_arg(slot, self.inner.capacity())?)?)
     }
 
     /// Stable slots, one step: the token feed (`sampled_token_ids[k]` for slot `slots[k]`),
@@ -321,7 +406,8 @@ impl Pipeline {
             (Some(t), Some(s)) => Some((t.as_slice(), s.as_slice())),
             (None, None) => None,
             _ => {
-                return Err(PyValueError::new_err(
+                return Err(bad_input(
+                    "slots",
                     "sampled_token_ids and slots go together (the slot each token is for)",
                 ))
             }
@@ -392,6 +478,12 @@ impl Pipeline {
             .source(i)
             .map(HostBufferView::new)
             .ok_or_else(|| PyValueError::new_err(format!("no arena section {i}")))
+    }
+
+    /// Most logits rows one step may have (entries of a feed or a row map).
+    #[getter(max_rows)]
+    fn max_rows_py(&self) -> usize {
+        self.inner.max_rows()
     }
 
     #[getter]
