@@ -75,9 +75,7 @@ def _params() -> list[SamplingParams]:
 def _update() -> BatchUpdate:
     prompts = [[1, 2, 6], [14, 3], [8, 8, 2]]
     outputs: list[list[int]] = [[6, 1], [], [2]]
-    return BatchUpdate(
-        3, [], [(i, p, prompts[i], outputs[i]) for i, p in enumerate(_params())], []
-    )
+    return BatchUpdate(3, [], [(i, p, prompts[i], outputs[i]) for i, p in enumerate(_params())], [])
 
 
 def _ours(cls: Any, route: str) -> Any:
@@ -303,7 +301,9 @@ def test_the_spec_decode_applies_check_the_logits_too() -> None:
         if cls is BadWordsLogitsProcessor:
             args += ([[4], [4], [4]],)
         for what, x in bad.items():
-            with pytest.raises(ValueError, match=rf"{cls.__name__}\.apply_with_spec_decode: .*{what}"):
+            with pytest.raises(
+                ValueError, match=rf"{cls.__name__}\.apply_with_spec_decode: .*{what}"
+            ):
                 p.apply_with_spec_decode(x, *args)
         x = _logits(torch.float64)
         assert p.apply_with_spec_decode(x.clone(), *args).dtype == torch.float64

@@ -270,6 +270,45 @@ pub fn read_shape<'py>(bu: &Bound<'py, PyAny>, max_entries: usize) -> PyResult<S
     })
 }
 
+/// Most entries [`fingerprint`] reads of one list (an endless list ends in an error).
+pub const MAX_FINGERPRINT_ENTRIES: usize = 1 << 22;
+
+/// A fingerprint of what a step reads of an update's structure: the batch size, the removed
+/// indices, the moves, and per added entry its index, the identity of its params, prompt and
+/// output objects and the length of a list or tuple prompt / output. The objects are handed
+/// back too: held by the caller, their identities cannot be reused by new objects while the
+/// fingerprint is compared. Catches an update changed between the processors of one step
+/// (an entry replaced, an index changed), not a params object changed in place.
+pub fn fingerprint<'py>(bu: &Bound<'py, PyAny>) -> PyResult<(u64, Vec<Bound<'py, PyAny>>)> {
+    use std::hash::{Hash, Hasher};
+    let shape = read_shape(bu, MAX_FINGERPRINT_ENTRIES)?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    shape.batch_size.hash(&mut h);
+    shape.removed.hash(&mut h);
+    shape.moved.len().hash(&mut h);
+    for m in &shape.moved {
+        (m.from, m.to, m.dir == MoveDirectionality::Swap).hash(&mut h);
+    }
+    shape.added.len().hash(&mut h);
+    let mut held = Vec::with_capacity(3 * shape.added.len());
+    let sized = |o: &Bound<'_, PyAny>| {
+        if let Ok(l) = o.cast::<pyo3::types::PyList>() {
+            Some(l.len())
+        } else {
+            o.cast::<PyTuple>().ok().map(|t| t.len())
+        }
+    };
+    for e in shape.added {
+        e.index.hash(&mut h);
+        for o in [e.params, e.prompt_tok_ids, e.output_tok_ids] {
+            o.as_ptr().hash(&mut h);
+            sized(&o).hash(&mut h);
+            held.push(o);
+        }
+    }
+    Ok((h.finish(), held))
+}
+
 /// Parses the whole update; `extract` turns each added entry into the payload.
 pub fn parse_update<'py, A>(
     bu: &Bound<'py, PyAny>,
