@@ -21,9 +21,14 @@ __all__ = [
     "Pipeline",
     "__version__",
     "registry",
+    "update_fingerprint",
 ]
 
 __version__: str
+
+def update_fingerprint(batch_update: Any) -> tuple[int, tuple[Any, ...]]:
+    """``(fingerprint, objects)`` of a batch update's structure; hold ``objects`` while
+    comparing."""
 
 def registry() -> list[
     tuple[str, list[tuple[str, int]], list[tuple[str, str, str, float | int | None]], bool]
@@ -97,6 +102,16 @@ class Pipeline:
     ) -> None:
         """One V1 step (token feed first, then the update or the per-step work), atomic."""
 
+    def prepare(
+        self,
+        batch_update: Any = None,
+        sampled_token_ids: Any = None,
+        slots: Any = None,
+    ) -> None:
+        """The first half of ``step``: reads and checks, changes nothing; then ``commit`` or
+        ``abort``."""
+    def commit(self, status: list[int] | None = None, discard: bool = False) -> None: ...
+    def abort(self) -> None: ...
     def add_request(
         self,
         slot: int,

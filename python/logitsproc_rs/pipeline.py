@@ -25,7 +25,7 @@ import torch
 from . import _core
 from . import kernels as _kernels
 from ._arena import DeviceArena
-from .errors import ConfigError
+from .errors import ConfigError, ProtocolError
 from .host_ints import host_ints
 from .interface import BatchUpdate
 from .logits_check import checked_logits
@@ -40,6 +40,9 @@ from .params import (
 from .registry import TABLES, caps_of
 from .stable_slots import StableSlots
 from .step_protocol import StepProtocol
+
+# A token-feed step with nothing to read (``Pipeline._step_tokens``).
+_IDLE: Any = object()
 
 
 class DeviceState(Protocol):
@@ -133,6 +136,8 @@ class Pipeline(StableSlots):
         # Which processor's update_state runs each step (vLLM's loop).
         self.protocol = StepProtocol()
         self._pending_restep = False
+        # A step checked by prepare_step, waiting for commit_step / abort_step.
+        self._prepared: str | None = None
         self._cache: dict[tuple[Any, ...], Any] = {}
         self._resteped = False
         self._row_map: Any = None
@@ -168,35 +173,83 @@ class Pipeline(StableSlots):
         slots: Any = None,
     ) -> None:
         """One whole step for every table: feed, update, per-step work, one upload."""
+        tokens = self._step_tokens(batch_update, sampled_token_ids)
+        if tokens is _IDLE:
+            # Token feed, no update, no tokens: nothing can have changed.
+            self.protocol.stepped_all()
+            self.core.discard()
+            return
+        self._core_step(
+            batch_update, tokens, None if slots is None else host_ints(slots, "slots")
+        )
+        self.protocol.stepped_all()  # every view has taken part in this step
+
+    def _step_tokens(self, batch_update: Any, sampled_token_ids: Any) -> Any:
+        """The step's token feed as host ints (``None``: none), or ``_IDLE`` for a token-feed
+        step that can change nothing; a ``ValueError`` for tokens this pipeline cannot take."""
         if sampled_token_ids is not None:
             if not self.token_feed:
                 raise ValueError(
                     "sampled_token_ids given to a pipeline that reads the engine's output "
                     "lists; build it with token_feed=True"
                 )
-            sampled_token_ids = host_ints(sampled_token_ids, "sampled_token_ids")
-        elif batch_update is None and self.token_feed and not self._pending_restep:
-            # Token feed, no update, no tokens: nothing can have changed.
-            self.protocol.stepped_all()
-            self.core.discard()
+            return host_ints(sampled_token_ids, "sampled_token_ids")
+        if batch_update is None and self.token_feed and not self._pending_restep:
+            return _IDLE
+        return None
+
+    # --- one step over several pipelines (LogitsProcessors.update_state) -----------------
+
+    def prepare_step(self, batch_update: BatchUpdate | None, sampled_token_ids: Any = None) -> None:
+        """The first half of ``step``: reads and checks everything (a ``ValueError`` as
+        ``step`` raises it), changes nothing any table holds. Then ``commit_step`` applies it
+        or ``abort_step`` drops it: several pipelines take one step all or none."""
+        if self._prepared is not None:
+            raise ProtocolError("a prepared step is pending: commit or abort it first")
+        tokens = self._step_tokens(batch_update, sampled_token_ids)
+        if tokens is _IDLE:
+            self._prepared = "idle"
             return
-        self._core_step(
-            batch_update, sampled_token_ids, None if slots is None else host_ints(slots, "slots")
-        )
-        self.protocol.stepped_all()  # every view has taken part in this step
+        self.core.prepare(batch_update, tokens)
+        self._prepared = "core"
+
+    def commit_step(self) -> None:
+        """Applies the step ``prepare_step`` checked (as ``step`` would have)."""
+        kind, self._prepared = self._prepared, None
+        if kind is None:
+            raise ProtocolError("no prepared step to commit")
+        if kind == "idle":
+            self.core.discard()
+        elif self._fast_cpu:
+            self.core.commit(self.status, True)
+            self._after_fast_step()
+        else:
+            self.arena.begin_step()
+            self.core.commit()
+            self._after_step()
+        self.protocol.stepped_all()
+
+    def abort_step(self) -> None:
+        """Drops the step ``prepare_step`` checked: every table as before it."""
+        kind, self._prepared = self._prepared, None
+        if kind == "core":
+            self.core.abort()
 
     def _core_step(self, batch_update: Any, tokens: Any = None, slots: Any = None) -> None:
         if self._fast_cpu:
             # CPU, zero-copy: one call does the step, forgets what changed (counting it) and
             # refreshes the status.
             self.core.step(batch_update, tokens, slots, self.status, True)
-            self._resteped = False
-            self._pending_restep = bool(self.status[self._placeholders])
-            self._refresh_idle()
+            self._after_fast_step()
             return
         self.arena.begin_step()
         self.core.step(batch_update, tokens, slots)
         self._after_step()
+
+    def _after_fast_step(self) -> None:
+        self._resteped = False
+        self._pending_restep = bool(self.status[self._placeholders])
+        self._refresh_idle()
 
     def _after_step(self) -> None:
         self._resteped = False

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .bitmask import GRAMMAR_KERNELS, apply_token_bitmask_
+from .logits_check import check_sampler_logits
 from .params import _SAMPLING_EPS, SamplingParams, SamplingType
 from .state import LogitsProcessors
 
@@ -227,6 +228,7 @@ class Sampler:
     ) -> SamplerOutput:
         """Sample one token per row. ``grammar_bitmask`` (xgrammar layout, see ``bitmask.py``)
         is applied first, in place on the raw logits, as vLLM's runner does."""
+        check_sampler_logits(logits)
         metadata.check(logits)
         if grammar_bitmask is not None:
             apply_token_bitmask_(logits, grammar_bitmask, bitmask_indices, self.grammar_kernel)

@@ -136,10 +136,28 @@ class LogitsProcessors:
         sampled_token_ids: Any = None,
     ) -> None:
         """One step for every processor: one core call per pipeline, then the other
-        processors' own ``update_state``. ``sampled_token_ids`` (token-feed pipelines only):
-        the token each row sampled last step, −1 for none, on the host."""
-        for pipe in self._pipelines:
-            pipe.step(batch_update, sampled_token_ids)
+        processors' own ``update_state``. With several pipelines, all of them check the
+        update before any applies it: a refusal leaves every pipeline as it was.
+        ``sampled_token_ids`` (token-feed pipelines only): the token each row sampled last
+        step, −1 for none, on the host."""
+        pipes = self._pipelines
+        if len(pipes) == 1 or not all(hasattr(p, "prepare_step") for p in pipes):
+            for pipe in pipes:
+                pipe.step(batch_update, sampled_token_ids)
+        else:
+            # Several pipelines take the step all or none: each reads and checks it first,
+            # a refusal drops what the others checked, then every one applies it.
+            prepared: list[Any] = []
+            try:
+                for pipe in pipes:
+                    pipe.prepare_step(batch_update, sampled_token_ids)
+                    prepared.append(pipe)
+            except BaseException:
+                for pipe in prepared:
+                    pipe.abort_step()
+                raise
+            for pipe in pipes:
+                pipe.commit_step()
         for p in self._others:
             _named(p, "update_state", p.update_state, batch_update)
 

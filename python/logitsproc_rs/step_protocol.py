@@ -12,24 +12,40 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from . import _core
 from .errors import ProtocolError
 
 
-def update_signature(update: Any) -> tuple[int, ...] | None:
-    """Cheap fingerprint of an update object (identity, sizes): catches an update mutated
-    between the processors of one step."""
+class Signature:
+    """What ``update_signature`` gives: compares equal to another by the fingerprint alone;
+    holds the objects it names."""
+
+    __slots__ = ("fingerprint", "held")
+
+    def __init__(self, fingerprint: int, held: tuple[Any, ...]) -> None:
+        self.fingerprint = fingerprint
+        self.held = held
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Signature) and other.fingerprint == self.fingerprint
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def update_signature(update: Any) -> Signature | None:
+    """Fingerprint of what a step reads of an update's structure (the core's
+    ``update_fingerprint``: batch size, removed indices, moves, each added entry's index and
+    the identity of its params / prompt / output objects, the length of a list prompt or
+    output), holding those objects so that no new object can take one's identity while the
+    step's processors compare it. Catches an update changed between the processors of one
+    step, also in place with the same sizes; a params object whose fields are changed in
+    place is not seen. A malformed update is the ``ValueError`` its reading raises."""
     if update is None:
         return None
-    try:
-        return (
-            id(update),
-            update.batch_size,
-            len(update.added),
-            len(update.removed),
-            len(update.moved),
-        )
-    except Exception:
-        return (id(update),)
+    return Signature(*_core.update_fingerprint(update))
 
 
 class StepProtocol:
@@ -41,7 +57,7 @@ class StepProtocol:
         self._all_done = 0
         # The step each processor last took part in.
         self._taken: dict[Any, int] = {}
-        self._signature: tuple[int, ...] | None = None
+        self._signature: Signature | None = None
         self._update: Any = None
 
     def register(self, view: Any) -> None:
@@ -62,13 +78,15 @@ class StepProtocol:
         """``view.update_state(batch_update)``: runs the step with ``run(batch_update)`` when
         this call starts one, else joins the current step (the same, unchanged update)."""
         if self.starts_step(view):
+            # Read before the step runs: what the joining processors must find again.
+            signature = update_signature(batch_update)
             run(batch_update)
             self.epoch += 1
             self._taken[view] = self.epoch
-            self._signature = update_signature(batch_update)
+            self._signature = signature
             self._update = batch_update
             return
-        if batch_update is not self._update or update_signature(batch_update) != self._signature:
+        if batch_update is not self._update or self._changed(batch_update):
             raise ProtocolError(
                 f"{type(view).__name__}.update_state: the processors of one pipeline were given "
                 "different batch updates in one step (or the update was changed between them). "
@@ -76,3 +94,7 @@ class StepProtocol:
                 "LogitsProcessors.update_state(update) once."
             )
         self._taken[view] = self.epoch
+
+    def _changed(self, batch_update: Any) -> bool:
+        """Whether the update differs from what the step read."""
+        return update_signature(batch_update) != self._signature

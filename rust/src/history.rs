@@ -305,6 +305,17 @@ impl HistoryStore {
         self.any_rewritten |= from != usize::MAX;
     }
 
+    /// As [`set_rewritten`](Self::set_rewritten), keeping an earlier mark of the same
+    /// history that no table has read yet (the lower position).
+    pub fn mark_rewritten(&mut self, id: HistoryId, from: usize) {
+        let current = self
+            .rewritten
+            .get(id.index())
+            .copied()
+            .unwrap_or(usize::MAX);
+        self.set_rewritten(id, from.min(current));
+    }
+
     /// Forgets what the last syncs replaced, once the tables have read past it (each
     /// replacement is consumed by exactly one step).
     pub fn clear_rewritten(&mut self) {

@@ -16,6 +16,7 @@ import torch
 
 from logitsproc_rs import (
     BatchUpdate,
+    BatchUpdateError,
     EngineConfig,
     MoveDirectionality,
     SamplingParams,
@@ -258,3 +259,165 @@ def test_bools_are_not_indices_counts_or_token_ids() -> None:
     object.__setattr__(sp, "allowed_token_ids", [True])
     with pytest.raises(ValueError, match="field 'allowed_token_ids'"):
         procs.update_state(BatchUpdate(1, [], [(0, sp, None, [])], []))
+
+
+# --- lying sequences and user code that raises (issue 18) -----------------------------------
+
+
+class LyingEntry:
+    """An added / moved entry that is a sequence only by its word: ``__len__`` says ``n``,
+    ``__getitem__`` raises ``error`` (for item ``bad`` or from the start), or ``__len__``
+    raises ``error`` itself (``in_len``)."""
+
+    def __init__(self, items: tuple, error: BaseException, bad: int = 0, in_len: bool = False):
+        self.items, self.error, self.bad, self.in_len = items, error, bad, in_len
+
+    def __len__(self) -> int:
+        if self.in_len:
+            raise self.error
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> Any:
+        if i >= self.bad:
+            raise self.error
+        return self.items[i]
+
+
+def _lying_cases(items: tuple) -> dict[str, LyingEntry]:
+    return {
+        "getitem-KeyError": LyingEntry(items, KeyError("nope")),
+        "getitem-IndexError-last": LyingEntry(items, IndexError("short"), bad=len(items) - 1),
+        "getitem-TypeError": LyingEntry(items, TypeError("no")),
+        "len-KeyError": LyingEntry(items, KeyError("len"), in_len=True),
+        "len-IndexError": LyingEntry(items, IndexError("len"), in_len=True),
+    }
+
+
+ADDED_CASES = list(_lying_cases((4, P(0.2), None, [])).items())
+MOVED_CASES = list(_lying_cases((0, 1, SWAP)).items())
+
+
+@pytest.mark.parametrize("proc", ALL)
+@pytest.mark.parametrize("case", ADDED_CASES, ids=[k for k, _ in ADDED_CASES])
+def test_lying_added_entry_is_a_batch_update_error_naming_its_position(proc, case) -> None:
+    _, entry = case
+    check_rejected(proc, bad_update(entry), None, "added", extra="entry 1")
+    with pytest.raises(BatchUpdateError) as ei:
+        World().procs[proc].update_state(bad_update(entry))
+    assert ei.value.field == "added"
+
+
+@pytest.mark.parametrize("proc", ALL)
+@pytest.mark.parametrize("case", MOVED_CASES, ids=[k for k, _ in MOVED_CASES])
+def test_lying_moved_entry_is_a_batch_update_error_naming_its_position(proc, case) -> None:
+    _, entry = case
+    update = BatchUpdate(batch_size=4, removed=[], added=[valid_add()], moved=[VALID_MOVE, entry])
+    check_rejected(proc, update, None, "moved", extra="entry 1")
+
+
+def test_bad_index_names_its_position_in_the_list() -> None:
+    update = BatchUpdate(batch_size=3, removed=[0, -1], added=[], moved=[])
+    with pytest.raises(BatchUpdateError, match=r"'removed': entry 1: index must be"):
+        World().procs[MIN_P].update_state(update)
+
+
+class Raises:
+    """An object whose every protocol method raises ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __len__(self) -> int:
+        raise self.error
+
+    def __iter__(self) -> Any:
+        raise self.error
+
+    def __index__(self) -> int:
+        raise self.error
+
+    def __getitem__(self, i: int) -> Any:
+        raise self.error
+
+
+class RaisingParams:
+    """Params whose ``min_p`` property raises ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.logit_bias = None
+        self.min_tokens = 0
+        self.all_stop_token_ids: set[int] = set()
+
+    @property
+    def min_p(self) -> float:
+        raise self.error
+
+
+class RaisingUpdate:
+    """A batch update whose attribute ``bad`` raises ``error``."""
+
+    def __init__(self, error: BaseException, bad: str) -> None:
+        self.error, self.bad = error, bad
+        self.values = {"batch_size": 4, "removed": [], "added": [valid_add()], "moved": []}
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self.bad:
+            raise self.error
+        return self.values[name]
+
+
+def _fatal_updates(error: BaseException) -> dict[str, Any]:
+    raising = Raises(error)
+    bu = lambda **kw: BatchUpdate(  # noqa: E731
+        **{"batch_size": 4, "removed": [], "added": [valid_add()], "moved": [], **kw}
+    )
+    return {
+        "entry-len": bu(added=[valid_add(), LyingEntry((4, P(), None, []), error, in_len=True)]),
+        "entry-getitem": bu(added=[valid_add(), LyingEntry((4, P(), None, []), error, bad=2)]),
+        "added-index": bu(added=[valid_add(), (raising, P(), None, [])]),
+        "removed-index": bu(removed=[raising]),
+        "moved-index": bu(moved=[(0, raising, SWAP)]),
+        "removed-iter": bu(removed=raising),
+        "added-iter": bu(added=raising),
+        "batch_size-index": bu(batch_size=raising),
+        "batch_size-attr": RaisingUpdate(error, "batch_size"),
+        "moved-attr": RaisingUpdate(error, "moved"),
+        "params-property": bu(added=[valid_add(), (4, RaisingParams(error), None, [])]),
+        "logit-bias-value": bu(added=[valid_add(), (4, P(0.0, {1: raising}), None, [])]),
+    }
+
+
+FATAL_KEYS = list(_fatal_updates(KeyboardInterrupt()))
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit], ids=lambda e: e.__name__)
+@pytest.mark.parametrize("where", FATAL_KEYS)
+@pytest.mark.parametrize("proc", ALL)
+def test_keyboard_interrupt_from_user_code_propagates_untouched(proc, where, error) -> None:
+    """KeyboardInterrupt / SystemExit raised by an update's user code (a ``__len__``,
+    ``__iter__``, ``__index__``, ``__getitem__`` or a params property) reaches the caller as
+    itself, never a ValueError, and nothing changed."""
+    world = World()
+    p = world.procs[proc]
+    before = snapshot(p)
+    raised = error("from user code")
+    with pytest.raises(error) as ei:
+        p.update_state(_fatal_updates(raised)[where])
+    assert ei.value is raised
+    assert_same(before, snapshot(p))
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit], ids=lambda e: e.__name__)
+@pytest.mark.parametrize("where", ["iter", "item"])
+def test_keyboard_interrupt_from_a_prompt_propagates_untouched(where, error) -> None:
+    """The penalties read the prompt: its ``__iter__`` or an item's ``__index__`` raising
+    KeyboardInterrupt reaches the caller as itself."""
+    procs = build_logitsprocs(EngineConfig(max_num_seqs=4, vocab_size=V), "cpu", False)
+    raised = error("from user code")
+    prompt: Any = Raises(raised) if where == "iter" else [1, Raises(raised)]
+    params = SamplingParams(repetition_penalty=1.5)
+    with pytest.raises(error) as ei:
+        procs.update_state(BatchUpdate(1, [], [(0, params, prompt, [])], []))
+    assert ei.value is raised
+    procs.update_state(BatchUpdate(1, [], [(0, params, [1], [])], []))

@@ -57,7 +57,7 @@ def put_sparse_(
     ``choice``: the kernels backend (see ``logitsproc_rs.kernels``)."""
     if kernels.use_triton(logits, choice):
         return kernels.triton_ops().sparse_(logits, rows, cols, vals, add=False)
-    return logits.index_put_((rows, cols), vals)
+    return logits.index_put_((rows, cols), _as_dtype_of(logits, vals))
 
 
 def add_sparse_(
@@ -73,4 +73,10 @@ def add_sparse_(
     """
     if kernels.use_triton(logits, choice):
         return kernels.triton_ops().sparse_(logits, rows, cols, vals, add=True)
-    return logits.index_put_((rows, cols), vals, accumulate=True)
+    return logits.index_put_((rows, cols), _as_dtype_of(logits, vals), accumulate=True)
+
+
+def _as_dtype_of(logits: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+    """The table's float32 values in the logits' dtype (float64 logits: exact, as vLLM's
+    ``logits[idx] += float32`` promotes); ``index_put_`` wants the dtypes equal."""
+    return vals if vals.dtype == logits.dtype else vals.to(logits.dtype)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ..kernels import pipeline_choice
+from ..logits_check import checked_logits
 from ..pipeline import Pipeline
 from ..views import PipelineView, Stage
 from ._common import host_sparse_, put_sparse_
@@ -43,11 +44,15 @@ class MinTokensLogitsProcessor(PipelineView):
 def _spec_apply(
     pipe: Pipeline, name: str, table: str, logits: torch.Tensor, rows: int, n: int
 ) -> torch.Tensor:
-    if logits.dim() != 2 or logits.shape[0] != rows or logits.shape[1] != pipe.vocab_size:
-        raise ValueError(
-            f"{name}.apply_with_spec_decode: logits of shape {list(logits.shape)} do not match "
-            f"the draft layout: expected [{rows}, {pipe.vocab_size}]"
-        )
+    logits = checked_logits(
+        name,
+        logits,
+        rows,
+        pipe.vocab_size,
+        pipe.device,
+        "the draft layout",
+        "apply_with_spec_decode",
+    )
     pipe.arena.upload_in_apply()
     if not n:
         return logits

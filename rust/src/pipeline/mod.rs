@@ -228,6 +228,18 @@ pub struct Pipeline<S> {
     fields: Vec<FieldSpec>,
     /// Stable slots: checked changes waiting for the next step, in call order.
     pending: Vec<(usize, Option<Checked>)>,
+    /// A V1 step checked by [`prepare`](Pipeline::prepare), not applied yet.
+    prepared: Option<Prepared>,
+    /// A prepared step was aborted after its sync: the next sync keeps the rewrite marks it
+    /// left (no table has seen them yet).
+    rewrites_kept: bool,
+}
+
+/// A checked V1 step waiting for [`Pipeline::commit_prepared`]: the checked update (its new
+/// requests' histories installed) and the token feed.
+struct Prepared {
+    checked: Option<BatchUpdate<Checked>>,
+    feed: Option<(Vec<i64>, Option<Vec<usize>>)>,
 }
 
 impl<S: HistorySource> Pipeline<S> {
@@ -312,6 +324,8 @@ impl<S: HistorySource> Pipeline<S> {
             columns: cfg.columns.len(),
             fields,
             pending: Vec::new(),
+            prepared: None,
+            rewrites_kept: false,
         })
     }
 
@@ -527,6 +541,71 @@ impl<S: HistorySource> Pipeline<S> {
         update: Option<BatchUpdate<RequestParams<S>>>,
         feed: Option<(&[i64], Option<&[usize]>)>,
     ) -> Result<()> {
+        let checked = self.check_step(update, feed)?;
+        self.apply_step(checked, feed);
+        Ok(())
+    }
+
+    /// The first half of [`step`](Self::step), for a step over several pipelines that must
+    /// all accept it before any changes: everything is read and checked (the new requests'
+    /// histories are installed, invisible to every table), nothing a table holds changes.
+    /// Then [`commit_prepared`](Self::commit_prepared) applies it, or
+    /// [`abort_prepared`](Self::abort_prepared) drops it. A second `prepare` (or a `step`)
+    /// while one is pending is a protocol error.
+    pub fn prepare(
+        &mut self,
+        update: Option<BatchUpdate<RequestParams<S>>>,
+        feed: Option<(Vec<i64>, Option<Vec<usize>>)>,
+    ) -> Result<()> {
+        let borrowed = feed.as_ref().map(|(t, s)| (t.as_slice(), s.as_deref()));
+        let checked = self.check_step(update, borrowed)?;
+        self.prepared = Some(Prepared { checked, feed });
+        Ok(())
+    }
+
+    /// Applies the step [`prepare`](Self::prepare) checked (a protocol error if none is).
+    pub fn commit_prepared(&mut self) -> Result<()> {
+        let Some(Prepared { checked, feed }) = self.prepared.take() else {
+            return Err(Error::Protocol("no prepared step to commit".into()));
+        };
+        let borrowed = feed.as_ref().map(|(t, s)| (t.as_slice(), s.as_deref()));
+        self.apply_step(checked, borrowed);
+        Ok(())
+    }
+
+    /// Drops the step [`prepare`](Self::prepare) checked: every table as before it (the new
+    /// requests' histories are released). Nothing to do if none is pending.
+    pub fn abort_prepared(&mut self) {
+        if let Some(Prepared {
+            checked: Some(c), ..
+        }) = self.prepared.take()
+        {
+            for (_, entry) in c.added {
+                self.uninstall(entry.id);
+            }
+        }
+        // Its sync brought the copies up to date: what it found rewritten stays marked for
+        // the tables, which have not read it.
+        self.rewrites_kept = true;
+    }
+
+    /// Whether a prepared step waits for its commit.
+    pub fn has_prepared(&self) -> bool {
+        self.prepared.is_some()
+    }
+
+    /// Checks a step (the feed, the update, every added request against every table) and
+    /// brings the histories up to date; on an error nothing is left behind.
+    fn check_step(
+        &mut self,
+        update: Option<BatchUpdate<RequestParams<S>>>,
+        feed: Option<(&[i64], Option<&[usize]>)>,
+    ) -> Result<Option<BatchUpdate<Checked>>> {
+        if self.prepared.is_some() {
+            return Err(Error::Protocol(
+                "a prepared step is pending: commit or abort it first".into(),
+            ));
+        }
         if let Some((tokens, slots)) = feed {
             self.check_feed(tokens, slots)?;
         }
@@ -559,6 +638,15 @@ impl<S: HistorySource> Pipeline<S> {
             }
             return Err(e);
         }
+        Ok(checked)
+    }
+
+    /// Applies a checked step: the feed, then the update (or only the per-step work).
+    fn apply_step(
+        &mut self,
+        checked: Option<BatchUpdate<Checked>>,
+        feed: Option<(&[i64], Option<&[usize]>)>,
+    ) {
         if let Some((tokens, slots)) = feed {
             self.push_feed(tokens, slots);
         }
@@ -569,7 +657,6 @@ impl<S: HistorySource> Pipeline<S> {
             None if !fed && self.listed == 0 => self.steps += 1,
             None => self.work_none(),
         }
-        Ok(())
     }
 
     /// Stages what the tables wrote since the last stage into staging copy `k`; returns the

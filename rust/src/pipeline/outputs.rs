@@ -54,7 +54,9 @@ impl<S: HistorySource> Pipeline<S> {
         if self.listed == 0 {
             return Ok(());
         }
-        self.store.clear_rewritten();
+        if !std::mem::take(&mut self.rewrites_kept) {
+            self.store.clear_rewritten();
+        }
         let Pipeline {
             tables,
             store,
@@ -83,7 +85,7 @@ impl<S: HistorySource> Pipeline<S> {
             synced[i] = epoch;
             if let Some(src) = &sources[i] {
                 match src.sync_into(store.tokens_mut(*id), &mut unresolved[i]) {
-                    Ok(rewritten) => store.set_rewritten(*id, rewritten),
+                    Ok(rewritten) => store.mark_rewritten(*id, rewritten),
                     Err(bad) => {
                         // The copy holds what came before the bad entry: the next sync
                         // re-reads from there.

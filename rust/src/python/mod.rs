@@ -54,6 +54,17 @@ mod _core {
             .collect()
     }
 
+    /// `(fingerprint, objects)` of a batch update's structure (see `update::fingerprint`):
+    /// the step protocol compares it between the processors of one step; hold `objects`
+    /// while comparing.
+    #[pyfunction]
+    fn update_fingerprint<'py>(
+        batch_update: &Bound<'py, PyAny>,
+    ) -> PyResult<(u64, Bound<'py, pyo3::types::PyTuple>)> {
+        let (h, held) = super::update::fingerprint(batch_update)?;
+        Ok((h, pyo3::types::PyTuple::new(batch_update.py(), held)?))
+    }
+
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -356,6 +356,50 @@ impl Pipeline {
         Ok(())
     }
 
+    /// The first half of `step` (same arguments), for a step over several pipelines that
+    /// must all accept it first (`LogitsProcessors.update_state`): reads and checks
+    /// everything, changes nothing a table holds; then `commit` or `abort`.
+    #[pyo3(signature = (batch_update=None, sampled_token_ids=None, slots=None))]
+    fn prepare(
+        &mut self,
+        batch_update: Option<&Bound<'_, PyAny>>,
+        sampled_token_ids: Option<&Bound<'_, PyAny>>,
+        slots: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        if self.inner.has_prepared() {
+            return Err(crate::error::Error::Protocol(
+                "a prepared step is pending: commit or abort it first".into(),
+            )
+            .into());
+        }
+        let update = batch_update.map(|bu| self.read_update(bu)).transpose()?;
+        let tokens = sampled_token_ids
+            .map(|t| host_ints(t, "sampled_token_ids", self.max_rows()))
+            .transpose()?;
+        let slots = slots
+            .map(|s| host_slots(s, "slots", self.max_rows()))
+            .transpose()?;
+        Ok(self.inner.prepare(update, tokens.map(|t| (t, slots)))?)
+    }
+
+    /// Applies the step `prepare` checked; `status` and `discard` as in `step`.
+    #[pyo3(signature = (status=None, discard=false))]
+    fn commit(&mut self, status: Option<&Bound<'_, PyList>>, discard: bool) -> PyResult<()> {
+        self.inner.commit_prepared()?;
+        if discard {
+            self.inner.discard();
+        }
+        if let Some(out) = status {
+            self.write_status(out)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the step `prepare` checked: every table as before it.
+    fn abort(&mut self) {
+        self.inner.abort_prepared();
+    }
+
     /// Stable slots: the request now in `slot` (overwrites what it held).
     #[pyo3(signature = (slot, params, prompt_tok_ids=None, output_tok_ids=None))]
     fn add_request(

@@ -6,7 +6,7 @@
 //! its value 1 / 2). Every malformed piece becomes a `ValueError` naming the request and field
 //! (a `BatchUpdateError` for the update's structure, a `RequestError` for a request's value).
 
-use pyo3::exceptions::PyAttributeError;
+use pyo3::exceptions::{PyAttributeError, PyException};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyString, PyTuple};
@@ -14,15 +14,45 @@ use pyo3::types::{PyInt, PyString, PyTuple};
 use super::errors::{bad_entry, bad_update, bad_value, out_of_memory};
 use crate::batch::{BatchUpdate, Move, MoveDirectionality};
 
-fn index_of(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<usize> {
-    if obj.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(bad_update(field, "an index must be an int, got a bool"));
+/// Whether `e` must reach the caller untouched: anything that is not an `Exception`
+/// (`KeyboardInterrupt`, `SystemExit`, `GeneratorExit`) raised by user code (a `__len__`,
+/// `__iter__`, `__index__`, a property) is never turned into a `ValueError`.
+pub fn is_fatal(e: &PyErr) -> bool {
+    Python::attach(|py| !e.is_instance_of::<PyException>(py))
+}
+
+/// `wrap(e)`, unless `e` must propagate untouched ([`is_fatal`]).
+pub fn unless_fatal(e: PyErr, wrap: impl FnOnce(PyErr) -> PyErr) -> PyErr {
+    if is_fatal(&e) {
+        e
+    } else {
+        wrap(e)
     }
-    obj.extract::<usize>().map_err(|_| {
-        bad_update(
+}
+
+/// Where an item sits: `"entry 3: "` for the item at position 3 of an update's list.
+fn at(pos: Option<usize>) -> String {
+    pos.map_or_else(String::new, |p| format!("entry {p}: "))
+}
+
+fn index_of(obj: &Bound<'_, PyAny>, field: &str, pos: Option<usize>) -> PyResult<usize> {
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(bad_update(
             field,
-            format!("index must be a non-negative int, got {}", describe(obj)),
-        )
+            format!("{}an index must be an int, got a bool", at(pos)),
+        ));
+    }
+    obj.extract::<usize>().map_err(|e| {
+        unless_fatal(e, |_| {
+            bad_update(
+                field,
+                format!(
+                    "{}index must be a non-negative int, got {}",
+                    at(pos),
+                    describe(obj)
+                ),
+            )
+        })
     })
 }
 
@@ -66,24 +96,54 @@ fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionalit
     })
 }
 
-/// The items of a fixed-length entry (a tuple, or any sequence of that length).
+/// The items of a fixed-length entry (a tuple, or any sequence of that length), the entry at
+/// position `pos` of the list `field`. A sequence whose `__len__` or `__getitem__` raises or
+/// lies is a `BatchUpdateError` naming the list and position (a `KeyboardInterrupt` from it
+/// propagates untouched).
 fn entry_items<'py>(
     item: &Bound<'py, PyAny>,
     n: usize,
     field: &str,
+    pos: usize,
     shape: &str,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let wrong = || {
+        bad_update(
+            field,
+            format!(
+                "entry {pos}: entries must be {shape}, got {}",
+                describe(item)
+            ),
+        )
+    };
     if let Ok(t) = item.cast::<PyTuple>() {
+        // The tuple's own items (a subclass's `__len__` / `__getitem__` are not asked).
         if t.len() == n {
             return Ok(t.iter().collect());
         }
-    } else if !item.is_instance_of::<PyString>() && item.len().ok() == Some(n) {
-        return (0..n).map(|i| item.get_item(i)).collect();
+        return Err(wrong());
     }
-    Err(bad_update(
-        field,
-        format!("entries must be {shape}, got {}", describe(item)),
-    ))
+    if item.is_instance_of::<PyString>() {
+        return Err(wrong());
+    }
+    let raised = |what: String, e: PyErr| {
+        unless_fatal(e, |e| {
+            bad_update(field, format!("entry {pos}: {what} raised {e}"))
+        })
+    };
+    match item.len() {
+        Ok(len) if len == n => {}
+        Ok(_) => return Err(wrong()),
+        Err(e) if is_fatal(&e) => return Err(e),
+        // Not a sized sequence: the shape is wrong.
+        Err(_) => return Err(wrong()),
+    }
+    (0..n)
+        .map(|i| {
+            item.get_item(i)
+                .map_err(|e| raised(format!("reading item {i} of {}", describe(item)), e))
+        })
+        .collect()
 }
 
 /// One `added` entry as seen by a payload extractor.
@@ -102,9 +162,12 @@ pub struct Shape<'py> {
     pub moved: Vec<Move>,
 }
 
-/// A Python error raised while iterating an update's list, as a `ValueError` naming the list.
-fn raised(field: &str, e: PyErr) -> PyErr {
-    bad_update(field, format!("reading it raised {e}"))
+/// A Python error raised while iterating an update's list, as a `ValueError` naming the list
+/// (and the position it was reading); a `KeyboardInterrupt` propagates untouched.
+fn raised(field: &str, pos: usize, e: PyErr) -> PyErr {
+    unless_fatal(e, |e| {
+        bad_update(field, format!("reading entry {pos} raised {e}"))
+    })
 }
 
 /// `bu.<field>` as an iterator; a missing or non-iterable field is a `ValueError`.
@@ -113,14 +176,18 @@ fn iter_field<'py>(
     name: &Bound<'py, PyString>,
     field: &str,
 ) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {
-    let value = bu
-        .getattr(name)
-        .map_err(|_| bad_update(field, "the batch update has no such attribute"))?;
-    value.try_iter().map_err(|_| {
-        bad_update(
-            field,
-            format!("expected a sequence, got {}", describe(&value)),
-        )
+    let value = bu.getattr(name).map_err(|e| {
+        unless_fatal(e, |_| {
+            bad_update(field, "the batch update has no such attribute")
+        })
+    })?;
+    value.try_iter().map_err(|e| {
+        unless_fatal(e, |_| {
+            bad_update(
+                field,
+                format!("expected a sequence, got {}", describe(&value)),
+            )
+        })
     })
 }
 
@@ -129,9 +196,13 @@ fn iter_field<'py>(
 pub fn read_shape<'py>(bu: &Bound<'py, PyAny>, max_entries: usize) -> PyResult<Shape<'py>> {
     let py = bu.py();
     let batch_size = index_of(
-        &bu.getattr(intern!(py, "batch_size"))
-            .map_err(|_| bad_update("batch_size", "the batch update has no such attribute"))?,
+        &bu.getattr(intern!(py, "batch_size")).map_err(|e| {
+            unless_fatal(e, |_| {
+                bad_update("batch_size", "the batch update has no such attribute")
+            })
+        })?,
         "batch_size",
+        None,
     )?;
     // Bounded: an endless or huge list must end in an error, not in an allocation abort.
     let too_many = |field: &str| {
@@ -145,9 +216,11 @@ pub fn read_shape<'py>(bu: &Bound<'py, PyAny>, max_entries: usize) -> PyResult<S
         if removed.len() == max_entries {
             return Err(too_many("removed"));
         }
+        let pos = removed.len();
         removed.push(index_of(
-            &item.map_err(|e| raised("removed", e))?,
+            &item.map_err(|e| raised("removed", pos, e))?,
             "removed",
+            Some(pos),
         )?);
     }
     let mut added = Vec::new();
@@ -155,17 +228,19 @@ pub fn read_shape<'py>(bu: &Bound<'py, PyAny>, max_entries: usize) -> PyResult<S
         if added.len() == max_entries {
             return Err(too_many("added"));
         }
-        let item = item.map_err(|e| raised("added", e))?;
+        let pos = added.len();
+        let item = item.map_err(|e| raised("added", pos, e))?;
         let [index, params, prompt, output]: [Bound<'_, PyAny>; 4] = entry_items(
             &item,
             4,
             "added",
+            pos,
             "(index, params, prompt_tok_ids, output_tok_ids)",
         )?
         .try_into()
         .expect("entry_items returns exactly n items");
         added.push(AddedEntry {
-            index: index_of(&index, "added")?,
+            index: index_of(&index, "added", Some(pos))?,
             params,
             prompt_tok_ids: prompt,
             output_tok_ids: output,
@@ -176,13 +251,14 @@ pub fn read_shape<'py>(bu: &Bound<'py, PyAny>, max_entries: usize) -> PyResult<S
         if moved.len() == max_entries {
             return Err(too_many("moved"));
         }
-        let item = item.map_err(|e| raised("moved", e))?;
+        let pos = moved.len();
+        let item = item.map_err(|e| raised("moved", pos, e))?;
         let [a, b, dir]: [Bound<'_, PyAny>; 3] =
-            entry_items(&item, 3, "moved", "(index1, index2, direction)")?
+            entry_items(&item, 3, "moved", pos, "(index1, index2, direction)")?
                 .try_into()
                 .expect("entry_items returns exactly n items");
-        let from = index_of(&a, "moved")?;
-        let to = index_of(&b, "moved")?;
+        let from = index_of(&a, "moved", Some(pos))?;
+        let to = index_of(&b, "moved", Some(pos))?;
         let dir = direction(from, &dir)?;
         moved.push(Move { from, to, dir });
     }
@@ -192,6 +268,45 @@ pub fn read_shape<'py>(bu: &Bound<'py, PyAny>, max_entries: usize) -> PyResult<S
         added,
         moved,
     })
+}
+
+/// Most entries [`fingerprint`] reads of one list (an endless list ends in an error).
+pub const MAX_FINGERPRINT_ENTRIES: usize = 1 << 22;
+
+/// A fingerprint of what a step reads of an update's structure: the batch size, the removed
+/// indices, the moves, and per added entry its index, the identity of its params, prompt and
+/// output objects and the length of a list or tuple prompt / output. The objects are handed
+/// back too: held by the caller, their identities cannot be reused by new objects while the
+/// fingerprint is compared. Catches an update changed between the processors of one step
+/// (an entry replaced, an index changed), not a params object changed in place.
+pub fn fingerprint<'py>(bu: &Bound<'py, PyAny>) -> PyResult<(u64, Vec<Bound<'py, PyAny>>)> {
+    use std::hash::{Hash, Hasher};
+    let shape = read_shape(bu, MAX_FINGERPRINT_ENTRIES)?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    shape.batch_size.hash(&mut h);
+    shape.removed.hash(&mut h);
+    shape.moved.len().hash(&mut h);
+    for m in &shape.moved {
+        (m.from, m.to, m.dir == MoveDirectionality::Swap).hash(&mut h);
+    }
+    shape.added.len().hash(&mut h);
+    let mut held = Vec::with_capacity(3 * shape.added.len());
+    let sized = |o: &Bound<'_, PyAny>| {
+        if let Ok(l) = o.cast::<pyo3::types::PyList>() {
+            Some(l.len())
+        } else {
+            o.cast::<PyTuple>().ok().map(|t| t.len())
+        }
+    };
+    for e in shape.added {
+        e.index.hash(&mut h);
+        for o in [e.params, e.prompt_tok_ids, e.output_tok_ids] {
+            o.as_ptr().hash(&mut h);
+            sized(&o).hash(&mut h);
+            held.push(o);
+        }
+    }
+    Ok((h.finish(), held))
 }
 
 /// Parses the whole update; `extract` turns each added entry into the payload.
@@ -224,7 +339,9 @@ pub fn param_named<'py>(
     match params.getattr(name) {
         Ok(v) => Ok(v),
         Err(e) if e.is_instance_of::<PyAttributeError>(py) => Ok(py.None().into_bound(py)),
-        Err(e) => Err(bad_value(index, field, format!("reading it raised {e}"))),
+        Err(e) => Err(unless_fatal(e, |e| {
+            bad_value(index, field, format!("reading it raised {e}"))
+        })),
     }
 }
 
@@ -235,12 +352,14 @@ pub fn extract_as<'py, T: for<'a> FromPyObject<'a, 'py>>(
     obj: &Bound<'py, PyAny>,
     expected: &str,
 ) -> PyResult<T> {
-    obj.extract::<T>().map_err(|_| {
-        bad_value(
-            index,
-            field,
-            format!("expected {expected}, got {}", describe(obj)),
-        )
+    obj.extract::<T>().map_err(|e| {
+        unless_fatal(e.into(), |_| {
+            bad_value(
+                index,
+                field,
+                format!("expected {expected}, got {}", describe(obj)),
+            )
+        })
     })
 }
 
@@ -264,12 +383,14 @@ pub fn bounded_ints(
             "expected a sequence of ints, got a str",
         ));
     }
-    let iter = obj.try_iter().map_err(|_| {
-        bad_value(
-            index,
-            field,
-            format!("expected a sequence of ints, got {}", describe(obj)),
-        )
+    let iter = obj.try_iter().map_err(|e| {
+        unless_fatal(e, |_| {
+            bad_value(
+                index,
+                field,
+                format!("expected a sequence of ints, got {}", describe(obj)),
+            )
+        })
     })?;
     let mut out: Vec<i64> = Vec::new();
     for t in iter {
@@ -280,7 +401,11 @@ pub fn bounded_ints(
                 format!("more entries than the cap of {max}"),
             ));
         }
-        let t = t.map_err(|e| bad_value(index, field, format!("reading it raised {e}")))?;
+        let t = t.map_err(|e| {
+            unless_fatal(e, |e| {
+                bad_value(index, field, format!("reading it raised {e}"))
+            })
+        })?;
         if t.is_instance_of::<pyo3::types::PyBool>() {
             return Err(bad_value(index, field, "expected ints, got a bool"));
         }
