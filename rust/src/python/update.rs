@@ -11,7 +11,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyString, PyTuple};
 
-use super::errors::{bad_entry, bad_update, bad_value, out_of_memory};
+use super::errors::{
+    bad_entry, bad_update, bad_value, is_interrupt, out_of_memory, unless_interrupt,
+};
 use crate::batch::{BatchUpdate, Move, MoveDirectionality};
 
 fn index_of(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<usize> {
@@ -30,6 +32,15 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
     obj.repr()
         .map(|r| r.to_string())
         .unwrap_or_else(|_| "<unprintable>".into())
+}
+
+/// [`describe`], except that an interrupt its `__repr__` raises is returned as the error.
+pub fn try_describe(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    match obj.repr() {
+        Ok(r) => Ok(r.to_string()),
+        Err(e) if is_interrupt(&e) => Err(e),
+        Err(_) => Ok("<unprintable>".into()),
+    }
 }
 
 fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionality> {
@@ -224,7 +235,9 @@ pub fn param_named<'py>(
     match params.getattr(name) {
         Ok(v) => Ok(v),
         Err(e) if e.is_instance_of::<PyAttributeError>(py) => Ok(py.None().into_bound(py)),
-        Err(e) => Err(bad_value(index, field, format!("reading it raised {e}"))),
+        Err(e) => Err(unless_interrupt(e, |e| {
+            bad_value(index, field, format!("reading it raised {e}"))
+        })),
     }
 }
 
@@ -234,13 +247,19 @@ pub fn extract_as<'py, T: for<'a> FromPyObject<'a, 'py>>(
     field: &'static str,
     obj: &Bound<'py, PyAny>,
     expected: &str,
-) -> PyResult<T> {
-    obj.extract::<T>().map_err(|_| {
-        bad_value(
-            index,
-            field,
-            format!("expected {expected}, got {}", describe(obj)),
-        )
+) -> PyResult<T>
+where
+    for<'a> <T as FromPyObject<'a, 'py>>::Error: Into<PyErr>,
+{
+    obj.extract::<T>().map_err(|e| {
+        let e: PyErr = e.into();
+        if is_interrupt(&e) {
+            return e;
+        }
+        match try_describe(obj) {
+            Ok(shown) => bad_value(index, field, format!("expected {expected}, got {shown}")),
+            Err(interrupt) => interrupt,
+        }
     })
 }
 
@@ -264,12 +283,18 @@ pub fn bounded_ints(
             "expected a sequence of ints, got a str",
         ));
     }
-    let iter = obj.try_iter().map_err(|_| {
-        bad_value(
-            index,
-            field,
-            format!("expected a sequence of ints, got {}", describe(obj)),
-        )
+    let iter = obj.try_iter().map_err(|e| {
+        if is_interrupt(&e) {
+            return e;
+        }
+        match try_describe(obj) {
+            Ok(shown) => bad_value(
+                index,
+                field,
+                format!("expected a sequence of ints, got {shown}"),
+            ),
+            Err(interrupt) => interrupt,
+        }
     })?;
     let mut out: Vec<i64> = Vec::new();
     for t in iter {
@@ -280,7 +305,11 @@ pub fn bounded_ints(
                 format!("more entries than the cap of {max}"),
             ));
         }
-        let t = t.map_err(|e| bad_value(index, field, format!("reading it raised {e}")))?;
+        let t = t.map_err(|e| {
+            unless_interrupt(e, |e| {
+                bad_value(index, field, format!("reading it raised {e}"))
+            })
+        })?;
         if t.is_instance_of::<pyo3::types::PyBool>() {
             return Err(bad_value(index, field, "expected ints, got a bool"));
         }
