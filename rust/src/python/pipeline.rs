@@ -10,7 +10,7 @@ use pyo3::types::{PyBytes, PyList};
 use super::buffer::{logits_rows, HostBufferView};
 use super::errors::bad_value;
 use super::history::PyListSource;
-use super::params::Reader;
+use super::params::{column_kind, ColumnDecl, Reader};
 use super::update::{bounded_ints, parse_update, AddedEntry};
 use crate::arena::Upload;
 use crate::batch::BatchUpdate;
@@ -18,7 +18,7 @@ use crate::history::HistoryId;
 use crate::pipeline::{self, PipelineConfig, RequestParams};
 use crate::processor::{HostData, HostLogits};
 use crate::tables::bad_words::BadWordsTable;
-use crate::tables::columns::{ColumnKind, ColumnSpec};
+use crate::tables::columns::ColumnSpec;
 use crate::tables::min_p::MinPState;
 use crate::tables::min_tokens::MinTokensTable;
 use crate::tables::penalties::PenaltiesState;
@@ -33,36 +33,6 @@ pub struct Pipeline {
     status_list: Option<Py<PyList>>,
     status_written: Vec<usize>,
     status_scratch: Vec<usize>,
-}
-
-/// A column declaration from Python: `(name, kind, width, default, reader)` with kind one of
-/// "float", "int", "array", "tokens" (width: the array width or the most tokens).
-type ColumnDecl = (String, String, usize, f64, Py<PyAny>);
-
-fn column_kind(name: &str, kind: &str, width: usize, default: f64) -> PyResult<ColumnKind> {
-    let bad = |m: String| PyValueError::new_err(format!("column '{name}': {m}"));
-    Ok(match kind {
-        "float" => ColumnKind::Float {
-            default: default as f32,
-        },
-        "int" => {
-            if default.fract() != 0.0 || !default.is_finite() {
-                return Err(bad(format!(
-                    "an int column needs an int default, got {default}"
-                )));
-            }
-            ColumnKind::Int {
-                default: default as i64,
-            }
-        }
-        "array" if width >= 1 => ColumnKind::Array {
-            width,
-            default: default as f32,
-        },
-        "tokens" if width >= 1 => ColumnKind::Tokens { max_len: width },
-        "array" | "tokens" => return Err(bad("width must be >= 1".into())),
-        other => return Err(bad(format!("unknown kind {other:?}"))),
-    })
 }
 
 /// Ints from the host: `bytes` of native int64 (what the Python side makes of a tensor or an
