@@ -36,6 +36,8 @@ from logitsproc_rs import (
 from logitsproc_rs.columns import Column
 from logitsproc_rs.errors import RequestError
 
+from . import _checks
+
 CFG = EngineConfig(max_num_seqs=8, vocab_size=50)
 V = CFG.vocab_size
 SWAP = MoveDirectionality.SWAP
@@ -607,3 +609,88 @@ def test_transform_interrupt_propagates(exc: BaseException) -> None:
     with pytest.raises(type(exc)) as ei:
         _sample(cls)
     assert ei.value is exc
+
+
+# --------------------------------------------------------------------------------------------
+# Interrupts raised by user code anywhere the bindings read a step (built-in fields, the
+# update's structure, output lists): they propagate as themselves and change nothing.
+
+
+class _Prop:
+    """Params whose ``field`` property raises ``exc`` (the others: the _checks defaults)."""
+
+    def __init__(self, field: str, exc: BaseException) -> None:
+        self._field, self._exc = field, exc
+        self._base = _checks.P(0.2, {1: 1.0}, 2, {3})
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self._field:
+            raise self._exc
+        return getattr(self._base, name)
+
+
+def _gen(exc: BaseException) -> Iterator[int]:
+    yield 1
+    raise exc
+
+
+def _interrupt_updates(exc: BaseException) -> dict[str, Any]:
+    P3 = _checks.P
+    bad = Raises(exc)
+    out: dict[str, Any] = {
+        "min_p property": _checks.bad_update((4, _Prop("min_p", exc), None, [])),
+        "min_tokens property": _checks.bad_update((4, _Prop("min_tokens", exc), None, [])),
+        "min_p __float__": _checks.bad_update((4, P3(min_p=bad), None, [])),
+        "min_tokens __index__": _checks.bad_update((4, P3(min_tokens=bad), None, [])),
+        "logit_bias key": _checks.bad_update((4, P3(logit_bias={bad: 1.0}), None, [])),
+        "logit_bias value": _checks.bad_update((4, P3(logit_bias={1: bad}), None, [])),
+        "stop ids iterator": _checks.bad_update(
+            (4, P3(min_tokens=3, all_stop_token_ids=()), None, [])
+        ),
+        "output item": _checks.bad_update((4, P3(), None, [1, bad])),
+        "added entry __len__": _checks.bad_update(bad),
+        "removed iterator": BatchUpdate(3, _gen(exc), [], []),
+        "removed __index__": BatchUpdate(3, [bad], [], []),
+        "moved direction": BatchUpdate(3, [], [], [(0, 1, _Named(exc))]),
+        "batch_size __index__": BatchUpdate(bad, [], [], []),
+        "update attribute": _RaisingUpdate(exc),
+    }
+    # The stop ids are a set in _checks.P: replace them with an iterator that raises.
+    out["stop ids iterator"].added[1][1].all_stop_token_ids = _gen(exc)
+    return out
+
+
+class _Named:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    @property
+    def _name_(self) -> str:
+        raise self.exc
+
+
+class _RaisingUpdate:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+        self.batch_size = 3
+
+    def __getattr__(self, name: str) -> Any:
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("where", sorted(_interrupt_updates(KeyboardInterrupt())))
+def test_interrupt_while_reading_a_step_propagates(exc_type: type, where: str) -> None:
+    exc = exc_type()
+    update = _interrupt_updates(exc)[where]
+    world, twin = _checks.World(), _checks.World()
+    proc = world.procs[_checks.LOGIT_BIAS]
+    before = _checks.snapshot(proc)
+    with pytest.raises(exc_type) as ei:
+        proc.update_state(update)
+    assert ei.value is exc
+    _checks.assert_same(before, _checks.snapshot(proc))
+    for w in (world, twin):
+        w.step_all(None)
+    for name in world.procs:
+        _checks.assert_same(_checks.snapshot(twin.procs[name]), _checks.snapshot(world.procs[name]))
