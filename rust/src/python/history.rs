@@ -2,9 +2,9 @@
 //! feed), or a copy of its content at add time (the token feed).
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyList};
+use pyo3::types::{PyBool, PyInt, PyList};
 
-use super::errors::bad_value;
+use super::errors::{bad_value, is_interrupt};
 use super::update::AddedEntry;
 use crate::history::{sync_history, HistorySource, SyncResult};
 use crate::pipeline::Output;
@@ -25,6 +25,14 @@ pub fn output_of(e: &AddedEntry<'_>, token_feed: bool) -> PyResult<Output<PyList
     })?;
     let mut tokens = Vec::new();
     for (pos, item) in list.iter().enumerate() {
+        if !item.is_instance_of::<PyInt>() {
+            // An int-like entry's `__index__` may raise an interrupt: it propagates.
+            if let Err(e) = item.extract::<i64>() {
+                if is_interrupt(&e) {
+                    return Err(e);
+                }
+            }
+        }
         let t = token_of(&item).ok_or_else(|| {
             bad_value(
                 e.index,

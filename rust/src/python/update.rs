@@ -20,11 +20,13 @@ fn index_of(obj: &Bound<'_, PyAny>, field: &str) -> PyResult<usize> {
     if obj.is_instance_of::<pyo3::types::PyBool>() {
         return Err(bad_update(field, "an index must be an int, got a bool"));
     }
-    obj.extract::<usize>().map_err(|_| {
-        bad_update(
-            field,
-            format!("index must be a non-negative int, got {}", describe(obj)),
-        )
+    obj.extract::<usize>().map_err(|e| {
+        unless_interrupt(e, |_| {
+            bad_update(
+                field,
+                format!("index must be a non-negative int, got {}", describe(obj)),
+            )
+        })
     })
 }
 
@@ -47,10 +49,15 @@ fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionalit
     let py = obj.py();
     // Enum members keep their name in the plain attribute `_name_` (cheap); `name` is a
     // property (slow) and other duck types may only have that. Ints are the enum values.
-    let name = obj
-        .getattr(intern!(py, "_name_"))
-        .or_else(|_| obj.getattr(intern!(py, "name")))
-        .ok();
+    let keep_interrupt = |e: PyErr| if is_interrupt(&e) { Err(e) } else { Ok(e) };
+    let name = match obj.getattr(intern!(py, "_name_")).or_else(|e| {
+        keep_interrupt(e)?;
+        obj.getattr(intern!(py, "name"))
+    }) {
+        Ok(name) => Some(name),
+        Err(e) if is_interrupt(&e) => return Err(e),
+        Err(_) => None,
+    };
     let by_name = name
         .as_ref()
         .and_then(|n| n.cast::<PyString>().ok())
@@ -88,8 +95,12 @@ fn entry_items<'py>(
         if t.len() == n {
             return Ok(t.iter().collect());
         }
-    } else if !item.is_instance_of::<PyString>() && item.len().ok() == Some(n) {
-        return (0..n).map(|i| item.get_item(i)).collect();
+    } else if !item.is_instance_of::<PyString>() {
+        match item.len() {
+            Ok(len) if len == n => return (0..n).map(|i| item.get_item(i)).collect(),
+            Err(e) if is_interrupt(&e) => return Err(e),
+            _ => {}
+        }
     }
     Err(bad_update(
         field,
@@ -115,7 +126,7 @@ pub struct Shape<'py> {
 
 /// A Python error raised while iterating an update's list, as a `ValueError` naming the list.
 fn raised(field: &str, e: PyErr) -> PyErr {
-    bad_update(field, format!("reading it raised {e}"))
+    unless_interrupt(e, |e| bad_update(field, format!("reading it raised {e}")))
 }
 
 /// `bu.<field>` as an iterator; a missing or non-iterable field is a `ValueError`.
@@ -124,14 +135,18 @@ fn iter_field<'py>(
     name: &Bound<'py, PyString>,
     field: &str,
 ) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {
-    let value = bu
-        .getattr(name)
-        .map_err(|_| bad_update(field, "the batch update has no such attribute"))?;
-    value.try_iter().map_err(|_| {
-        bad_update(
-            field,
-            format!("expected a sequence, got {}", describe(&value)),
-        )
+    let value = bu.getattr(name).map_err(|e| {
+        unless_interrupt(e, |_| {
+            bad_update(field, "the batch update has no such attribute")
+        })
+    })?;
+    value.try_iter().map_err(|e| {
+        unless_interrupt(e, |_| {
+            bad_update(
+                field,
+                format!("expected a sequence, got {}", describe(&value)),
+            )
+        })
     })
 }
 
@@ -140,8 +155,11 @@ fn iter_field<'py>(
 pub fn read_shape<'py>(bu: &Bound<'py, PyAny>, max_entries: usize) -> PyResult<Shape<'py>> {
     let py = bu.py();
     let batch_size = index_of(
-        &bu.getattr(intern!(py, "batch_size"))
-            .map_err(|_| bad_update("batch_size", "the batch update has no such attribute"))?,
+        &bu.getattr(intern!(py, "batch_size")).map_err(|e| {
+            unless_interrupt(e, |_| {
+                bad_update("batch_size", "the batch update has no such attribute")
+            })
+        })?,
         "batch_size",
     )?;
     // Bounded: an endless or huge list must end in an error, not in an allocation abort.
