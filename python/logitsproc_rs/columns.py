@@ -115,9 +115,7 @@ class Column:
     def __post_init__(self) -> None:
         name = self.name
         if not isinstance(name, str) or not name:
-            raise ConfigError(
-                f"column name must be a non-empty str, got {name!r}", field="columns"
-            )
+            raise ConfigError(f"column name must be a non-empty str, got {name!r}", field="columns")
         if self.kind not in KINDS:
             raise _bad(name, f"unknown kind {self.kind!r} (one of {KINDS})")
         object.__setattr__(self, "width", _width(name, self.kind, self.width))
@@ -202,8 +200,7 @@ def _check_columns(owner: str, columns: Any) -> None:
     ``x_len`` tensor) do not clash in the ``cols`` dict ``transform`` gets."""
     if not isinstance(columns, tuple) or not all(isinstance(c, Column) for c in columns):
         raise ConfigError(
-            f"{owner}.COLUMNS must be a tuple of Column (FloatColumn(...), ...), "
-            f"got {columns!r}",
+            f"{owner}.COLUMNS must be a tuple of Column (FloatColumn(...), ...), got {columns!r}",
             field="columns",
         )
     seen: set[str] = set()

@@ -149,7 +149,9 @@ def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 def bad_update(sp: Any) -> BatchUpdate:
     """A valid add and a move before the bad request at index 4."""
-    return BatchUpdate(5, [], [(3, P(f=9.0, i=9, t=[9]), [1], []), (4, sp, [1], [])], [(0, 2, SWAP)])
+    return BatchUpdate(
+        5, [], [(3, P(f=9.0, i=9, t=[9]), [1], []), (4, sp, [1], [])], [(0, 2, SWAP)]
+    )
 
 
 def follow_up(world: World) -> None:
@@ -235,14 +237,14 @@ def short_then_raise() -> Iterator[int]:
 @pytest.mark.parametrize(
     ("col", "value", "match"),
     [
-        ("a", [1.0] * 4, "more than 3"),
+        ("a", [1.0] * 4, "than the width of 3"),
         ("a", [1.0] * 2, "expected 3 values, got 2"),
         ("a", RaisingLen(), None),  # a __len__ that raises is not needed: read by iteration
         ("a", RaisingIter(), "iter boom"),
         ("a", "short_then_raise", "mid-iteration boom"),
         ("t", RaisingIter(), "iter boom"),
         ("t", "short_then_raise", "mid-iteration boom"),
-        ("t", [1] * 5, "more than 4"),
+        ("t", [1] * 5, "than the cap of 4"),
     ],
 )
 def test_lying_or_endless_sequence(col: str, value: Any, match: str | None) -> None:
@@ -357,7 +359,7 @@ def test_good_value_reads_back_exactly(col: str, value: Any, expect: Any) -> Non
 def test_refused_with_the_builtins_sharing_the_pipeline() -> None:
     """Every table of the shared pipeline (built-ins too) stays as it was."""
     check_refused(P(i=2**63), "i", match="int64", shared=True)
-    check_refused(P(a=[1.0] * 4), "a", match="more than 3", shared=True)
+    check_refused(P(a=[1.0] * 4), "a", match="than the width of 3", shared=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -369,10 +369,8 @@ fn real(index: usize, name: &str, item: Option<usize>, v: &Bound<'_, PyAny>) -> 
 /// a one-element int tensor). Out of range is refused, never wrapped or saturated.
 fn integer(index: usize, name: &str, item: Option<usize>, v: &Bound<'_, PyAny>) -> PyResult<i64> {
     let py = v.py();
-    if !v.is_instance_of::<PyInt>() || v.is_instance_of::<PyBool>() {
-        if bool_like(v)? {
-            return Err(refused(index, name, item, "an int, not a bool", v));
-        }
+    if (!v.is_instance_of::<PyInt>() || v.is_instance_of::<PyBool>()) && bool_like(v)? {
+        return Err(refused(index, name, item, "an int, not a bool", v));
     }
     v.extract::<i64>().map_err(|e| {
         unless_interrupt(e, |e| {
@@ -386,13 +384,15 @@ fn integer(index: usize, name: &str, item: Option<usize>, v: &Bound<'_, PyAny>) 
 }
 
 /// Reads at most `max` items of a sequence value (never trusting `__len__`: an endless or
-/// lying iterable ends in an error after `max + 1` items), each through `item`.
+/// lying iterable ends in an error after `max + 1` items), each through `item`; `bound` names
+/// `max` in the error ("width", "cap").
 fn bounded_items<T>(
     index: usize,
     name: &str,
     v: &Bound<'_, PyAny>,
     max: usize,
     what: &str,
+    bound: &str,
     mut item: impl FnMut(usize, &Bound<'_, PyAny>) -> PyResult<T>,
 ) -> PyResult<Vec<T>> {
     if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
@@ -417,7 +417,11 @@ fn bounded_items<T>(
     let mut out = Vec::new();
     for (k, x) in iter.enumerate() {
         if k == max {
-            return Err(bad_column(index, name, format!("more than {max} {what}")));
+            return Err(bad_column(
+                index,
+                name,
+                format!("more {what} than the {bound} of {max}"),
+            ));
         }
         let x = x.map_err(|e| {
             unless_interrupt(e, |e| {
@@ -446,7 +450,7 @@ fn column_value(
         ColumnKind::Int { .. } => ColumnValue::Int(integer(index, name, None, v)?),
         ColumnKind::Array { width, .. } => {
             let what = "floats";
-            let out = bounded_items(index, name, v, *width, what, |k, x| {
+            let out = bounded_items(index, name, v, *width, what, "width", |k, x| {
                 real(index, name, Some(k), x)
             })?;
             if out.len() != *width {
@@ -464,6 +468,7 @@ fn column_value(
             v,
             *max_len,
             "token ids",
+            "cap",
             |k, x| integer(index, name, Some(k), x),
         )?),
     })

@@ -124,7 +124,7 @@ impl Column {
                 Ok(x)
             } else {
                 let at = item.map(|k| format!("item {k}: ")).unwrap_or_default();
-                Err(bad(format!("{at}{v} is not a finite float32")))
+                Err(bad(format!("{at}{v:?} is not a finite float32")))
             }
         };
         Ok(match (&self.spec.kind, value) {
@@ -149,7 +149,7 @@ impl Column {
             (ColumnKind::Tokens { max_len }, ColumnValue::Tokens(ids)) => {
                 if ids.len() > *max_len {
                     return Err(bad(format!(
-                        "{} token ids exceed max_len {max_len}",
+                        "{} token ids exceed the cap of {max_len}",
                         ids.len()
                     )));
                 }
@@ -387,5 +387,37 @@ mod tests {
         };
         assert_eq!(ids.to_vec(6), vec![-1, -1, -1, 4, 5, -1]);
         assert_eq!(lens.to_vec(2), vec![0, 2]);
+    }
+
+    #[test]
+    fn errors_name_the_column_and_the_item() {
+        let c = Column::new(spec(ColumnKind::Tokens { max_len: 3 }), 2, 10).unwrap();
+        for (value, detail) in [
+            (vec![1, 2, 3, 4], "'c': 4 token ids exceed the cap of 3"),
+            (vec![1, 10], "'c': item 1: token id 10 outside [0, 10)"),
+            (vec![-1], "'c': item 0: token id -1 outside [0, 10)"),
+        ] {
+            let e = c.check(4, ColumnValue::Tokens(value)).unwrap_err();
+            assert_eq!(
+                (e.index(), e.field(), e.column()),
+                (Some(4), Some("column"), Some("c"))
+            );
+            assert_eq!(e.detail().as_deref(), Some(detail));
+        }
+        let a = Column::new(
+            spec(ColumnKind::Array {
+                width: 2,
+                default: 0.0,
+            }),
+            2,
+            10,
+        )
+        .unwrap();
+        let e = a.check(1, ColumnValue::Array(vec![0.5, 1e39])).unwrap_err();
+        assert_eq!(e.column(), Some("c"));
+        assert_eq!(
+            e.detail().as_deref(),
+            Some("'c': item 1: 1e39 is not a finite float32")
+        );
     }
 }
