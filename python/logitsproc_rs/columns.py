@@ -23,20 +23,88 @@ is a ``ValueError`` naming the request and the column, and the whole step is rej
 
 from __future__ import annotations
 
+import math
+import operator
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from .errors import ConfigError, with_context
 from .views import PipelineView
 
 Reader = Callable[[Any], Any]
 
 
+KINDS = ("float", "int", "array", "tokens")
+#: Most values an array column or a token list holds (lengths are int32 on the device).
+MAX_WIDTH = 2**31 - 1
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def _bad(name: str, detail: str) -> ConfigError:
+    return ConfigError(f"column '{name}': {detail}", field="columns", detail=detail, column=name)
+
+
+def _bool_like(v: Any) -> bool:
+    """A bool in disguise: Python's, numpy's ``bool_``, a bool tensor or array."""
+    return isinstance(v, bool) or str(getattr(v, "dtype", "")) in ("bool", "torch.bool")
+
+
+def _width(name: str, kind: str, width: Any) -> int:
+    what = "max_len" if kind == "tokens" else "width"
+    if _bool_like(width) or isinstance(width, (str, bytes)):
+        raise _bad(name, f"{what} must be an int, got {width!r}")
+    try:
+        w = operator.index(width)
+    except TypeError:
+        raise _bad(name, f"{what} must be an int, got {width!r}") from None
+    if kind in ("float", "int"):
+        if w != 1:
+            raise _bad(name, f"a {kind} column has width 1, got {w}")
+    elif not 1 <= w <= MAX_WIDTH:
+        raise _bad(name, f"{what} must be in [1, {MAX_WIDTH}], got {w}")
+    return w
+
+
+def _default(name: str, kind: str, default: Any) -> float | int:
+    if kind == "tokens":
+        return 0
+    if kind == "int":
+        if _bool_like(default) or isinstance(default, (str, bytes, float)):
+            raise _bad(name, f"an int column needs an int default, got {default!r}")
+        try:
+            d = operator.index(default)
+        except TypeError:
+            raise _bad(name, f"an int column needs an int default, got {default!r}") from None
+        if not INT64[0] <= d <= INT64[1]:
+            raise _bad(name, f"the default {d} does not fit in int64")
+        return d
+    if _bool_like(default) or isinstance(default, (str, bytes)):
+        raise _bad(name, f"the default must be a float, got {default!r}")
+    try:
+        f = float(default)
+    except (TypeError, ValueError, OverflowError):
+        raise _bad(name, f"the default must be a float, got {default!r}") from None
+    # float32 on the device: a default that is not a finite float32 would read back as inf/nan.
+    # As float32 (what the device holds): a finite value may round to inf there.
+    if not math.isfinite(struct.unpack("f", struct.pack("f", f))[0]):
+        raise _bad(name, f"the default {default!r} is not a finite float32")
+    return f
+
+
 @dataclass(frozen=True, eq=False)
 class Column:
-    """A declared per-request column. Use the typed constructors below."""
+    """A declared per-request column. Use the typed constructors below.
+
+    Checked when declared: a non-empty str name, a known kind, an int width (1 for ``float``
+    and ``int``, in ``[1, 2**31 - 1]`` for ``array`` and ``tokens``; not a bool), a default
+    the column holds exactly (an int within int64 for ``int``; a finite float32 otherwise; not
+    a bool) and a callable reader. Anything else is a ``ConfigError`` (a ``ValueError``) naming
+    the column (``.column``).
+    """
 
     name: str
     kind: str
@@ -44,8 +112,19 @@ class Column:
     default: float
     read: Reader
 
-    def declaration(self) -> tuple[str, str, int, float, Reader]:
-        return (self.name, self.kind, self.width, float(self.default), self.read)
+    def __post_init__(self) -> None:
+        name = self.name
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"column name must be a non-empty str, got {name!r}", field="columns")
+        if self.kind not in KINDS:
+            raise _bad(name, f"unknown kind {self.kind!r} (one of {KINDS})")
+        object.__setattr__(self, "width", _width(name, self.kind, self.width))
+        object.__setattr__(self, "default", _default(name, self.kind, self.default))
+        if not callable(self.read):
+            raise _bad(name, f"read must be a callable params -> value, got {self.read!r}")
+
+    def declaration(self) -> tuple[str, str, int, float | int, Reader]:
+        return (self.name, self.kind, self.width, self.default, self.read)
 
 
 def FloatColumn(name: str, default: float, read: Reader) -> Column:
@@ -79,6 +158,10 @@ class ColumnLogitsProcessor(PipelineView):
 
     COLUMNS: tuple[Column, ...] = ()
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _check_columns(cls.__name__, cls.COLUMNS)
+
     def transform(
         self, logits: torch.Tensor, cols: dict[str, torch.Tensor], num_active: int
     ) -> torch.Tensor:
@@ -101,7 +184,32 @@ class ColumnLogitsProcessor(PipelineView):
             cols[c.name] = pipe.dense("column.values", rows, rowspace, c.width, occ)
             if c.kind == "tokens":
                 cols[c.name + "_len"] = pipe.dense("column.lengths", rows, rowspace, 1, tokens_occ)
-        return self.transform(logits, cols, active)
+        # A transform that raises names this processor, as the Sampler does for any custom
+        # processor: a ValueError stays one, any other Exception becomes a RuntimeError, both
+        # chained to the original; an interrupt (KeyboardInterrupt...) propagates as itself.
+        try:
+            return self.transform(logits, cols, active)
+        except ValueError as e:
+            raise with_context(e, f"{type(self).__name__}.apply: ") from e
+        except Exception as e:
+            raise RuntimeError(f"{type(self).__name__}.apply raised {e!r}") from e
+
+
+def _check_columns(owner: str, columns: Any) -> None:
+    """``COLUMNS``: a tuple of ``Column``s whose names (and, for a tokens column ``x``, its
+    ``x_len`` tensor) do not clash in the ``cols`` dict ``transform`` gets."""
+    if not isinstance(columns, tuple) or not all(isinstance(c, Column) for c in columns):
+        raise ConfigError(
+            f"{owner}.COLUMNS must be a tuple of Column (FloatColumn(...), ...), got {columns!r}",
+            field="columns",
+        )
+    seen: set[str] = set()
+    for c in columns:
+        keys = [c.name] + ([c.name + "_len"] if c.kind == "tokens" else [])
+        for key in keys:
+            if key in seen:
+                raise _bad(c.name, f"{owner}.COLUMNS has two columns named {key!r}")
+            seen.add(key)
 
 
 def _occurrence(pipe: Any, k: int, kind: str | None = None) -> int:

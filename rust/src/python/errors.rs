@@ -179,3 +179,35 @@ pub fn bad_input(field: &str, detail: impl std::fmt::Display) -> PyErr {
     }
     .into_err()
 }
+
+/// Whether `e` is an interrupt rather than an error: a `BaseException` that is not an
+/// `Exception` (`KeyboardInterrupt`, `SystemExit`, `GeneratorExit`) raised by user code (a
+/// reader, `__len__`, `__iter__`, `__index__`, `__float__`, `__repr__`...). Those propagate as
+/// themselves, never turned into a `ValueError`.
+pub fn is_interrupt(e: &PyErr) -> bool {
+    Python::attach(|py| !e.is_instance_of::<pyo3::exceptions::PyException>(py))
+}
+
+/// `e` itself when it is an interrupt ([`is_interrupt`]), else `refuse(e)`: the one way user
+/// code's exceptions become our errors.
+pub fn unless_interrupt(e: PyErr, refuse: impl FnOnce(PyErr) -> PyErr) -> PyErr {
+    if is_interrupt(&e) {
+        e
+    } else {
+        refuse(e)
+    }
+}
+
+/// A `ConfigError` (a `ValueError`) about a custom column's declaration (`column`: its name).
+pub fn bad_declaration(name: &str, detail: impl std::fmt::Display) -> PyErr {
+    let detail = detail.to_string();
+    Parts {
+        kind: ErrorKind::Config,
+        message: format!("column '{name}': {detail}"),
+        index: None,
+        field: Some("columns"),
+        detail: Some(detail),
+        column: Some(name),
+    }
+    .into_err()
+}

@@ -1,7 +1,6 @@
 //! Output histories from Python: the engine's live output list as a `HistorySource` (the list
 //! feed), or a copy of its content at add time (the token feed).
 
-use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyInt, PyList, PyType};
@@ -153,13 +152,6 @@ fn numpy_type(py: Python<'_>, name: &str) -> Option<Py<PyType>> {
         .and_then(|m| m.getattr(name))
         .and_then(|t| Ok(t.cast_into::<PyType>()?.unbind()))
         .ok()
-}
-
-/// Whether an error raised by the caller's own code while we read their object must go
-/// through untouched: `KeyboardInterrupt`, `SystemExit` and any other `BaseException` that is
-/// not an `Exception`. An ordinary exception becomes a `ValueError` naming what was read.
-pub fn is_interrupt(py: Python<'_>, e: &PyErr) -> bool {
-    !e.is_instance_of::<PyException>(py)
 }
 
 /// Runs `f` with the interpreter token. Sources are read only from inside `Pipeline`'s

@@ -3,12 +3,15 @@
 //! Only the fields some table of the pipeline needs are read; a missing attribute reads as
 //! unset (duck-typed params), a wrong type is a `ValueError` naming the request and field.
 
+use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
 
-use super::errors::{bad_column, bad_value};
+use super::errors::{
+    bad_column, bad_declaration, bad_value, is_interrupt, out_of_memory, unless_interrupt,
+};
 use super::history::{output_of, PyListSource};
-use super::update::{bounded_ints, extract_as, param_named, token_ids, AddedEntry};
+use super::update::{bounded_ints, extract_as, param_named, token_ids, try_describe, AddedEntry};
 use crate::fields::{FieldKind, FieldSpec, Fields, Value};
 use crate::pipeline::{Pipeline, PipelineConfig, RequestParams};
 use crate::tables::columns::{ColumnKind, ColumnValue};
@@ -141,11 +144,15 @@ impl Reader {
         }
         for (name, kind, reader) in &self.columns {
             let v = reader.bind(py).call1((&e.params,)).map_err(|err| {
-                bad_column(
-                    e.index,
-                    name,
-                    format!("reading it from the params raised {err}"),
-                )
+                unless_interrupt(err, |err| {
+                    let refused = bad_column(
+                        e.index,
+                        name,
+                        format!("reading it from the params raised {err}"),
+                    );
+                    refused.set_cause(py, Some(err));
+                    refused
+                })
             })?;
             p.columns.push(column_value(e.index, name, kind, &v)?);
         }
@@ -164,9 +171,11 @@ fn read_id_lists(
     if v.is_none() {
         return Ok(out);
     }
-    let iter = v
-        .try_iter()
-        .map_err(|_| bad_value(index, field, "expected a list of token-id lists"))?;
+    let iter = v.try_iter().map_err(|e| {
+        unless_interrupt(e, |_| {
+            bad_value(index, field, "expected a list of token-id lists")
+        })
+    })?;
     for w in iter {
         if out.len() == f.cap {
             return Err(bad_value(
@@ -175,7 +184,12 @@ fn read_id_lists(
                 format!("more words than the per-request cap of {}", f.cap),
             ));
         }
-        out.push(bounded_ids(index, field, &w?, f.len)?);
+        let w = w.map_err(|e| {
+            unless_interrupt(e, |e| {
+                bad_value(index, field, format!("reading it raised {e}"))
+            })
+        })?;
+        out.push(bounded_ids(index, field, &w, f.len)?);
     }
     Ok(out)
 }
@@ -219,6 +233,209 @@ fn read_bias(
     Ok(out)
 }
 
+/// Most values one array column or token list holds: the lengths are int32 on the device.
+pub const MAX_COLUMN_WIDTH: usize = i32::MAX as usize;
+
+/// A column's default as declared: exact for an int column (a float would round 2**53 + 1).
+#[derive(FromPyObject, Clone, Copy, Debug)]
+pub enum ColumnDefault {
+    Int(i64),
+    Float(f64),
+}
+
+/// A column declaration from Python: `(name, kind, width, default, reader)` with kind one of
+/// "float", "int", "array", "tokens" (width: the array width or the most tokens; 1 for the
+/// others).
+pub type ColumnDecl = (String, String, usize, ColumnDefault, Py<PyAny>);
+
+/// The kind of a declared column, its width and default checked (the Python side checks them
+/// first, with the same rules).
+pub fn column_kind(
+    name: &str,
+    kind: &str,
+    width: usize,
+    default: ColumnDefault,
+) -> PyResult<ColumnKind> {
+    let bad = |m: String| bad_declaration(name, m);
+    let float_default = || -> PyResult<f32> {
+        let d = match default {
+            ColumnDefault::Float(d) => d,
+            ColumnDefault::Int(d) => d as f64,
+        };
+        let x = d as f32;
+        if !x.is_finite() {
+            return Err(bad(format!("default {d} is not a finite float32")));
+        }
+        Ok(x)
+    };
+    let check_width = |one: bool| -> PyResult<()> {
+        if one && width != 1 {
+            return Err(bad(format!("a {kind} column has width 1, got {width}")));
+        }
+        if !(1..=MAX_COLUMN_WIDTH).contains(&width) {
+            return Err(bad(format!(
+                "width must be in [1, {MAX_COLUMN_WIDTH}], got {width}"
+            )));
+        }
+        Ok(())
+    };
+    Ok(match kind {
+        "float" => {
+            check_width(true)?;
+            ColumnKind::Float {
+                default: float_default()?,
+            }
+        }
+        "int" => {
+            check_width(true)?;
+            match default {
+                ColumnDefault::Int(default) => ColumnKind::Int { default },
+                ColumnDefault::Float(d) => {
+                    return Err(bad(format!(
+                        "an int column needs an int default within int64, got {d}"
+                    )))
+                }
+            }
+        }
+        "array" => {
+            check_width(false)?;
+            ColumnKind::Array {
+                width,
+                default: float_default()?,
+            }
+        }
+        "tokens" => {
+            check_width(false)?;
+            ColumnKind::Tokens { max_len: width }
+        }
+        other => return Err(bad(format!("unknown kind {other:?}"))),
+    })
+}
+
+/// A bad value of a column: a `RequestError` naming request, column and (for an item of a
+/// sequence) its position; an interrupt raised by the value's `__repr__` instead propagates.
+fn refused(
+    index: usize,
+    name: &str,
+    item: Option<usize>,
+    what: &str,
+    v: &Bound<'_, PyAny>,
+) -> PyErr {
+    let shown = match try_describe(v) {
+        Ok(shown) => shown,
+        Err(interrupt) => return interrupt,
+    };
+    let at = item.map(|k| format!("item {k}: ")).unwrap_or_default();
+    bad_column(index, name, format!("{at}expected {what}, got {shown}"))
+}
+
+/// Whether `v` is a bool in disguise: Python's, numpy's `bool_`, a bool tensor or array (all of
+/// which `float()` and often `__index__` would take as 0 / 1). Only for values that are not
+/// a plain int or float.
+fn bool_like(v: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if v.is_instance_of::<PyBool>() {
+        return Ok(true);
+    }
+    let py = v.py();
+    match v.getattr(pyo3::intern!(py, "dtype")) {
+        Ok(dtype) => Ok(match dtype.str() {
+            Ok(s) => matches!(s.to_str(), Ok("bool" | "torch.bool")),
+            Err(e) if is_interrupt(&e) => return Err(e),
+            Err(_) => false,
+        }),
+        Err(e) if is_interrupt(&e) => Err(e),
+        Err(_) => Ok(false),
+    }
+}
+
+/// A real number: a float, an int, or anything `float()` takes that is not a str, bytes or a
+/// bool in disguise (numpy scalars, a one-element tensor).
+fn real(index: usize, name: &str, item: Option<usize>, v: &Bound<'_, PyAny>) -> PyResult<f64> {
+    let fast = v.is_instance_of::<PyFloat>()
+        || (v.is_instance_of::<PyInt>() && !v.is_instance_of::<PyBool>());
+    if !fast {
+        if bool_like(v)? {
+            return Err(refused(index, name, item, "a float, not a bool", v));
+        }
+        if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
+            return Err(refused(index, name, item, "a float", v));
+        }
+    }
+    v.extract::<f64>()
+        .map_err(|e| unless_interrupt(e, |_| refused(index, name, item, "a float", v)))
+}
+
+/// An int64: an int, or anything with `__index__` that is not a bool in disguise (numpy ints,
+/// a one-element int tensor). Out of range is refused, never wrapped or saturated.
+fn integer(index: usize, name: &str, item: Option<usize>, v: &Bound<'_, PyAny>) -> PyResult<i64> {
+    let py = v.py();
+    if (!v.is_instance_of::<PyInt>() || v.is_instance_of::<PyBool>()) && bool_like(v)? {
+        return Err(refused(index, name, item, "an int, not a bool", v));
+    }
+    v.extract::<i64>().map_err(|e| {
+        unless_interrupt(e, |e| {
+            if e.is_instance_of::<PyOverflowError>(py) {
+                refused(index, name, item, "an int within int64", v)
+            } else {
+                refused(index, name, item, "an int", v)
+            }
+        })
+    })
+}
+
+/// Reads at most `max` items of a sequence value (never trusting `__len__`: an endless or
+/// lying iterable ends in an error after `max + 1` items), each through `item`; `bound` names
+/// `max` in the error ("width", "cap").
+fn bounded_items<T>(
+    index: usize,
+    name: &str,
+    v: &Bound<'_, PyAny>,
+    max: usize,
+    what: &str,
+    bound: &str,
+    mut item: impl FnMut(usize, &Bound<'_, PyAny>) -> PyResult<T>,
+) -> PyResult<Vec<T>> {
+    if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
+        let not = if v.is_instance_of::<PyString>() {
+            "str"
+        } else {
+            "bytes"
+        };
+        let expected = format!("a sequence of {what}, not a {not}");
+        return Err(refused(index, name, None, &expected, v));
+    }
+    let py = v.py();
+    let iter = v.try_iter().map_err(|e| {
+        unless_interrupt(e, |e| {
+            if e.is_instance_of::<PyTypeError>(py) {
+                refused(index, name, None, &format!("a sequence of {what}"), v)
+            } else {
+                bad_column(index, name, format!("reading it raised {e}"))
+            }
+        })
+    })?;
+    let mut out = Vec::new();
+    for (k, x) in iter.enumerate() {
+        if k == max {
+            return Err(bad_column(
+                index,
+                name,
+                format!("more {what} than the {bound} of {max}"),
+            ));
+        }
+        let x = x.map_err(|e| {
+            unless_interrupt(e, |e| {
+                bad_column(index, name, format!("reading it raised {e}"))
+            })
+        })?;
+        let value = item(k, &x)?;
+        out.try_reserve(1)
+            .map_err(|_| out_of_memory(index, "column"))?;
+        out.push(value);
+    }
+    Ok(out)
+}
+
 fn column_value(
     index: usize,
     name: &str,
@@ -228,40 +445,31 @@ fn column_value(
     if v.is_none() {
         return Ok(ColumnValue::Unset);
     }
-    let bad = |what: &str| {
-        bad_column(
-            index,
-            name,
-            format!(
-                "expected {what}, got {}",
-                v.repr().map(|r| r.to_string()).unwrap_or_default()
-            ),
-        )
-    };
-    if v.is_instance_of::<PyBool>() {
-        return Err(bad("a number, not a bool"));
-    }
     Ok(match kind {
-        ColumnKind::Float { .. } => {
-            if !(v.is_instance_of::<PyFloat>() || v.is_instance_of::<PyInt>()) {
-                return Err(bad("a float"));
-            }
-            ColumnValue::Float(v.extract::<f64>().map_err(|_| bad("a float"))?)
-        }
-        ColumnKind::Int { .. } => ColumnValue::Int(v.extract::<i64>().map_err(|_| bad("an int"))?),
+        ColumnKind::Float { .. } => ColumnValue::Float(real(index, name, None, v)?),
+        ColumnKind::Int { .. } => ColumnValue::Int(integer(index, name, None, v)?),
         ColumnKind::Array { width, .. } => {
-            let n = v.len().map_err(|_| bad("a sequence of floats"))?;
-            if n != *width {
-                return Err(bad(&format!("{width} floats")));
-            }
-            let mut out = Vec::with_capacity(n);
-            for x in v.try_iter()? {
-                out.push(x?.extract::<f64>().map_err(|_| bad("floats"))?);
+            let what = "floats";
+            let out = bounded_items(index, name, v, *width, what, "width", |k, x| {
+                real(index, name, Some(k), x)
+            })?;
+            if out.len() != *width {
+                return Err(bad_column(
+                    index,
+                    name,
+                    format!("expected {width} values, got {}", out.len()),
+                ));
             }
             ColumnValue::Array(out)
         }
-        ColumnKind::Tokens { max_len } => {
-            ColumnValue::Tokens(bounded_ids(index, "column", v, *max_len)?)
-        }
+        ColumnKind::Tokens { max_len } => ColumnValue::Tokens(bounded_items(
+            index,
+            name,
+            v,
+            *max_len,
+            "token ids",
+            "cap",
+            |k, x| integer(index, name, Some(k), x),
+        )?),
     })
 }

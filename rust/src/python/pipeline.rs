@@ -8,9 +8,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyFrozenSet, PyList, PySet, PyString};
 
 use super::buffer::{logits_rows, HostBufferView};
-use super::errors::{bad_input, bad_value, out_of_memory};
-use super::history::{describe, int_item, is_interrupt, NotInt, PyListSource};
-use super::params::Reader;
+use super::errors::{bad_input, bad_value, is_interrupt, out_of_memory};
+use super::history::{describe, int_item, NotInt, PyListSource};
+use super::params::{column_kind, ColumnDecl, Reader};
 use super::update::{parse_update, AddedEntry};
 use crate::arena::Upload;
 use crate::batch::BatchUpdate;
@@ -18,7 +18,7 @@ use crate::history::HistoryId;
 use crate::pipeline::{self, PipelineConfig, RequestParams};
 use crate::processor::{HostData, HostLogits};
 use crate::tables::bad_words::BadWordsTable;
-use crate::tables::columns::{ColumnKind, ColumnSpec};
+use crate::tables::columns::ColumnSpec;
 use crate::tables::min_p::MinPState;
 use crate::tables::min_tokens::MinTokensTable;
 use crate::tables::penalties::PenaltiesState;
@@ -35,36 +35,6 @@ pub struct Pipeline {
     status_scratch: Vec<usize>,
 }
 
-/// A column declaration from Python: `(name, kind, width, default, reader)` with kind one of
-/// "float", "int", "array", "tokens" (width: the array width or the most tokens).
-type ColumnDecl = (String, String, usize, f64, Py<PyAny>);
-
-fn column_kind(name: &str, kind: &str, width: usize, default: f64) -> PyResult<ColumnKind> {
-    let bad = |m: String| PyValueError::new_err(format!("column '{name}': {m}"));
-    Ok(match kind {
-        "float" => ColumnKind::Float {
-            default: default as f32,
-        },
-        "int" => {
-            if default.fract() != 0.0 || !default.is_finite() {
-                return Err(bad(format!(
-                    "an int column needs an int default, got {default}"
-                )));
-            }
-            ColumnKind::Int {
-                default: default as i64,
-            }
-        }
-        "array" if width >= 1 => ColumnKind::Array {
-            width,
-            default: default as f32,
-        },
-        "tokens" if width >= 1 => ColumnKind::Tokens { max_len: width },
-        "array" | "tokens" => return Err(bad("width must be >= 1".into())),
-        other => return Err(bad(format!("unknown kind {other:?}"))),
-    })
-}
-
 /// Ints from the host, one per position (a token feed, its slots, a row map): `bytes` of
 /// native int64 (what the Python side makes of a tensor or an array, one copy), or an ordered
 /// iterable of ints (Python ints or numpy integer scalars; see [`int_item`]); at most `max`
@@ -72,7 +42,6 @@ fn column_kind(name: &str, kind: &str, width: usize, default: f64) -> PyResult<C
 /// its position (`index`); `KeyboardInterrupt` and `SystemExit` raised by the caller's
 /// iterator go through untouched, any other error of theirs becomes a `ValueError`.
 fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResult<Vec<i64>> {
-    let py = obj.py();
     if let Ok(b) = obj.cast::<PyBytes>() {
         let raw = b.as_bytes();
         if raw.len() % 8 != 0 {
@@ -106,14 +75,14 @@ fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResul
         ));
     }
     let raised = |what: &str, e: PyErr| {
-        if is_interrupt(py, &e) {
+        if is_interrupt(&e) {
             e
         } else {
             bad_input(field, format!("{what} raised {e}"))
         }
     };
     let iter = obj.try_iter().map_err(|e| {
-        if is_interrupt(py, &e) {
+        if is_interrupt(&e) {
             e
         } else {
             bad_input(

@@ -6,29 +6,15 @@
 //! its value 1 / 2). Every malformed piece becomes a `ValueError` naming the request and field
 //! (a `BatchUpdateError` for the update's structure, a `RequestError` for a request's value).
 
-use pyo3::exceptions::{PyAttributeError, PyException};
+use pyo3::exceptions::PyAttributeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyString, PyTuple};
 
-use super::errors::{bad_entry, bad_update, bad_value, out_of_memory};
+use super::errors::{
+    bad_entry, bad_update, bad_value, is_interrupt, out_of_memory, unless_interrupt,
+};
 use crate::batch::{BatchUpdate, Move, MoveDirectionality};
-
-/// Whether `e` must reach the caller untouched: anything that is not an `Exception`
-/// (`KeyboardInterrupt`, `SystemExit`, `GeneratorExit`) raised by user code (a `__len__`,
-/// `__iter__`, `__index__`, a property) is never turned into a `ValueError`.
-pub fn is_fatal(e: &PyErr) -> bool {
-    Python::attach(|py| !e.is_instance_of::<PyException>(py))
-}
-
-/// `wrap(e)`, unless `e` must propagate untouched ([`is_fatal`]).
-pub fn unless_fatal(e: PyErr, wrap: impl FnOnce(PyErr) -> PyErr) -> PyErr {
-    if is_fatal(&e) {
-        e
-    } else {
-        wrap(e)
-    }
-}
 
 /// Where an item sits: `"entry 3: "` for the item at position 3 of an update's list.
 fn at(pos: Option<usize>) -> String {
@@ -43,7 +29,7 @@ fn index_of(obj: &Bound<'_, PyAny>, field: &str, pos: Option<usize>) -> PyResult
         ));
     }
     obj.extract::<usize>().map_err(|e| {
-        unless_fatal(e, |_| {
+        unless_interrupt(e, |_| {
             bad_update(
                 field,
                 format!(
@@ -62,14 +48,28 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "<unprintable>".into())
 }
 
+/// [`describe`], except that an interrupt its `__repr__` raises is returned as the error.
+pub fn try_describe(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    match obj.repr() {
+        Ok(r) => Ok(r.to_string()),
+        Err(e) if is_interrupt(&e) => Err(e),
+        Err(_) => Ok("<unprintable>".into()),
+    }
+}
+
 fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionality> {
     let py = obj.py();
     // Enum members keep their name in the plain attribute `_name_` (cheap); `name` is a
     // property (slow) and other duck types may only have that. Ints are the enum values.
-    let name = obj
-        .getattr(intern!(py, "_name_"))
-        .or_else(|_| obj.getattr(intern!(py, "name")))
-        .ok();
+    let keep_interrupt = |e: PyErr| if is_interrupt(&e) { Err(e) } else { Ok(e) };
+    let name = match obj.getattr(intern!(py, "_name_")).or_else(|e| {
+        keep_interrupt(e)?;
+        obj.getattr(intern!(py, "name"))
+    }) {
+        Ok(name) => Some(name),
+        Err(e) if is_interrupt(&e) => return Err(e),
+        Err(_) => None,
+    };
     let by_name = name
         .as_ref()
         .and_then(|n| n.cast::<PyString>().ok())
@@ -127,14 +127,14 @@ fn entry_items<'py>(
         return Err(wrong());
     }
     let raised = |what: String, e: PyErr| {
-        unless_fatal(e, |e| {
+        unless_interrupt(e, |e| {
             bad_update(field, format!("entry {pos}: {what} raised {e}"))
         })
     };
     match item.len() {
         Ok(len) if len == n => {}
         Ok(_) => return Err(wrong()),
-        Err(e) if is_fatal(&e) => return Err(e),
+        Err(e) if is_interrupt(&e) => return Err(e),
         // Not a sized sequence: the shape is wrong.
         Err(_) => return Err(wrong()),
     }
@@ -165,7 +165,7 @@ pub struct Shape<'py> {
 /// A Python error raised while iterating an update's list, as a `ValueError` naming the list
 /// (and the position it was reading); a `KeyboardInterrupt` propagates untouched.
 fn raised(field: &str, pos: usize, e: PyErr) -> PyErr {
-    unless_fatal(e, |e| {
+    unless_interrupt(e, |e| {
         bad_update(field, format!("reading entry {pos} raised {e}"))
     })
 }
@@ -177,12 +177,12 @@ fn iter_field<'py>(
     field: &str,
 ) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {
     let value = bu.getattr(name).map_err(|e| {
-        unless_fatal(e, |_| {
+        unless_interrupt(e, |_| {
             bad_update(field, "the batch update has no such attribute")
         })
     })?;
     value.try_iter().map_err(|e| {
-        unless_fatal(e, |_| {
+        unless_interrupt(e, |_| {
             bad_update(
                 field,
                 format!("expected a sequence, got {}", describe(&value)),
@@ -197,7 +197,7 @@ pub fn read_shape<'py>(bu: &Bound<'py, PyAny>, max_entries: usize) -> PyResult<S
     let py = bu.py();
     let batch_size = index_of(
         &bu.getattr(intern!(py, "batch_size")).map_err(|e| {
-            unless_fatal(e, |_| {
+            unless_interrupt(e, |_| {
                 bad_update("batch_size", "the batch update has no such attribute")
             })
         })?,
@@ -339,7 +339,7 @@ pub fn param_named<'py>(
     match params.getattr(name) {
         Ok(v) => Ok(v),
         Err(e) if e.is_instance_of::<PyAttributeError>(py) => Ok(py.None().into_bound(py)),
-        Err(e) => Err(unless_fatal(e, |e| {
+        Err(e) => Err(unless_interrupt(e, |e| {
             bad_value(index, field, format!("reading it raised {e}"))
         })),
     }
@@ -353,7 +353,7 @@ pub fn extract_as<'py, T: for<'a> FromPyObject<'a, 'py>>(
     expected: &str,
 ) -> PyResult<T> {
     obj.extract::<T>().map_err(|e| {
-        unless_fatal(e.into(), |_| {
+        unless_interrupt(e.into(), |_| {
             bad_value(
                 index,
                 field,
@@ -384,7 +384,7 @@ pub fn bounded_ints(
         ));
     }
     let iter = obj.try_iter().map_err(|e| {
-        unless_fatal(e, |_| {
+        unless_interrupt(e, |_| {
             bad_value(
                 index,
                 field,
@@ -402,7 +402,7 @@ pub fn bounded_ints(
             ));
         }
         let t = t.map_err(|e| {
-            unless_fatal(e, |e| {
+            unless_interrupt(e, |e| {
                 bad_value(index, field, format!("reading it raised {e}"))
             })
         })?;

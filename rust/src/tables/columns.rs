@@ -117,39 +117,53 @@ impl Column {
     pub fn check(&self, index: usize, value: ColumnValue) -> Result<Option<Row>> {
         let name = &self.spec.name;
         let bad = |msg: String| Error::invalid(index, "column", format!("'{name}': {msg}"));
-        let finite = |v: f64| -> Result<f32> {
+        // `item`: the position of a bad value inside a sequence.
+        let finite = |v: f64, item: Option<usize>| -> Result<f32> {
             let x = v as f32;
             if x.is_finite() {
                 Ok(x)
             } else {
-                Err(bad(format!("{v} is not a finite float32")))
+                let at = item.map(|k| format!("item {k}: ")).unwrap_or_default();
+                Err(bad(format!("{at}{v:?} is not a finite float32")))
             }
         };
         Ok(match (&self.spec.kind, value) {
             (_, ColumnValue::Unset) => None,
-            (ColumnKind::Float { .. }, ColumnValue::Float(v)) => Some(Row::F32(vec![finite(v)?])),
+            (ColumnKind::Float { .. }, ColumnValue::Float(v)) => {
+                Some(Row::F32(vec![finite(v, None)?]))
+            }
             (ColumnKind::Float { .. }, ColumnValue::Int(v)) => {
-                Some(Row::F32(vec![finite(v as f64)?]))
+                Some(Row::F32(vec![finite(v as f64, None)?]))
             }
             (ColumnKind::Int { .. }, ColumnValue::Int(v)) => Some(Row::I64(v)),
             (ColumnKind::Array { width, .. }, ColumnValue::Array(vs)) => {
                 if vs.len() != *width {
                     return Err(bad(format!("expected {width} values, got {}", vs.len())));
                 }
-                Some(Row::F32(vs.into_iter().map(finite).collect::<Result<_>>()?))
+                let mut out = Vec::with_capacity(vs.len());
+                for (k, v) in vs.into_iter().enumerate() {
+                    out.push(finite(v, Some(k))?);
+                }
+                Some(Row::F32(out))
             }
             (ColumnKind::Tokens { max_len }, ColumnValue::Tokens(ids)) => {
                 if ids.len() > *max_len {
-                    return Err(Error::TooManyEntries {
-                        index,
-                        field: "column",
-                        count: ids.len(),
-                        cap: *max_len,
-                    });
+                    return Err(bad(format!(
+                        "{} token ids exceed the cap of {max_len}",
+                        ids.len()
+                    )));
                 }
                 let mut out = Vec::with_capacity(ids.len());
-                for t in ids {
-                    out.push(check_token(index, "column", t, self.vocab_size)?);
+                for (k, t) in ids.into_iter().enumerate() {
+                    match check_token(index, "column", t, self.vocab_size) {
+                        Ok(t) => out.push(t),
+                        Err(_) => {
+                            return Err(bad(format!(
+                                "item {k}: token id {t} outside [0, {})",
+                                self.vocab_size
+                            )))
+                        }
+                    }
                 }
                 Some(Row::Tokens(out))
             }
@@ -373,5 +387,37 @@ mod tests {
         };
         assert_eq!(ids.to_vec(6), vec![-1, -1, -1, 4, 5, -1]);
         assert_eq!(lens.to_vec(2), vec![0, 2]);
+    }
+
+    #[test]
+    fn errors_name_the_column_and_the_item() {
+        let c = Column::new(spec(ColumnKind::Tokens { max_len: 3 }), 2, 10).unwrap();
+        for (value, detail) in [
+            (vec![1, 2, 3, 4], "'c': 4 token ids exceed the cap of 3"),
+            (vec![1, 10], "'c': item 1: token id 10 outside [0, 10)"),
+            (vec![-1], "'c': item 0: token id -1 outside [0, 10)"),
+        ] {
+            let e = c.check(4, ColumnValue::Tokens(value)).unwrap_err();
+            assert_eq!(
+                (e.index(), e.field(), e.column()),
+                (Some(4), Some("column"), Some("c"))
+            );
+            assert_eq!(e.detail().as_deref(), Some(detail));
+        }
+        let a = Column::new(
+            spec(ColumnKind::Array {
+                width: 2,
+                default: 0.0,
+            }),
+            2,
+            10,
+        )
+        .unwrap();
+        let e = a.check(1, ColumnValue::Array(vec![0.5, 1e39])).unwrap_err();
+        assert_eq!(e.column(), Some("c"));
+        assert_eq!(
+            e.detail().as_deref(),
+            Some("'c': item 1: 1e39 is not a finite float32")
+        );
     }
 }
