@@ -6,7 +6,7 @@
 //! its value 1 / 2). Every malformed piece becomes a `ValueError` naming the request and field
 //! (a `BatchUpdateError` for the update's structure, a `RequestError` for a request's value).
 
-use pyo3::exceptions::PyAttributeError;
+use pyo3::exceptions::{PyAttributeError, PyException};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyString, PyTuple};
@@ -34,12 +34,25 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
 
 fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionality> {
     let py = obj.py();
+    // An interrupt raised by the direction's own attribute (not an `Exception`) propagates;
+    // any other error reading a name means it has none.
+    fn name_of<'py>(
+        obj: &Bound<'py, PyAny>,
+        attr: &Bound<'py, PyString>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match obj.getattr(attr) {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if !e.is_instance_of::<PyException>(obj.py()) => Err(e),
+            Err(_) => Ok(None),
+        }
+    }
     // Enum members keep their name in the plain attribute `_name_` (cheap); `name` is a
-    // property (slow) and other duck types may only have that. Ints are the enum values.
-    let name = obj
-        .getattr(intern!(py, "_name_"))
-        .or_else(|_| obj.getattr(intern!(py, "name")))
-        .ok();
+    // property (slow) and other duck types may only have that. Ints are the enum values; a
+    // bool is neither (`True` would read as 1, UNIDIRECTIONAL).
+    let name = match name_of(obj, intern!(py, "_name_"))? {
+        Some(n) => Some(n),
+        None => name_of(obj, intern!(py, "name"))?,
+    };
     let by_name = name
         .as_ref()
         .and_then(|n| n.cast::<PyString>().ok())
@@ -47,11 +60,13 @@ fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionalit
     let dir = match by_name {
         Some(Ok("SWAP")) => Some(MoveDirectionality::Swap),
         Some(Ok("UNIDIRECTIONAL")) => Some(MoveDirectionality::Unidirectional),
-        _ if obj.is_instance_of::<PyInt>() => match obj.extract::<i64>() {
-            Ok(2) => Some(MoveDirectionality::Swap),
-            Ok(1) => Some(MoveDirectionality::Unidirectional),
-            _ => None,
-        },
+        _ if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<pyo3::types::PyBool>() => {
+            match obj.extract::<i64>() {
+                Ok(2) => Some(MoveDirectionality::Swap),
+                Ok(1) => Some(MoveDirectionality::Unidirectional),
+                _ => None,
+            }
+        }
         _ => None,
     };
     dir.ok_or_else(|| {
