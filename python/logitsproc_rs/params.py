@@ -16,7 +16,7 @@ from enum import IntEnum
 from types import SimpleNamespace
 from typing import Any
 
-from .errors import ConfigError, LogitsprocError, RequestError
+from .errors import ConfigError, LogitsprocError, RequestError, SizeError
 from .registry import CAP_DEFAULTS, NEUTRAL
 
 # A request with this repetition penalty (and zero frequency and presence penalties) has
@@ -70,6 +70,9 @@ def _show(v: Any) -> str:
         return f"a {type(v).__name__}"
 
 
+_MAX_SIZE = 2**62
+
+
 def config_size(value: Any, field: str, least: int = 1) -> int:
     """A size from an engine config: an int (numpy's too) >= ``least``. A bool, float, str or
     anything else is a ``ConfigError`` naming the field (``True`` is no size, ``4.0`` and
@@ -83,6 +86,12 @@ def config_size(value: Any, field: str, least: int = 1) -> int:
     if n is None or n < least:
         raise ConfigError(
             f"config field '{field}': must be an int >= {least}, got {_show(value)}", field=field
+        )
+    if n > _MAX_SIZE:
+        # Beyond any table (the core names the bound of each); here only so that the
+        # conversion to the core's sizes cannot overflow.
+        raise SizeError(
+            f"config field '{field}': {_show(n)} is beyond any supported size", field=field
         )
     return n
 
