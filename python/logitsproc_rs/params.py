@@ -255,7 +255,7 @@ class SamplingParams:
                 f = _as_float(v)
                 if f is None or not math.isfinite(f):
                     raise RequestError(
-                        f"logit_bias value for token {_show(k)} must be finite, got {_show(v)}",
+                        f"logit_bias value for token {_show(k)} must be a finite number, got {_show(v)}",
                         field="logit_bias",
                     )
                 clean[tok] = f
