@@ -8,6 +8,7 @@ construction with vLLM's ranges; a bad one raises ``ValueError`` naming the fiel
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections.abc import Mapping
@@ -96,10 +97,28 @@ def config_size(value: Any, field: str, least: int = 1) -> int:
     return n
 
 
-def _token_ids(name: str, ids: Any, error: type[LogitsprocError] = RequestError) -> list[int]:
+# Most items read from one list of a request (an endless iterable ends in an error); the core's
+# per-request caps are far below it.
+_MAX_ITEMS = 1 << 22
+
+
+def _items(name: str, ids: Any, what: str, error: type[LogitsprocError]) -> list[Any]:
+    """The items of a list-like field, read once and at most ``_MAX_ITEMS`` of them: a str, a
+    non-iterable, or one whose iteration raises (a 0-d tensor, a lying ``__len__``, a user
+    ``__iter__``) is ``error`` naming the field; an interrupt propagates."""
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-        raise error(f"{name} must be a list of token ids, got {_show(ids)}", field=name)
-    out = list(ids)
+        raise error(f"{name} must be {what}, got {_show(ids)}", field=name)
+    try:
+        out = list(itertools.islice(iter(ids), _MAX_ITEMS + 1))
+    except Exception as e:
+        raise error(f"{name} must be {what}; reading it raised {e!r}", field=name) from e
+    if len(out) > _MAX_ITEMS:
+        raise error(f"{name}: more than {_MAX_ITEMS} items", field=name)
+    return out
+
+
+def _token_ids(name: str, ids: Any, error: type[LogitsprocError] = RequestError) -> list[int]:
+    out = _items(name, ids, "a list of token ids", error)
     for t in out:
         if not _is_int(t) or t < 0:
             raise error(f"{name} must contain non-negative int token ids, got {_show(t)}", field=name)
@@ -271,7 +290,10 @@ class SamplingParams:
                 raise RequestError("allowed_token_ids must not be empty", field="allowed_token_ids")
         if self.bad_words_token_ids is not None:
             words = []
-            for w in self.bad_words_token_ids:
+            lists = _items(
+                "bad_words_token_ids", self.bad_words_token_ids, "a list of token-id lists", RequestError
+            )
+            for w in lists:
                 w = _token_ids("bad_words_token_ids", w)
                 if not w:
                     raise RequestError(

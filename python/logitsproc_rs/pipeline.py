@@ -17,7 +17,6 @@ params)``, ``remove_request(slot)``, ``apply(logits, row_to_slot)`` with a row â
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -335,8 +334,8 @@ def _reasoning_ids(config: Any) -> tuple[list[int], list[int]]:
         # Token-id lists (no str, bool or float; bounded: an endless iterable ends in an
         # error); the core checks them against the vocabulary.
         return (
-            _token_ids("reasoning_start_token_ids", _bounded(starts), ConfigError),
-            _token_ids("reasoning_end_token_ids", _bounded(ends), ConfigError),
+            _token_ids("reasoning_start_token_ids", starts, ConfigError),
+            _token_ids("reasoning_end_token_ids", ends, ConfigError),
         )
     if isinstance(config, EngineConfig):
         where = "set EngineConfig.reasoning_start_token_ids and reasoning_end_token_ids"
@@ -351,13 +350,6 @@ def _reasoning_ids(config: Any) -> tuple[list[int], list[int]]:
             "reasoning_end_str, or its reasoning_parser, must give both)"
         )
     raise ValueError(f"ThinkingBudgetLogitsProcessor needs reasoning marker token ids: {where}")
-
-
-def _bounded(ids: Any, most: int = 1 << 16) -> Any:
-    """At most ``most`` + 1 items of an iterable (its own value when it is not one)."""
-    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-        return ids
-    return list(itertools.islice(ids, most + 1))
 
 
 def _config_int(read: Any, config: Any, field: str, least: int = 1) -> int:

@@ -497,3 +497,67 @@ def test_a_direction_whose_name_raises_an_interrupt_propagates() -> None:
     with pytest.raises(KeyboardInterrupt):
         proc.update_state(BatchUpdate(3, [], [], [(0, 2, Direction())]))
     assert_same(before, snapshot(proc))
+
+
+# ---------------------------------------------------------------------------------------------
+# List fields of our SamplingParams (also what the bridges read from extra_args["logitsproc_rs"]):
+# whatever they hold, a RequestError naming the field; an interrupt propagates.
+
+
+class _LyingLen(list):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 10**30
+
+
+class _RaisingIter:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __iter__(self) -> Any:
+        raise self.exc
+
+
+LIST_JUNK = [
+    True,
+    np.True_,
+    10**400,
+    1.5,
+    5,
+    object(),
+    torch.tensor(1),
+    torch.tensor([1, 2]),
+    _RaisingIter(RuntimeError("boom")),
+    [_RaisingIter(RuntimeError("boom"))],
+    [1, True],
+    [np.int64(1)],
+    "12",
+]
+
+
+@pytest.mark.parametrize("value", LIST_JUNK, ids=_short)
+@pytest.mark.parametrize("field", ["allowed_token_ids", "stop_token_ids", "bad_words_token_ids"])
+def test_sampling_params_list_fields_refuse_junk_naming_the_field(field: str, value: Any) -> None:
+    """A bad-words list that is an int raised TypeError; a 0-d tensor or a raising
+    ``__iter__`` escaped as TypeError / RuntimeError (a lying ``__len__``: OverflowError)."""
+    if field == "bad_words_token_ids" and isinstance(value, list) and value != [1, True]:
+        value = [value]
+    with pytest.raises(RequestError, match=field) as ei:
+        SamplingParams(**{field: value})
+    assert ei.value.field == field
+
+
+@pytest.mark.parametrize("field", ["allowed_token_ids", "stop_token_ids", "bad_words_token_ids"])
+def test_sampling_params_list_field_interrupt_propagates(field: str) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        SamplingParams(**{field: _RaisingIter(KeyboardInterrupt())})
+
+
+def test_sampling_params_list_with_a_lying_len_is_read_by_its_items() -> None:
+    assert SamplingParams(allowed_token_ids=_LyingLen([1, 2])).allowed_token_ids == [1, 2]
+
+
+def test_sampling_params_endless_list_is_refused() -> None:
+    import itertools
+
+    with pytest.raises(RequestError, match="allowed_token_ids"):
+        SamplingParams(allowed_token_ids=itertools.count())
