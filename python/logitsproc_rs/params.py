@@ -8,6 +8,7 @@ construction with vLLM's ranges; a bad one raises ``ValueError`` naming the fiel
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import operator
@@ -80,10 +81,8 @@ def config_size(value: Any, field: str, least: int = 1) -> int:
     ``"4"`` are not taken as 4)."""
     n = None
     if not isinstance(value, bool):
-        try:
+        with contextlib.suppress(TypeError):
             n = operator.index(value)
-        except TypeError:
-            pass
     if n is None or n < least:
         raise ConfigError(
             f"config field '{field}': must be an int >= {least}, got {_show(value)}", field=field
@@ -121,7 +120,9 @@ def _token_ids(name: str, ids: Any, error: type[LogitsprocError] = RequestError)
     out = _items(name, ids, "a list of token ids", error)
     for t in out:
         if not _is_int(t) or t < 0:
-            raise error(f"{name} must contain non-negative int token ids, got {_show(t)}", field=name)
+            raise error(
+                f"{name} must contain non-negative int token ids, got {_show(t)}", field=name
+            )
     return out
 
 
@@ -274,7 +275,8 @@ class SamplingParams:
                 f = _as_float(v)
                 if f is None or not math.isfinite(f):
                     raise RequestError(
-                        f"logit_bias value for token {_show(k)} must be a finite number, got {_show(v)}",
+                        f"logit_bias value for token {_show(k)} must be a finite number, "
+                        f"got {_show(v)}",
                         field="logit_bias",
                     )
                 clean[tok] = f
@@ -291,7 +293,10 @@ class SamplingParams:
         if self.bad_words_token_ids is not None:
             words = []
             lists = _items(
-                "bad_words_token_ids", self.bad_words_token_ids, "a list of token-id lists", RequestError
+                "bad_words_token_ids",
+                self.bad_words_token_ids,
+                "a list of token-id lists",
+                RequestError,
             )
             for w in lists:
                 w = _token_ids("bad_words_token_ids", w)
@@ -356,7 +361,9 @@ class EngineConfig:
         ):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
-                raise ConfigError(f"EngineConfig.{name} must be an int >= 1, got {_show(v)}", field=name)
+                raise ConfigError(
+                    f"EngineConfig.{name} must be an int >= 1, got {_show(v)}", field=name
+                )
         if self.vocab_size >= 2**31:
             raise ConfigError(
                 "EngineConfig.vocab_size must be < 2**31 (token ids are int32)", field="vocab_size"

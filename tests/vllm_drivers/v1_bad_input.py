@@ -101,7 +101,12 @@ class Engine:
         g = self.bridges[0]._group
         core = g.pipeline.core
         bufs = [torch.from_dlpack(core.buffer(i)).clone() for i in range(len(core.sections()))]
-        return [dict(core.active()), core.status(), list(g.pipeline.status), dict(g.forced.rows)], bufs
+        return [
+            dict(core.active()),
+            core.status(),
+            list(g.pipeline.status),
+            dict(g.forced.rows),
+        ], bufs
 
 
 def same(a: Any, b: Any) -> bool:
@@ -142,14 +147,14 @@ def main() -> None:
                     cls = v1.LogitBiasLogitsProcessor if field == "logit_bias" else ROUTED[0]
                     cls.validate_params(sp)
                     out[f"validate_params[{key}]"] = {"raised": None}
-                except BaseException as e:  # noqa: BLE001
+                except BaseException as e:
                     out[f"validate_params[{key}]"] = described(e)
             # The worker: failed closed, the others untouched; re-admitted fixed, as the twin.
             eng, twin = Engine(mode), Engine(mode)
             error = None
             try:
                 eng.step([(3, sp)], size=4)
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:
                 error = e
             twin.step([(3, request(mode))], size=4)
             r = described(error)
@@ -180,7 +185,7 @@ def main() -> None:
                 bad = update(eng)
                 for p in eng.bridges:
                     p.update_state(bad)
-            except BaseException as e:  # noqa: BLE001
+            except BaseException as e:
                 error = e
             r = described(error)
             r["same_state"] = same(before, eng.state()) and same(twin.state(), eng.state())
