@@ -122,6 +122,47 @@ def _row_params(i: int, p: Any) -> Any:
     return p
 
 
+def _by_row(e: ValueError) -> ValueError:
+    """A core error about a request, named by its row (the core names it by its batch index,
+    which is the row here)."""
+    if isinstance(e, RequestError) and e.index is not None and e.detail is not None:
+        assert e.field is not None
+        return RequestError.located(
+            e.index, e.field, e.detail, where=f"row {e.index}", column=e.column
+        )
+    return e
+
+
+def _check_call(input_ids: Any, scores: Any) -> None:
+    """``generate``'s arguments: ``input_ids`` a 2-d integer tensor (a float id is no token:
+    it was truncated), ``scores`` a 2-d floating-point tensor of as many rows."""
+    if (
+        not isinstance(input_ids, torch.Tensor)
+        or input_ids.dim() != 2
+        or input_ids.dtype.is_floating_point
+        or input_ids.dtype.is_complex
+        or input_ids.dtype == torch.bool
+    ):
+        what = (
+            f"a {input_ids.dim()}-d {input_ids.dtype} tensor"
+            if isinstance(input_ids, torch.Tensor)
+            else type(input_ids).__name__
+        )
+        raise ValueError(
+            f"HFLogitsProcessor: input_ids must be a 2-d integer tensor [rows, length], got {what}"
+        )
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 2 or not scores.is_floating_point():
+        what = (
+            f"a {scores.dim()}-d {scores.dtype} tensor"
+            if isinstance(scores, torch.Tensor)
+            else type(scores).__name__
+        )
+        raise ValueError(
+            f"HFLogitsProcessor: scores must be a 2-d floating-point tensor [rows, vocab], "
+            f"got {what}"
+        )
+
+
 class HFLogitsProcessor:
     """vLLM's semantics for ``generate()``, one ``SamplingParams`` per batch row.
 
@@ -190,6 +231,9 @@ class HFLogitsProcessor:
         )
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """One step of ``generate``. Everything is checked before anything changes: a refused
+        call leaves the generation as it was, so the corrected call continues it."""
+        _check_call(input_ids, scores)
         rows, length = input_ids.shape
         if rows != len(self.params) or scores.shape[0] != rows:
             raise ValueError(
@@ -199,9 +243,24 @@ class HFLogitsProcessor:
                 "prompt's params that many times"
             )
         if self._continues(input_ids, scores):
-            self._last = input_ids[:, -1].to("cpu", torch.int64)
+            last = input_ids[:, -1].to("cpu", torch.int64)
             assert self.procs is not None
-            self.procs.update_state(None, sampled_token_ids=self._last)
+            negative = torch.nonzero(last < 0).flatten().tolist()
+            if negative:
+                # The feed would take -1 as a placeholder for a token to come: none comes.
+                row = negative[0]
+                raise RequestError.located(
+                    row,
+                    "sampled_token_ids",
+                    f"token id {int(last[row])} is negative",
+                    where=f"HFLogitsProcessor: bad token: row {row}",
+                )
+            try:
+                self.procs.update_state(None, sampled_token_ids=last)
+            except ValueError as e:
+                # The pipeline refused the step whole: the generation stays where it was.
+                raise with_context(_by_row(e), "HFLogitsProcessor: bad token: ") from e
+            self._last = last
         else:
             self._start(input_ids, scores)
         self._len = length
@@ -263,14 +322,7 @@ class HFLogitsProcessor:
             self.procs.update_state(BatchUpdate(rows, [], added, []))
         except ValueError as e:
             self.procs = None  # nothing half-built survives a rejected batch
-            err = e
-            if isinstance(e, RequestError) and e.index is not None and e.detail is not None:
-                # The core names the request by its batch index, which is the row here.
-                assert e.field is not None
-                err = RequestError.located(
-                    e.index, e.field, e.detail, where=f"row {e.index}", column=e.column
-                )
-            raise with_context(err, "HFLogitsProcessor: bad SamplingParams: ") from e
+            raise with_context(_by_row(e), "HFLogitsProcessor: bad SamplingParams: ") from e
         self._prompt = input_ids.clone()
         self._last = input_ids[:, -1].to("cpu", torch.int64)
 

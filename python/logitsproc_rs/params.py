@@ -8,14 +8,17 @@ construction with vLLM's ranges; a bad one raises ``ValueError`` naming the fiel
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from types import SimpleNamespace
 from typing import Any
 
-from .errors import ConfigError, LogitsprocError, RequestError
+from .errors import ConfigError, LogitsprocError, RequestError, SizeError
 from .registry import CAP_DEFAULTS, NEUTRAL
 
 # A request with this repetition penalty (and zero frequency and presence penalties) has
@@ -47,13 +50,79 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _token_ids(name: str, ids: Any, error: type[LogitsprocError] = RequestError) -> list[int]:
+def _as_float(v: Any) -> float | None:
+    """A number (not a bool) as a float; ``None`` for anything else, or an int too large for
+    a float (``float(10**400)`` raises ``OverflowError``, which is no ``ValueError``)."""
+    if not _is_number(v):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return None
+
+
+def _show(v: Any) -> str:
+    """A value for an error message: its repr, or what it is when that fails (an int of more
+    than 4300 digits has no repr; a user object's ``__repr__`` may raise)."""
+    try:
+        return repr(v)
+    except Exception:
+        if isinstance(v, int):
+            return f"an int of {v.bit_length()} bits"
+        return f"a {type(v).__name__}"
+
+
+_MAX_SIZE = 2**62
+
+
+def config_size(value: Any, field: str, least: int = 1) -> int:
+    """A size from an engine config: an int (numpy's too) >= ``least``. A bool, float, str or
+    anything else is a ``ConfigError`` naming the field (``True`` is no size, ``4.0`` and
+    ``"4"`` are not taken as 4)."""
+    n = None
+    if not isinstance(value, bool):
+        with contextlib.suppress(TypeError):
+            n = operator.index(value)
+    if n is None or n < least:
+        raise ConfigError(
+            f"config field '{field}': must be an int >= {least}, got {_show(value)}", field=field
+        )
+    if n > _MAX_SIZE:
+        # Beyond any table (the core names the bound of each); here only so that the
+        # conversion to the core's sizes cannot overflow.
+        raise SizeError(
+            f"config field '{field}': {_show(n)} is beyond any supported size", field=field
+        )
+    return n
+
+
+# Most items read from one list of a request (an endless iterable ends in an error); the core's
+# per-request caps are far below it.
+_MAX_ITEMS = 1 << 22
+
+
+def _items(name: str, ids: Any, what: str, error: type[LogitsprocError]) -> list[Any]:
+    """The items of a list-like field, read once and at most ``_MAX_ITEMS`` of them: a str, a
+    non-iterable, or one whose iteration raises (a 0-d tensor, a lying ``__len__``, a user
+    ``__iter__``) is ``error`` naming the field; an interrupt propagates."""
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-        raise error(f"{name} must be a list of token ids, got {ids!r}", field=name)
-    out = list(ids)
+        raise error(f"{name} must be {what}, got {_show(ids)}", field=name)
+    try:
+        out = list(itertools.islice(iter(ids), _MAX_ITEMS + 1))
+    except Exception as e:
+        raise error(f"{name} must be {what}; reading it raised {e!r}", field=name) from e
+    if len(out) > _MAX_ITEMS:
+        raise error(f"{name}: more than {_MAX_ITEMS} items", field=name)
+    return out
+
+
+def _token_ids(name: str, ids: Any, error: type[LogitsprocError] = RequestError) -> list[int]:
+    out = _items(name, ids, "a list of token ids", error)
     for t in out:
         if not _is_int(t) or t < 0:
-            raise error(f"{name} must contain non-negative int token ids, got {t!r}", field=name)
+            raise error(
+                f"{name} must contain non-negative int token ids, got {_show(t)}", field=name
+            )
     return out
 
 
@@ -164,14 +233,20 @@ class SamplingParams:
     def _verify(self) -> None:
         def number(name: str, lo: float, hi: float, lo_open: bool = False) -> None:
             v = getattr(self, name)
-            if not _is_number(v) or math.isnan(v):
-                raise RequestError(f"{name} must be a number, got {v!r}", field=name)
+            if _is_number(v) and _as_float(v) is None:
+                raise RequestError(
+                    f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got an int too "
+                    "large for a float",
+                    field=name,
+                )
+            if _as_float(v) is None or math.isnan(v):
+                raise RequestError(f"{name} must be a number, got {_show(v)}", field=name)
             if (v <= lo if lo_open else v < lo) or v > hi:
                 lo_b = "(" if lo_open else "["
                 raise RequestError(f"{name} must be in {lo_b}{lo}, {hi}], got {v}", field=name)
 
         if not _is_int(self.n) or self.n < 1:
-            raise RequestError(f"n must be an int >= 1, got {self.n!r}", field="n")
+            raise RequestError(f"n must be an int >= 1, got {_show(self.n)}", field="n")
         number("presence_penalty", -2.0, 2.0)
         number("frequency_penalty", -2.0, 2.0)
         number("repetition_penalty", 0.0, math.inf, lo_open=True)
@@ -185,19 +260,19 @@ class SamplingParams:
         number("top_p", 0.0, 1.0, lo_open=True)
         if not _is_int(self.top_k) or self.top_k < -1:
             raise RequestError(
-                f"top_k must be -1, 0 (disabled) or a positive int, got {self.top_k!r}",
+                f"top_k must be -1, 0 (disabled) or a positive int, got {_show(self.top_k)}",
                 field="top_k",
             )
         number("min_p", 0.0, 1.0)
         if self.seed is not None and not _is_int(self.seed):
-            raise RequestError(f"seed must be an int or None, got {self.seed!r}", field="seed")
+            raise RequestError(f"seed must be an int or None, got {_show(self.seed)}", field="seed")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise RequestError(
-                f"max_tokens must be an int >= 1, got {self.max_tokens!r}", field="max_tokens"
+                f"max_tokens must be an int >= 1, got {_show(self.max_tokens)}", field="max_tokens"
             )
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise RequestError(
-                f"min_tokens must be an int >= 0, got {self.min_tokens!r}", field="min_tokens"
+                f"min_tokens must be an int >= 0, got {_show(self.min_tokens)}", field="min_tokens"
             )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise RequestError(
@@ -206,13 +281,13 @@ class SamplingParams:
             )
         if not _is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
             raise RequestError(
-                f"no_repeat_ngram_size must be an int >= 0, got {self.no_repeat_ngram_size!r}",
+                f"no_repeat_ngram_size must be an int >= 0, got {_show(self.no_repeat_ngram_size)}",
                 field="no_repeat_ngram_size",
             )
         self._verify_truncations()
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise RequestError(
-                f"logprobs must be an int >= 0, got {self.logprobs!r}", field="logprobs"
+                f"logprobs must be an int >= 0, got {_show(self.logprobs)}", field="logprobs"
             )
         if self.stop_token_ids is not None:
             self.stop_token_ids = _token_ids("stop_token_ids", self.stop_token_ids)
@@ -220,7 +295,7 @@ class SamplingParams:
             not _is_int(self.eos_token_id) or self.eos_token_id < 0
         ):
             raise RequestError(
-                f"eos_token_id must be a non-negative int, got {self.eos_token_id!r}",
+                f"eos_token_id must be a non-negative int, got {_show(self.eos_token_id)}",
                 field="eos_token_id",
             )
         if self.logit_bias is not None:
@@ -234,15 +309,17 @@ class SamplingParams:
                 tok = int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k
                 if not _is_int(tok) or tok < 0:
                     raise RequestError(
-                        f"logit_bias keys must be non-negative token ids, got {k!r}",
+                        f"logit_bias keys must be non-negative token ids, got {_show(k)}",
                         field="logit_bias",
                     )
-                if not _is_number(v) or not math.isfinite(v):
+                f = _as_float(v)
+                if f is None or not math.isfinite(f):
                     raise RequestError(
-                        f"logit_bias value for token {k} must be finite, got {v!r}",
+                        f"logit_bias value for token {_show(k)} must be a finite number, "
+                        f"got {_show(v)}",
                         field="logit_bias",
                     )
-                clean[tok] = float(v)
+                clean[tok] = f
             self.logit_bias = clean
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise RequestError(
@@ -255,7 +332,13 @@ class SamplingParams:
                 raise RequestError("allowed_token_ids must not be empty", field="allowed_token_ids")
         if self.bad_words_token_ids is not None:
             words = []
-            for w in self.bad_words_token_ids:
+            lists = _items(
+                "bad_words_token_ids",
+                self.bad_words_token_ids,
+                "a list of token-id lists",
+                RequestError,
+            )
+            for w in lists:
                 w = _token_ids("bad_words_token_ids", w)
                 if not w:
                     raise RequestError(
@@ -318,7 +401,9 @@ class EngineConfig:
         ):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:
-                raise ConfigError(f"EngineConfig.{name} must be an int >= 1, got {v!r}", field=name)
+                raise ConfigError(
+                    f"EngineConfig.{name} must be an int >= 1, got {_show(v)}", field=name
+                )
         if self.vocab_size >= 2**31:
             raise ConfigError(
                 "EngineConfig.vocab_size must be < 2**31 (token ids are int32)", field="vocab_size"
@@ -328,7 +413,7 @@ class EngineConfig:
         ):
             raise ConfigError(
                 f"EngineConfig.num_speculative_tokens must be None or an int >= 1, "
-                f"got {self.num_speculative_tokens!r}",
+                f"got {_show(self.num_speculative_tokens)}",
                 field="num_speculative_tokens",
             )
         starts, ends = self.reasoning_start_token_ids, self.reasoning_end_token_ids
@@ -385,21 +470,24 @@ def as_engine_config(config: Any) -> Any:
 
 
 def config_max_num_seqs(config: Any) -> int:
-    """``max_num_seqs`` from our ``EngineConfig`` or vLLM's ``VllmConfig``."""
-    return int(config.scheduler_config.max_num_seqs)
+    """``max_num_seqs`` from our ``EngineConfig`` or vLLM's ``VllmConfig`` (``config_size``)."""
+    return config_size(config.scheduler_config.max_num_seqs, "max_num_seqs")
 
 
 def config_vocab_size(config: Any) -> int:
-    """Vocabulary size from our ``EngineConfig`` or vLLM's ``VllmConfig``."""
-    return int(config.model_config.get_vocab_size())
+    """Vocabulary size from our ``EngineConfig`` or vLLM's ``VllmConfig`` (``config_size``)."""
+    return config_size(config.model_config.get_vocab_size(), "vocab_size")
 
 
 def config_cap(config: Any, name: str, default: int) -> int:
     """A per-request cap: ours are ``EngineConfig`` fields; a vLLM config gets the default."""
-    return int(getattr(config, name, default))
+    return config_size(getattr(config, name, default), name)
 
 
 def config_spec_tokens(config: Any) -> int:
-    """Draft tokens per request under speculative decoding (0 when off)."""
+    """Draft tokens per request under speculative decoding (0 when off, or unset: ``None``)."""
     spec = getattr(config, "speculative_config", None)
-    return int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec else 0
+    if spec is None:
+        return 0
+    n = getattr(spec, "num_speculative_tokens", None)
+    return 0 if n is None else config_size(n, "num_speculative_tokens", 0)

@@ -31,9 +31,11 @@ from .interface import BatchUpdate
 from .logits_check import checked_logits
 from .params import (
     EngineConfig,
+    _token_ids,
     as_engine_config,
     config_cap,
     config_max_num_seqs,
+    config_size,
     config_spec_tokens,
     config_vocab_size,
 )
@@ -95,6 +97,7 @@ class Pipeline(StableSlots):
         self.spec_tokens = _config_int(config_spec_tokens, vllm_config, "num_speculative_tokens", 0)
         self.token_feed = token_feed
         self.stable_slots = stable_slots
+        max_rows = _max_rows(max_rows)
         thinking = None
         if "thinking" in tables:
             thinking = _reasoning_ids(vllm_config)
@@ -381,7 +384,12 @@ def _reasoning_ids(config: Any) -> tuple[list[int], list[int]]:
     starts = getattr(reasoning, "reasoning_start_token_ids", None)
     ends = getattr(reasoning, "reasoning_end_token_ids", None)
     if starts is not None and ends is not None:
-        return list(starts), list(ends)
+        # Token-id lists (no str, bool or float; bounded: an endless iterable ends in an
+        # error); the core checks them against the vocabulary.
+        return (
+            _token_ids("reasoning_start_token_ids", starts, ConfigError),
+            _token_ids("reasoning_end_token_ids", ends, ConfigError),
+        )
     if isinstance(config, EngineConfig):
         where = "set EngineConfig.reasoning_start_token_ids and reasoning_end_token_ids"
     elif reasoning is None:
@@ -398,13 +406,18 @@ def _reasoning_ids(config: Any) -> tuple[list[int], list[int]]:
 
 
 def _config_int(read: Any, config: Any, field: str, least: int = 1) -> int:
-    """A size from an engine config: an int >= ``least``, or a ValueError naming the field."""
+    """A size from an engine config: an int >= ``least`` (``config_size``: no bool, float or
+    str), or a ``ConfigError`` naming the field. An interrupt raised while reading it
+    (``KeyboardInterrupt``: not an ``Exception``) propagates."""
     try:
         value = read(config)
+    except ConfigError:
+        raise
     except Exception as e:
         raise ConfigError(f"config field '{field}': could not be read ({e})", field=field) from e
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(
-            f"config field '{field}': must be an int >= {least}, got {value!r}", field=field
-        )
-    return value
+    return config_size(value, field, least)
+
+
+def _max_rows(max_rows: Any) -> int | None:
+    """The stable-slot step's row bound: ``None`` (the default) or an int >= 1."""
+    return None if max_rows is None else config_size(max_rows, "max_rows")

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,6 +24,7 @@ from logitsproc_rs import (
     SamplingParams,
     build_logitsprocs,
 )
+from logitsproc_rs.errors import ConfigError
 
 from ._checks import P, build
 
@@ -197,3 +199,122 @@ def test_cap_overflow_never_panics(cap_field: str) -> None:
             raise
         except BaseException as e:  # pyo3's PanicException
             pytest.fail(f"{name}: {type(e).__name__}: {e}")
+
+
+# --- duck-typed config sizes: an int (numpy's too), never a bool, a float or a str ------------
+
+
+def _duck(
+    max_num_seqs: object = 4,
+    vocab_size: object = V,
+    spec: object = None,
+    **caps: object,
+) -> SimpleNamespace:
+    return SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        model_config=SimpleNamespace(get_vocab_size=lambda: vocab_size),
+        speculative_config=None if spec is None else SimpleNamespace(num_speculative_tokens=spec),
+        **caps,
+    )
+
+
+NOT_A_SIZE = [True, False, np.True_, 4.0, 4.5, "4", b"4", [4], None, object(), 1j]
+SIZES = [
+    "max_num_seqs",
+    "vocab_size",
+    "num_speculative_tokens",
+    "max_logit_bias_entries",
+    "max_stop_token_ids",
+    "max_bad_words",
+    "max_bad_word_len",
+    "max_allowed_token_ids",
+]
+
+
+def _with(field: str, value: object) -> SimpleNamespace:
+    if field in ("max_num_seqs", "vocab_size"):
+        return _duck(**{field: value})
+    if field == "num_speculative_tokens":
+        return _duck(spec=value)
+    return _duck(**{field: value})
+
+
+@pytest.mark.parametrize("value", NOT_A_SIZE, ids=lambda v: repr(v)[:16])
+@pytest.mark.parametrize("field", SIZES)
+def test_a_duck_typed_size_that_is_not_an_int_names_the_field(field: str, value: object) -> None:
+    """``True`` was taken as 1, ``4.5`` as 4 and ``"4"`` as 4, silently."""
+    if field == "num_speculative_tokens" and value is None:
+        return  # None: speculative decoding off
+    with pytest.raises(ConfigError, match=f"config field '{field}'") as e:
+        build_logitsprocs(_with(field, value), "cpu", False)
+    assert e.value.field == field
+
+
+@pytest.mark.parametrize("field", SIZES)
+def test_a_duck_typed_size_may_be_a_numpy_int(field: str) -> None:
+    value = np.int64(2 if field == "num_speculative_tokens" else 8)
+    procs = build_logitsprocs(_with(field, value), "cpu", False)
+    assert procs.pipeline is not None
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_while_reading_a_config_propagates(exc: type) -> None:
+    def vocab() -> int:
+        raise exc
+
+    cfg = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_seqs=4),
+        model_config=SimpleNamespace(get_vocab_size=vocab),
+    )
+    with pytest.raises(exc):
+        build_logitsprocs(cfg, "cpu", False)
+
+    class Index:
+        def __index__(self) -> int:
+            raise exc
+
+    with pytest.raises(exc):
+        build_logitsprocs(_duck(max_num_seqs=Index()), "cpu", False)
+
+
+@pytest.mark.parametrize("max_rows", [0, -1, True, False, 2.0, "8", np.True_])
+def test_max_rows_must_be_a_positive_int(max_rows: object) -> None:
+    """``max_rows=0`` was accepted (a stable-slot pipeline that can map no row)."""
+    with pytest.raises(ConfigError, match="max_rows") as e:
+        build_logitsprocs(CFG, "cpu", False, stable_slots=True, max_rows=max_rows)
+    assert e.value.field == "max_rows"
+    ok = build_logitsprocs(CFG, "cpu", False, stable_slots=True, max_rows=np.int64(5))
+    assert ok.pipeline is not None
+
+
+@pytest.mark.parametrize("spec", [2**20, 2**40, 2**62, 2**64 + 3])
+def test_a_huge_num_speculative_tokens_names_itself(spec: int) -> None:
+    """It used to be refused as ``max_stop_token_ids`` (a cap sized by the draft rows)."""
+    with pytest.raises(ValueError) as e:
+        build_logitsprocs(_duck(spec=spec), "cpu", False)
+    assert getattr(e.value, "field", None) == "num_speculative_tokens", str(e.value)
+    with pytest.raises(ValueError) as e:
+        build_logitsprocs(
+            EngineConfig(max_num_seqs=4, vocab_size=V, num_speculative_tokens=spec), "cpu", False
+        )
+    assert getattr(e.value, "field", None) == "num_speculative_tokens", str(e.value)
+
+
+@pytest.mark.parametrize("max_rows", [2**40, 2**64 + 1])
+def test_a_huge_max_rows_names_itself(max_rows: int) -> None:
+    with pytest.raises(ValueError) as e:
+        build_logitsprocs(CFG, "cpu", False, stable_slots=True, max_rows=max_rows)
+    assert getattr(e.value, "field", None) == "max_rows", str(e.value)
+
+
+@pytest.mark.parametrize(
+    "ids", ["12", 3, [1, True], [1, 2.0], [np.True_], [-1], [V]], ids=lambda v: repr(v)[:16]
+)
+def test_bad_reasoning_ids_in_a_duck_typed_config_name_the_field(ids: object) -> None:
+    cfg = _duck()
+    cfg.reasoning_config = SimpleNamespace(
+        reasoning_start_token_ids=[1], reasoning_end_token_ids=ids
+    )
+    with pytest.raises(ValueError, match="reasoning_end_token_ids") as e:
+        build_logitsprocs(cfg, "cpu", False)
+    assert isinstance(e.value, ConfigError)

@@ -10,6 +10,7 @@ import math
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,6 +20,8 @@ from logitsproc_rs import (
     SamplingParams,
     build_logitsprocs,
 )
+from logitsproc_rs.errors import RequestError
+from logitsproc_rs.interface import direction_name
 
 from ._checks import (
     ALL,
@@ -33,6 +36,7 @@ from ._checks import (
     bad_update,
     check_rejected,
     snapshot,
+    valid_add,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -271,3 +275,289 @@ def test_junk_in_an_output_list_is_an_error_not_a_placeholder(junk: object) -> N
     out[1] = 5  # the engine repairs its list: the request's later tokens count again
     procs.update_state(add)
     assert procs.pipeline.core.penalties_counted(0) == [3, 5, 4]
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers that are not numbers here: bools (Python's and numpy's) in a numeric field, and ints
+# too large for a float, in duck-typed params (the core's reader) and in our SamplingParams.
+# Every built-in and the sampler transforms on one pipeline: the whole state is compared.
+
+
+def _full(**fields: Any) -> SimpleNamespace:
+    """Duck-typed params with every field the built-ins and the sampler transforms read."""
+    base: dict[str, Any] = {
+        "min_p": 0.0,
+        "logit_bias": None,
+        "min_tokens": 0,
+        "all_stop_token_ids": set(),
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "allowed_token_ids": None,
+        "bad_words_token_ids": None,
+        "thinking_token_budget": None,
+        "no_repeat_ngram_size": 0,
+        "temperature": 1.0,
+    }
+    base.update(fields)
+    return SimpleNamespace(**base)
+
+
+class _Whole:
+    """Every built-in and sampler transform on one pipeline, two live requests."""
+
+    def __init__(self) -> None:
+        self.procs = build_logitsprocs(EngineConfig(max_num_seqs=4, vocab_size=V), "cpu", False)
+        self.outputs: list[list[int]] = [[3], []]
+        self.procs.update_state(
+            BatchUpdate(
+                2,
+                [],
+                [
+                    (0, _full(min_p=0.2, repetition_penalty=1.5), [1, 2], self.outputs[0]),
+                    (1, _full(logit_bias={4: 2.0}, presence_penalty=0.5), [5], self.outputs[1]),
+                ],
+                [],
+            )
+        )
+
+    def state(self) -> list[Any]:
+        pipe = self.procs.pipeline
+        core = pipe.core
+        bufs = [torch.from_dlpack(core.buffer(i)).clone() for i in range(len(core.sections()))]
+        return [dict(core.active()), core.status(), list(pipe.status), bufs]
+
+    def logits(self) -> torch.Tensor:
+        x = torch.randn(2, V, generator=torch.Generator().manual_seed(3))
+        for p in self.procs.all:
+            x = p.apply(x)
+        return x
+
+
+def _same(a: list[Any], b: list[Any]) -> None:
+    assert a[:3] == b[:3]
+    assert all(torch.equal(x, y) for x, y in zip(a[3], b[3], strict=True))
+
+
+def check_whole_rejected(params: Any, field: str) -> None:
+    """An update adding ``params`` at index 1 (after a valid change at index 0) is refused
+    naming index 1 and ``field``; every table is as before, and the next good step gives what
+    a pipeline that never saw the bad update gives."""
+    world, twin = _Whole(), _Whole()
+    before = world.state()
+    bad = BatchUpdate(
+        2,
+        [],
+        [(0, _full(min_p=0.9, logit_bias={1: 5.0}), [2], []), (1, params, [1], [])],
+        [],
+    )
+    with pytest.raises(ValueError, match=rf"request at index 1: field '{field}'") as ei:
+        world.procs.update_state(bad)
+    assert getattr(ei.value, "index", None) == 1 and getattr(ei.value, "field", None) == field
+    _same(before, world.state())
+    for w in (world, twin):
+        w.outputs[0].append(6)
+        w.procs.update_state(None)
+    _same(twin.state(), world.state())
+    assert torch.equal(twin.logits(), world.logits())
+
+
+def _short(v: Any) -> str:
+    return repr(v)[:24]
+
+
+NOT_A_NUMBER = [True, False, np.True_, np.False_, 10**400, -(10**400)]
+
+
+@pytest.mark.parametrize(
+    "field", ["min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"]
+)
+@pytest.mark.parametrize("value", NOT_A_NUMBER, ids=_short)
+def test_duck_typed_float_field_refuses_bools_and_huge_ints(field: str, value: Any) -> None:
+    """``True`` read as 1.0 (min_p=1: every token but the argmax masked) and was accepted."""
+    check_whole_rejected(_full(**{field: value}), field)
+
+
+@pytest.mark.parametrize("value", NOT_A_NUMBER, ids=_short)
+def test_duck_typed_logit_bias_value_refuses_bools_and_huge_ints(value: Any) -> None:
+    check_whole_rejected(_full(logit_bias={2: value}), "logit_bias")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("min_tokens", np.True_),
+        ("min_tokens", True),
+        ("logit_bias", {np.True_: 1.0}),
+        ("min_tokens", 10**400),
+    ],
+    ids=_short,
+)
+def test_duck_typed_int_fields_refuse_numpy_bools_and_huge_ints(field: str, value: Any) -> None:
+    check_whole_rejected(_full(**{field: value}), field)
+
+
+@pytest.mark.parametrize("field", ["min_p", "presence_penalty", "repetition_penalty"])
+def test_duck_typed_numpy_floats_are_numbers(field: str) -> None:
+    value = {"min_p": np.float32(0.25), "presence_penalty": np.float64(0.5)}.get(
+        field, np.float32(1.5)
+    )
+    a, b = _Whole(), _Whole()
+    a.procs.update_state(BatchUpdate(3, [], [(2, _full(**{field: value}), [1], [])], []))
+    b.procs.update_state(BatchUpdate(3, [], [(2, _full(**{field: float(value)}), [1], [])], []))
+    _same(a.state(), b.state())
+
+
+class _Interrupting:
+    """A number whose conversion is interrupted (Ctrl-C while the core reads it)."""
+
+    def __init__(self, exc: type[BaseException]) -> None:
+        self.exc = exc
+
+    def __float__(self) -> float:
+        raise self.exc
+
+    def __index__(self) -> int:
+        raise self.exc
+
+    def __int__(self) -> int:
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("field", ["min_p", "min_tokens", "logit_bias"])
+def test_an_interrupt_while_reading_a_number_propagates(field: str, exc: type) -> None:
+    world = _Whole()
+    before = world.state()
+    value: Any = _Interrupting(exc)
+    if field == "logit_bias":
+        value = {2: value}
+    with pytest.raises(exc):
+        world.procs.update_state(BatchUpdate(2, [], [(1, _full(**{field: value}), [1], [])], []))
+    _same(before, world.state())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("min_p", 10**400),
+        ("min_p", -(10**400)),
+        ("presence_penalty", 10**400),
+        ("frequency_penalty", -(10**400)),
+        ("repetition_penalty", 10**400),
+        ("temperature", 10**400),
+        ("top_p", 10**400),
+        ("logit_bias", {1: 10**400}),
+        ("min_p", np.True_),
+        ("logit_bias", {1: True}),
+        ("logit_bias", {1: np.True_}),
+        ("logit_bias", {np.True_: 1.0}),
+        ("logit_bias", {True: 1.0}),
+    ],
+    ids=_short,
+)
+def test_sampling_params_refuses_huge_ints_and_bools_naming_the_field(
+    field: str, value: Any
+) -> None:
+    """An int too large for a float raised OverflowError (not a ValueError)."""
+    with pytest.raises(RequestError, match=rf"\b{field}\b") as ei:
+        SamplingParams(**{field: value})
+    assert ei.value.field == field
+
+
+# ---------------------------------------------------------------------------------------------
+# Move directions: a bool is not a direction (True read as 1, UNIDIRECTIONAL).
+
+
+@pytest.mark.parametrize("direction", [True, False, np.True_, np.int64(2), 2.0, "SWAP", None])
+def test_move_direction_that_is_not_a_direction(direction: Any) -> None:
+    for proc in ALL:
+        check_rejected(
+            proc,
+            BatchUpdate(5, [], [valid_add()], [(0, 2, direction)]),
+            0,
+            "moved",
+        )
+
+
+@pytest.mark.parametrize("direction", [True, False, np.True_, 2.0, "SWAP", None])
+def test_python_readers_of_directions_refuse_what_the_core_refuses(direction: Any) -> None:
+    assert direction_name(direction) is None
+
+
+def test_a_direction_whose_name_raises_an_interrupt_propagates() -> None:
+    class Direction:
+        @property
+        def _name_(self) -> str:
+            raise KeyboardInterrupt
+
+    world = World()
+    proc = world.procs[MIN_P]
+    before = snapshot(proc)
+    with pytest.raises(KeyboardInterrupt):
+        proc.update_state(BatchUpdate(3, [], [], [(0, 2, Direction())]))
+    assert_same(before, snapshot(proc))
+
+
+# ---------------------------------------------------------------------------------------------
+# List fields of our SamplingParams (also what the bridges read from extra_args["logitsproc_rs"]):
+# whatever they hold, a RequestError naming the field; an interrupt propagates.
+
+
+class _LyingLen(list):  # type: ignore[type-arg]
+    def __len__(self) -> int:
+        return 10**30
+
+
+class _RaisingIter:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __iter__(self) -> Any:
+        raise self.exc
+
+
+LIST_JUNK = [
+    True,
+    np.True_,
+    10**400,
+    1.5,
+    5,
+    object(),
+    torch.tensor(1),
+    torch.tensor([1, 2]),
+    _RaisingIter(RuntimeError("boom")),
+    [_RaisingIter(RuntimeError("boom"))],
+    [1, True],
+    [np.int64(1)],
+    "12",
+]
+
+
+@pytest.mark.parametrize("value", LIST_JUNK, ids=_short)
+@pytest.mark.parametrize("field", ["allowed_token_ids", "stop_token_ids", "bad_words_token_ids"])
+def test_sampling_params_list_fields_refuse_junk_naming_the_field(field: str, value: Any) -> None:
+    """A bad-words list that is an int raised TypeError; a 0-d tensor or a raising
+    ``__iter__`` escaped as TypeError / RuntimeError (a lying ``__len__``: OverflowError)."""
+    if field == "bad_words_token_ids" and isinstance(value, list) and value != [1, True]:
+        value = [value]
+    with pytest.raises(RequestError, match=field) as ei:
+        SamplingParams(**{field: value})
+    assert ei.value.field == field
+
+
+@pytest.mark.parametrize("field", ["allowed_token_ids", "stop_token_ids", "bad_words_token_ids"])
+def test_sampling_params_list_field_interrupt_propagates(field: str) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        SamplingParams(**{field: _RaisingIter(KeyboardInterrupt())})
+
+
+def test_sampling_params_list_with_a_lying_len_is_read_by_its_items() -> None:
+    assert SamplingParams(allowed_token_ids=_LyingLen([1, 2])).allowed_token_ids == [1, 2]
+
+
+def test_sampling_params_endless_list_is_refused() -> None:
+    import itertools
+
+    with pytest.raises(RequestError, match="allowed_token_ids"):
+        SamplingParams(allowed_token_ids=itertools.count())

@@ -45,6 +45,10 @@ Importing this module imports vLLM's MRV2 interface module (which is itself impo
 
 from __future__ import annotations
 
+import itertools
+import math
+import numbers
+import operator
 import weakref
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -58,7 +62,8 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 
 from .. import builtin
 from ..columns import ColumnLogitsProcessor
-from ..params import config_spec_tokens
+from ..errors import BatchUpdateError
+from ..params import _show, config_size, config_spec_tokens
 from ..pipeline import Pipeline
 from ..registry import HISTORY_TABLES, TABLES
 from ..views import PipelineView, Stage
@@ -72,8 +77,9 @@ class _SlotConfig:
 
     def __init__(self, vllm_config: Any, req_states: Any) -> None:
         self._config = vllm_config
-        self.scheduler_config = SimpleNamespace(max_num_seqs=int(req_states.max_num_reqs))
-        vocab = int(req_states.vocab_size)
+        slots = config_size(req_states.max_num_reqs, "max_num_reqs")
+        self.scheduler_config = SimpleNamespace(max_num_seqs=slots)
+        vocab = config_size(req_states.vocab_size, "vocab_size")
         self.model_config = SimpleNamespace(get_vocab_size=lambda: vocab)
 
     def __getattr__(self, name: str) -> Any:
@@ -92,13 +98,14 @@ class _Group(Group):
         super().__init__(req_states.all_token_ids, vllm_config)
         self.config = vllm_config
         self.req_states = req_states
+        slots = config_size(req_states.max_num_reqs, "max_num_reqs")
         self.reads_history = False
         # Requests added since the last apply_staged_writes: slot -> (the engine's params, what
         # our tables read, joined members).
         self.pending: dict[int, tuple[Any, Any, set[int]]] = {}
         # Slots whose request has a fed history, and how many of its tokens we have fed
         # (prompt included: the same count as the runner's total_len).
-        self.known = np.full(int(req_states.max_num_reqs), -1, dtype=np.int64)
+        self.known = np.full(slots, -1, dtype=np.int64)
         self.fresh: set[int] = set()  # installed this step, from a total_len read just now
         # Tokens one step can commit for a request: the sampled one plus accepted drafts.
         self.window = 1 + max(0, config_spec_tokens(vllm_config) if vllm_config else 0)
@@ -107,7 +114,7 @@ class _Group(Group):
         self.ctx: Any = None
         # Each slot's temperature: MRV2 applies it after the custom processors, so MinP
         # reads it to select what vLLM's own min_p selects (after temperature).
-        self.temperature = np.ones(int(req_states.max_num_reqs), dtype=np.float32)
+        self.temperature = np.ones(slots, dtype=np.float32)
         dev = torch.device(req_states.device)
         # Its device copy (on the CPU the same memory), written at add_request: MinP gathers
         # it through the row map on the device, without a sync.
@@ -117,6 +124,7 @@ class _Group(Group):
             else torch.ones(self.temperature.shape, dtype=torch.float32, device=dev)
         )
         self.row_slots: Any = None  # this step's slot of each logits row, on the host
+        self.batch_slots: Any = None  # this step's slot of each request (ctx.idx_mapping_np)
 
     def _build(self) -> Pipeline:
         rs = self.req_states
@@ -137,20 +145,18 @@ class _Group(Group):
 
     # --- add_request ----------------------------------------------------------------------
 
-    def add(self, member: _Bridge, slot: int, params: Any) -> Any:
-        """Returns what our tables read of the request."""
+    def add(self, member: _Bridge, req_idx: Any, params: Any) -> Any:
+        """Returns what our tables read of the request. Everything is read and checked before
+        anything changes: a slot that is not one raises (``slot_of``), and an interrupt
+        raised by the request's own attributes leaves the slot's previous state whole."""
         pipe = self.ensure()
+        slot = self.slot_of(member, req_idx)
         pending = self.pending.get(slot)
         if pending is not None and pending[0] is params and id(member) not in pending[2]:
             pending[2].add(id(member))  # joins the add another member made for this slot
             return pending[1]
-        self.pending.pop(slot, None)
-        self.known[slot] = -1
-        if self.forced.rows.pop(slot, None) is not None:
-            self.forced.changed()
-        self.temperature[slot] = _temperature(params)
-        if self.temperature_dev.device.type != "cpu":
-            self.temperature_dev[slot] = float(self.temperature[slot])
+        temperature = _temperature(params)
+        tokens = None
         try:
             # Checked now for every table; installed with its tokens by apply_staged_writes.
             routed = self.route(slot, params)
@@ -158,13 +164,74 @@ class _Group(Group):
         except ValueError as e:
             # Raising would stop MRV2's engine: the request is failed closed (_guard).
             routed = _guard.Refused(params)
+            tokens = _guard.forced_tokens(params, pipe.vocab_size, self.eos)
             pipe.add_request(slot, routed, None, [])  # neutral: replaces the previous occupant
             owner = self.owner(e) or type(member).__name__
-            tokens = self.fail_closed(f"{owner}.add_request(req_idx={slot})", params, e)
+            _guard.log_refused(f"{owner}.add_request(req_idx={slot})", e, tokens)
+        # Nothing below reads the request or can fail: the slot changes as a whole.
+        self.pending[slot] = (params, routed, {id(member)})
+        self.known[slot] = -1
+        if tokens is not None:
             self.forced.rows[slot] = tokens
             self.forced.changed()
-        self.pending[slot] = (params, routed, {id(member)})
+        elif self.forced.rows.pop(slot, None) is not None:
+            self.forced.changed()
+        self.temperature[slot] = temperature
+        if self.temperature_dev.device.type != "cpu":
+            self.temperature_dev[slot] = float(temperature)
         return routed
+
+    def slot_of(self, member: _Bridge, req_idx: Any) -> int:
+        """``req_idx`` as a slot: an int (numpy's too) in ``[0, max_num_reqs)``. A bool, a
+        float, a str, a negative or one beyond is a ``BatchUpdateError`` naming the processor
+        (``True`` would index numpy as a mask, ``-1`` the last slot)."""
+        n = self.known.shape[0]
+        slot = _int_or_none(req_idx)
+        if slot is None or not 0 <= slot < n:
+            raise BatchUpdateError(
+                f"{type(member).__name__}.add_request(req_idx={_show(req_idx)}) "
+                f"(logitsproc_rs.vllm.v2): req_idx must be a slot, an int in [0, {n}) "
+                "(max_num_reqs); nothing changed",
+                index=slot,
+                field="req_idx",
+            )
+        return slot
+
+    def step_slots_of(self, member: _Bridge, ctx: Any) -> np.ndarray:
+        """``ctx.idx_mapping_np`` (the slot of each request of the step) checked: a 1-d
+        sequence of at most ``max_num_reqs`` ints (no bool, no float) in ``[0,
+        max_num_reqs)``; else a ``BatchUpdateError`` naming the processor and the position."""
+        n = self.known.shape[0]
+        raw = ctx.idx_mapping_np
+
+        def refuse(why: str, index: int | None = None) -> BatchUpdateError:
+            return BatchUpdateError(
+                f"{type(member).__name__}.apply (logitsproc_rs.vllm.v2): ctx.idx_mapping_np"
+                f"{'' if index is None else f'[{index}]'}: {why}; nothing changed",
+                index=index,
+                field="idx_mapping",
+            )
+
+        if isinstance(raw, np.ndarray):
+            if raw.ndim != 1 or raw.dtype.kind not in "iu":
+                raise refuse(f"expected a 1-d int array of slots, got {raw.dtype} {raw.shape}")
+            slots = raw.astype(np.int64)
+        elif isinstance(raw, (str, bytes)) or not hasattr(raw, "__iter__"):
+            raise refuse(f"expected a 1-d int array of slots, got {_show(raw)}")
+        else:
+            items = list(itertools.islice(raw, n + 1))
+            ints = [_int_or_none(v) for v in items]
+            for k, v in enumerate(ints):
+                if v is None:
+                    raise refuse(f"expected a slot (an int), got {_show(items[k])}", k)
+            slots = np.asarray(ints, dtype=np.int64)
+        if slots.shape[0] > n:
+            raise refuse(f"more than max_num_reqs={n} requests")
+        bad = np.flatnonzero((slots < 0) | (slots >= n))
+        if bad.size:
+            k = int(bad[0])
+            raise refuse(f"slot {int(slots[k])} is not in [0, {n}) (max_num_reqs)", k)
+        return slots
 
     # --- apply_staged_writes --------------------------------------------------------------
 
@@ -242,12 +309,12 @@ class _Group(Group):
 
     # --- apply ----------------------------------------------------------------------------
 
-    def step(self, logits: torch.Tensor, ctx: Any) -> None:
+    def step(self, member: _Bridge, logits: torch.Tensor, ctx: Any) -> None:
         """Once per step (the first member called with this ``ctx``): feed the committed
-        tokens, then the row map."""
+        tokens, then the row map. A ``ctx`` whose slots are not slots is refused first."""
         pipe = self.ensure()
+        slots_np = self.step_slots_of(member, ctx)
         self.install_pending()  # normally done already, by apply_staged_writes
-        slots_np = np.asarray(ctx.idx_mapping_np, dtype=np.int64)
         if logits.shape[0] == slots_np.shape[0]:
             row_to_slot: Any = slots_np  # one row per request, in batch order: no copy needed
             self.row_slots = slots_np
@@ -259,6 +326,7 @@ class _Group(Group):
         if known is not None:
             self.known[known[0]] = known[1]  # only once the step was accepted
         self.ctx = ctx
+        self.batch_slots = slots_np
         self.last_slots = slots_np.tolist()
         self.fresh.clear()
         self.snapshot = None
@@ -272,7 +340,7 @@ class _Group(Group):
     def tempered(self) -> bool:
         """Whether a request of this step has a temperature neither 0 nor 1 (MRV2 divides
         those after the custom processors). Read from the batch's slots, on the host."""
-        t = self.temperature[np.asarray(self.ctx.idx_mapping_np, dtype=np.int64)]
+        t = self.temperature[self.batch_slots]
         return not bool(np.all((t == 0.0) | (t == 1.0)))
 
     def committed(self, slots: np.ndarray) -> tuple[Any, Any, Any]:
@@ -348,7 +416,7 @@ class _Bridge(Bridge, _V2LogitsProcessor, metaclass=BridgeType):
     def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
         group = self._group
         if ctx is not group.ctx:
-            group.step(logits, ctx)
+            group.step(self, logits, ctx)
         view = self._view
         assert view is not None
         try:
@@ -364,9 +432,27 @@ class _Bridge(Bridge, _V2LogitsProcessor, metaclass=BridgeType):
 
 
 def _temperature(params: Any) -> float:
-    """The request's temperature as MRV2 stores it (float32; greedy is 0)."""
+    """The request's temperature as MRV2 stores it (float32; greedy is 0); 1 for anything that
+    is not a finite real number (a bool included: MRV2's front end refuses those)."""
     t = getattr(params, "temperature", 1.0)
-    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 1.0
+    if isinstance(t, bool) or not isinstance(t, numbers.Real):
+        return 1.0
+    try:
+        f = float(t)
+    except (OverflowError, ValueError):
+        return 1.0
+    return f if math.isfinite(f) else 1.0
+
+
+def _int_or_none(v: Any) -> int | None:
+    """An int (numpy's too, any ``__index__``), or ``None`` for a bool or a non-int. An
+    interrupt raised by ``__index__`` propagates."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
 
 
 def bridge(

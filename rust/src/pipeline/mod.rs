@@ -25,7 +25,7 @@ use crate::batch::{BatchUpdate, Move};
 use crate::error::{Error, Result};
 use crate::fields::{FieldSpec, Fields};
 use crate::history::{HistoryId, HistorySource, HistoryStore};
-use crate::limits::check_sizes;
+use crate::limits::{check_sizes, MAX_ELEMENTS};
 use crate::processor::{Admission, Entry, StepContext, Table};
 use crate::table::SlotTable;
 use crate::tables::columns::{Column, ColumnSpec, ColumnTable};
@@ -242,12 +242,36 @@ struct Prepared {
     feed: Option<(Vec<i64>, Option<Vec<usize>>)>,
 }
 
+/// The sizes every row-sized buffer derives from, each named when it is too large: the
+/// capacity and vocabulary, the draft rows per request (`num_speculative_tokens`: `capacity ×
+/// (1 + drafts)` rows) and the stable slots' `max_rows` (at least one row).
+fn check_rows(cap: usize, vocab: usize, spec: usize, max_rows: Option<usize>) -> Result<()> {
+    check_sizes(cap, vocab, &[])?;
+    let most = MAX_ELEMENTS / cap;
+    if spec >= most {
+        return Err(Error::TooLarge {
+            field: "num_speculative_tokens",
+            value: spec,
+            max: most - 1,
+        });
+    }
+    match max_rows {
+        Some(rows) if rows == 0 || rows > MAX_ELEMENTS => Err(Error::TooLarge {
+            field: "max_rows",
+            value: rows,
+            max: MAX_ELEMENTS,
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl<S: HistorySource> Pipeline<S> {
     /// Builds every configured table. Sizes are checked first (products of caps with checked
     /// arithmetic), so an impossible configuration is an error naming its field.
     pub fn new(cfg: PipelineConfig) -> Result<Self> {
         let cap = cfg.capacity;
         let spec = cfg.spec_tokens;
+        check_rows(cap, cfg.vocab_size, spec, cfg.max_rows)?;
         let rows_cap = cfg.max_rows.unwrap_or(cap.saturating_mul(spec + 1));
         // Row-space buffers hold `rows_cap` rows: sized as a whole number of slot multiples.
         let row_factor = if cfg.stable_slots {

@@ -38,10 +38,54 @@ pub struct Reader {
 
 /// An int that is not a bool (`True` is no count).
 fn int_of(index: usize, field: &'static str, v: &Bound<'_, PyAny>) -> PyResult<i64> {
-    if v.is_instance_of::<PyBool>() {
+    if is_bool(v) {
         return Err(bad_value(index, field, "expected an int, got a bool"));
     }
-    extract_as::<i64>(index, field, v, "an int")
+    number_as::<i64>(index, field, v, "an int")
+}
+
+/// A real number for a float field: an int or a float (numpy's scalars too), never a bool
+/// (Python's or numpy's: `True` is no probability), nor an int too large for a float.
+fn float_of(index: usize, field: &'static str, v: &Bound<'_, PyAny>) -> PyResult<f64> {
+    if is_bool(v) {
+        return Err(bad_value(index, field, "expected a float, got a bool"));
+    }
+    number_as::<f64>(index, field, v, "a float")
+}
+
+/// A bool: Python's, or numpy's (`numpy.bool`, which is no `int` subclass but converts to
+/// one). Plain ints and floats answer at once.
+fn is_bool(v: &Bound<'_, PyAny>) -> bool {
+    if v.is_instance_of::<PyBool>() {
+        return true;
+    }
+    if v.is_instance_of::<PyFloat>() || v.is_instance_of::<PyInt>() {
+        return false;
+    }
+    let ty = v.get_type();
+    let named = |s: PyResult<Bound<'_, PyString>>, names: &[&str]| {
+        s.ok()
+            .and_then(|s| s.to_str().ok().map(|s| names.contains(&s)))
+            .unwrap_or(false)
+    };
+    named(ty.name(), &["bool", "bool_"]) && named(ty.module(), &["numpy"])
+}
+
+/// `extract_as` for a number: a conversion that fails is a `ValueError` naming the request
+/// and field (an int too large for a float included), but an interrupt raised by the value's
+/// own conversion (`KeyboardInterrupt`, `SystemExit`: not an `Exception`) propagates as it is.
+fn number_as<'py, T: for<'a> FromPyObject<'a, 'py>>(
+    index: usize,
+    field: &'static str,
+    v: &Bound<'py, PyAny>,
+    expected: &str,
+) -> PyResult<T> {
+    let read: PyResult<T> = v.extract::<T>().map_err(Into::into);
+    match read {
+        Ok(x) => Ok(x),
+        Err(e) if is_interrupt(&e) => Err(e),
+        Err(_) => extract_as::<T>(index, field, v, expected),
+    }
 }
 
 /// Token ids up to a per-request cap: a list longer than the cap is refused before reading
@@ -117,7 +161,7 @@ impl Reader {
                 FieldKind::Float { neutral } => Value::Float(if v.is_none() {
                     *neutral
                 } else {
-                    extract_as::<f64>(index, f.spec.attr, &v, "a float")?
+                    float_of(index, f.spec.attr, &v)?
                 }),
                 FieldKind::Int { neutral } => Value::Int(if v.is_none() {
                     *neutral
@@ -221,14 +265,14 @@ fn read_bias(
         // Int keys only (vLLM's contract); our SamplingParams turns JSON digit-string keys
         // into ints before they reach the core.
         let token = int_of(index, field, &k)?;
-        if v.is_instance_of::<PyBool>() {
+        if is_bool(&v) {
             return Err(bad_value(
                 index,
                 field,
                 "a bias must be a float, got a bool",
             ));
         }
-        out.push((token, extract_as::<f64>(index, field, &v, "float biases")?));
+        out.push((token, number_as::<f64>(index, field, &v, "float biases")?));
     }
     Ok(out)
 }

@@ -59,16 +59,24 @@ pub fn try_describe(obj: &Bound<'_, PyAny>) -> PyResult<String> {
 
 fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionality> {
     let py = obj.py();
+    // An interrupt raised by the direction's own attribute (not an `Exception`) propagates;
+    // any other error reading a name means it has none.
+    fn name_of<'py>(
+        obj: &Bound<'py, PyAny>,
+        attr: &Bound<'py, PyString>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match obj.getattr(attr) {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if is_interrupt(&e) => Err(e),
+            Err(_) => Ok(None),
+        }
+    }
     // Enum members keep their name in the plain attribute `_name_` (cheap); `name` is a
-    // property (slow) and other duck types may only have that. Ints are the enum values.
-    let keep_interrupt = |e: PyErr| if is_interrupt(&e) { Err(e) } else { Ok(e) };
-    let name = match obj.getattr(intern!(py, "_name_")).or_else(|e| {
-        keep_interrupt(e)?;
-        obj.getattr(intern!(py, "name"))
-    }) {
-        Ok(name) => Some(name),
-        Err(e) if is_interrupt(&e) => return Err(e),
-        Err(_) => None,
+    // property (slow) and other duck types may only have that. Ints are the enum values; a
+    // bool is neither (`True` would read as 1, UNIDIRECTIONAL).
+    let name = match name_of(obj, intern!(py, "_name_"))? {
+        Some(n) => Some(n),
+        None => name_of(obj, intern!(py, "name"))?,
     };
     let by_name = name
         .as_ref()
@@ -77,11 +85,13 @@ fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionalit
     let dir = match by_name {
         Some(Ok("SWAP")) => Some(MoveDirectionality::Swap),
         Some(Ok("UNIDIRECTIONAL")) => Some(MoveDirectionality::Unidirectional),
-        _ if obj.is_instance_of::<PyInt>() => match obj.extract::<i64>() {
-            Ok(2) => Some(MoveDirectionality::Swap),
-            Ok(1) => Some(MoveDirectionality::Unidirectional),
-            _ => None,
-        },
+        _ if obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<pyo3::types::PyBool>() => {
+            match obj.extract::<i64>() {
+                Ok(2) => Some(MoveDirectionality::Swap),
+                Ok(1) => Some(MoveDirectionality::Unidirectional),
+                _ => None,
+            }
+        }
         _ => None,
     };
     dir.ok_or_else(|| {

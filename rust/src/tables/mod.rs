@@ -68,18 +68,40 @@ impl Build<'_> {
     }
 
     /// Checks a per-request size against every buffer it sizes.
+    /// Too large with the rows (drafts or row space) but not without them: the error names
+    /// what multiplies it, `num_speculative_tokens` or `max_rows`, not the cap.
     pub fn check(&self, per_request: usize, field: &'static str) -> Result<usize> {
         let cap = self.capacity;
         let factor = self.row_factor.max(self.spec_tokens.max(1));
-        cap.checked_mul(per_request.max(1))
-            .and_then(|n| n.checked_mul(factor))
-            .filter(|&n| n <= MAX_ELEMENTS)
-            .map(|_| cap * per_request.max(1))
-            .ok_or(Error::TooLarge {
+        let fits = |factor: usize| {
+            cap.checked_mul(per_request.max(1))
+                .and_then(|n| n.checked_mul(factor))
+                .is_some_and(|n| n <= MAX_ELEMENTS)
+        };
+        if fits(factor) {
+            return Ok(cap * per_request.max(1));
+        }
+        if !fits(1) {
+            return Err(Error::TooLarge {
                 field,
                 value: per_request,
                 max: MAX_ELEMENTS / cap.max(1) / factor,
-            })
+            });
+        }
+        let most = MAX_ELEMENTS / cap.max(1) / per_request.max(1);
+        Err(if self.spec_tokens >= self.row_factor {
+            Error::TooLarge {
+                field: "num_speculative_tokens",
+                value: self.spec_tokens,
+                max: most,
+            }
+        } else {
+            Error::TooLarge {
+                field: "max_rows",
+                value: self.rows.unwrap_or(0),
+                max: most * cap,
+            }
+        })
     }
 
     /// Row-space triples for a per-request cap (stable slots only).
