@@ -11,7 +11,7 @@ def checked_logits(
     name: str, logits: Any, rows: int, vocab_size: int, device: torch.device, what: str
 ) -> torch.Tensor:
     """``logits`` if they are a floating-point ``[rows, vocab_size]`` tensor on ``device``
-    whose rows are contiguous, else a ``ValueError`` naming the processor ``name``. float16
+    whose rows are contiguous and do not overlap, else a ``ValueError`` naming the processor ``name``. float16
     and bfloat16 are cast to float32 (as the ``Sampler`` casts before the processors); the
     cast is returned, so use ``apply``'s return value. ``what`` names what ``rows`` is
     ("the batch", "the row map")."""
@@ -34,6 +34,13 @@ def checked_logits(
         raise ValueError(
             f"{name}.apply: logits rows must be contiguous (stride {list(logits.stride())}); "
             "pass logits.contiguous()"
+        )
+    if rows > 1 and logits.stride(0) < vocab_size:
+        # Rows that share memory (an ``expand``ed row, a strided view): a write to one row
+        # would land in another (a bias added twice, a mask leaking into the next row).
+        raise ValueError(
+            f"{name}.apply: logits rows overlap in memory (stride {list(logits.stride())}, "
+            f"rows of {vocab_size}); pass logits.contiguous()"
         )
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.to(torch.float32)
