@@ -11,10 +11,10 @@ def checked_logits(
     name: str, logits: Any, rows: int, vocab_size: int, device: torch.device, what: str
 ) -> torch.Tensor:
     """``logits`` if they are a floating-point ``[rows, vocab_size]`` tensor on ``device``
-    whose rows are contiguous and do not overlap, else a ``ValueError`` naming the processor ``name``. float16
-    and bfloat16 are cast to float32 (as the ``Sampler`` casts before the processors); the
-    cast is returned, so use ``apply``'s return value. ``what`` names what ``rows`` is
-    ("the batch", "the row map")."""
+    whose rows are contiguous and do not overlap, else a ``ValueError`` naming the processor
+    ``name``. float16 and bfloat16 are cast to float32 (as the ``Sampler`` casts before the
+    processors); the cast is returned, so use ``apply``'s return value. ``what`` names what
+    ``rows`` is ("the batch", "the row map")."""
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
         kind = getattr(logits, "dtype", type(logits).__name__)
         raise ValueError(f"{name}.apply: logits must be a floating-point tensor, got {kind}")
