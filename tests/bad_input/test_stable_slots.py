@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from logitsproc_rs import EngineConfig, SamplingParams, build_logitsprocs
+from logitsproc_rs import BatchUpdate, EngineConfig, SamplingParams, build_logitsprocs
 from logitsproc_rs.errors import LogitsprocError
 
 CAP = 6
@@ -242,6 +242,10 @@ BAD_LOGITS: list[tuple[str, Any]] = [
     ("transposed", lambda: torch.randn(V, 3).t()),
     ("list", lambda: logits(3).tolist()),
     ("array", lambda: logits(3).numpy()),
+    # Rows sharing memory: a write to one row would land in another (found by
+    # tests/test_property_slots.py: accepted, a bias added twice).
+    ("expanded", lambda: torch.zeros(1, V).expand(3, V)),
+    ("overlapping", lambda: torch.zeros(3 + V).as_strided((3, V), (1, 1))),
 ]
 
 
@@ -256,3 +260,38 @@ def test_apply_refused_for_bad_logits_commits_nothing(kind: str, make: Any) -> N
 
     e = check_refused(call, typed=False)
     assert "apply" in str(e)
+
+
+@pytest.mark.parametrize("kind", ["expanded", "overlapping"])
+def test_logits_whose_rows_overlap_are_refused_by_every_apply(kind: str) -> None:
+    """``apply_rows`` (stable slots) and ``apply`` (V1) refuse logits whose rows share memory,
+    and leave them as they were: written in place, one row's bias or mask would land in
+    another (the logit bias of slot 1 was added twice through an ``expand``ed row)."""
+
+    def make() -> torch.Tensor:
+        if kind == "expanded":
+            return torch.zeros(1, V).expand(3, V)
+        return torch.zeros(3 + V).as_strided((3, V), (1, 1))
+
+    procs = world()
+    pipe = procs.pipeline
+    pipe.step_slots([1, 1, 2])
+    before = state(procs)
+    for p in procs.all:
+        x = make()
+        with pytest.raises(ValueError, match="overlap"):
+            p.apply_rows(x)
+        assert not x.any(), f"{type(p).__name__} wrote refused logits"
+    assert_same(before, state(procs))
+    v1 = build_logitsprocs(CFG, "cpu", False)
+    v1.update_state(BatchUpdate(3, [], [(i, _params(i), [1], []) for i in range(3)], []))
+    for p in v1.all:
+        x = make()
+        with pytest.raises(ValueError, match="overlap"):
+            p.apply(x)
+        assert not x.any(), f"{type(p).__name__} wrote refused logits"
+    # One row, or rows apart (a padded vocabulary), are fine.
+    out = pipe.apply(torch.zeros(1, V + 4)[:, :V], [1])
+    assert out[0, 3] == 1.0 + 0  # slot 1's bias
+    padded = torch.zeros(3, V + 4)[:, :V]
+    assert torch.equal(pipe.apply(padded, [1, 2, 1])[:, 3], torch.tensor([1.0, 3.0, 1.0]))
