@@ -107,7 +107,7 @@ def routes_match_reference(
         reference.update_state(update)
         logits = logits_of(k, len(rows))
 
-        def fresh() -> torch.Tensor:
+        def fresh(k: int = k, logits: torch.Tensor = logits) -> torch.Tensor:
             if before_apply is not None:
                 before_apply(k)
             return logits.clone()

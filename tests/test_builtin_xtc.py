@@ -75,8 +75,9 @@ def test_every_route_matches_the_reference_under_churn(seed: int) -> None:
     assert masked > 50  # the churn did remove top choices
 
 
-def llama_cpp_xtc(logits: list[float], probability: float, threshold: float, chance: float,
-                  min_keep: int = 1) -> list[float]:
+def llama_cpp_xtc(
+    logits: list[float], probability: float, threshold: float, chance: float, min_keep: int = 1
+) -> list[float]:
     """A literal transcription of llama.cpp's ``llama_sampler_xtc_apply`` (with its
     ``llama_sampler_softmax_impl``: sort by logit, descending; float32 ``expf`` and sums), on
     a full row, given the ``chance`` its ``std::uniform_real_distribution`` would draw.
@@ -141,8 +142,9 @@ def test_ties_at_the_least_qualifying_probability_are_all_kept() -> None:
     assert torch.equal(got[0, :3], torch.tensor([NEG_INF, NEG_INF, 1.0]))  # 2 removed, 1 kept
     assert torch.equal(got[1], torch.tensor([NEG_INF, 1.0, 1.0, -3.0, -3.0]))  # tie kept
     two = torch.tensor([[1.0, 1.0, -5.0]])  # the only two qualifiers tie: nothing removed
-    assert torch.equal(xtc_mask_(two.clone(), torch.ones(1, 1), torch.full((1, 1), 0.1),
-                                 torch.zeros(1, 1)), two)
+    assert torch.equal(
+        xtc_mask_(two.clone(), torch.ones(1, 1), torch.full((1, 1), 0.1), torch.zeros(1, 1)), two
+    )
 
 
 def _xtc(n: int) -> Any:
@@ -213,8 +215,13 @@ def test_seeded_and_unseeded_draws_are_the_stated_generators() -> None:
     an unseeded row's is the global generator's ``uniform_`` over the batch."""
     proc = _xtc(2)
     proc.update_state(
-        upd(2, added=[(0, SamplingParams(xtc_probability=0.5, seed=5), None, []),
-                      (1, SamplingParams(xtc_probability=0.5), None, [])])
+        upd(
+            2,
+            added=[
+                (0, SamplingParams(xtc_probability=0.5, seed=5), None, []),
+                (1, SamplingParams(xtc_probability=0.5), None, []),
+            ],
+        )
     )
     x = torch.tensor([[3.0, 2.9, 2.8] + [-2.0] * (V - 3)] * 2)
     for k in range(20):
@@ -282,13 +289,19 @@ def test_removal_rate_matches_the_probability(probability: float) -> None:
     m = 100
     seeded = _xtc(m)
     seeded.update_state(
-        upd(m, added=[(i, SamplingParams(xtc_probability=probability, seed=1000 + i), None, [])
-                      for i in range(m)])
+        upd(
+            m,
+            added=[
+                (i, SamplingParams(xtc_probability=probability, seed=1000 + i), None, [])
+                for i in range(m)
+            ],
+        )
     )
     fired = 0
     for _ in range(20):
-        fired += int((_removed(row.expand(m, V), seeded.apply(row.expand(m, V).clone()))
-                      .sum(1) == 2).sum())
+        fired += int(
+            (_removed(row.expand(m, V), seeded.apply(row.expand(m, V).clone())).sum(1) == 2).sum()
+        )
     assert abs(fired / (m * 20) - probability) < 0.04
 
 
@@ -319,9 +332,14 @@ def test_in_the_sampler_after_the_truncations() -> None:
 def test_off_rows_and_all_off() -> None:
     proc = _xtc(3)
     proc.update_state(
-        upd(3, added=[(0, SamplingParams(xtc_probability=1.0, xtc_threshold=0.6), None, []),
-                      (1, SamplingParams(xtc_probability=0.0), None, []),
-                      (2, SamplingParams(), None, [])])
+        upd(
+            3,
+            added=[
+                (0, SamplingParams(xtc_probability=1.0, xtc_threshold=0.6), None, []),
+                (1, SamplingParams(xtc_probability=0.0), None, []),
+                (2, SamplingParams(), None, []),
+            ],
+        )
     )
     assert proc.pipeline.count("xtc") == 0
     x = torch.tensor([[3.0, 2.9, 2.8] + [-2.0] * (V - 3)] * 3)
