@@ -56,12 +56,15 @@ def routes_match_reference(
     vocab: int,
     logits_of: Any,
     steps: int = 120,
+    before_apply: Any = None,
 ) -> int:
     """Drives ``sim`` (a seeded ``ChurnSimulator``) through ``view`` (an opt-in built-in view
     class) on every route and its reference ``ref``, requiring identical logits each step: one
     call (``procs.update_state``), vLLM's loop, the device path (``emulate_device``), the token
     feed, stable slots (a request keeps its slot; rows map to slots), and the view built alone.
-    ``logits_of(step, rows)`` gives the step's logits. Returns how many logits the reference
+    ``logits_of(step, rows)`` gives the step's logits. ``before_apply(step)``, when given, runs
+    before every apply (the reference's and each route's): a processor that draws from torch's
+    global generator (XTC) gets the same state on each. Returns how many logits the reference
     masked (so a caller can check the churn did something)."""
     from logitsproc_rs import EngineConfig, build_logitsprocs
 
@@ -103,13 +106,19 @@ def routes_match_reference(
                 )
         reference.update_state(update)
         logits = logits_of(k, len(rows))
-        want = reference.apply(logits.clone())
+
+        def fresh(k: int = k, logits: torch.Tensor = logits) -> torch.Tensor:
+            if before_apply is not None:
+                before_apply(k)
+            return logits.clone()
+
+        want = reference.apply(fresh())
         for name, procs in (("one call", one), ("loop", loop), ("emulated", emu), ("fed", fed)):
-            got = ours(procs).apply(logits.clone())
+            got = ours(procs).apply(fresh())
             assert torch.equal(got, want), f"{name}, step {k}\n{got}\n{want}"
-        assert torch.equal(alone.apply(logits.clone()), want), f"alone, step {k}"
+        assert torch.equal(alone.apply(fresh()), want), f"alone, step {k}"
         row_to_slot = [slot_of[r.req_id] for r in rows]
-        got = pipe.apply(logits.clone(), row_to_slot, processors=[ours(slots)])
+        got = pipe.apply(fresh(), row_to_slot, processors=[ours(slots)])
         assert torch.equal(got, want), f"stable slots, step {k}\n{got}\n{want}"
         masked += int((torch.isinf(want) & ~torch.isinf(logits)).sum())
         prev_rows = list(rows)

@@ -181,6 +181,13 @@ class SamplingParams:
     typical_p: float | None = 1.0
     epsilon_cutoff: float | None = 0.0
     eta_cutoff: float | None = 0.0
+    # XTC, "exclude top choices" (ours; llama.cpp's, opt-in, argmax-invariant phase after the
+    # truncations): with probability xtc_probability (in [0, 1], 0: off) per step, remove every
+    # token with probability >= xtc_threshold (in (0, 1], > 0.5: off) except the least likely.
+    # Random rows only: a greedy request's xtc_probability is reset to 0. None reads as off /
+    # the default threshold.
+    xtc_probability: float | None = 0.0
+    xtc_threshold: float | None = 0.1
     # Free-form per-request arguments for custom processors (vLLM's ``extra_args``).
     extra_args: dict[str, Any] | None = None
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
@@ -196,6 +203,7 @@ class SamplingParams:
         if self.temperature < _SAMPLING_EPS:
             # Greedy: the random-sampling knobs are reset, as vLLM does.
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+            self.xtc_probability = 0.0  # XTC only ever acts on rows that sample randomly
         self._all_stop_token_ids = set(self.stop_token_ids)
         if self.eos_token_id is not None:
             # vLLM adds EOS to the stop set even with ignore_eos.
@@ -229,6 +237,23 @@ class SamplingParams:
                     raise RequestError(f"typical_p must be in (0, 1] (1: off), got {v}", field=name)
             elif not 0.0 <= v < 1.0:
                 raise RequestError(f"{name} must be in [0, 1) (0: off), got {v}", field=name)
+
+    def _verify_xtc(self) -> None:
+        """xtc_probability in [0, 1], xtc_threshold in (0, 1]: the ranges the core checks
+        (``rust/src/tables/xtc.rs``); None becomes the neutral value."""
+        if self.xtc_probability is None:
+            self.xtc_probability = 0.0
+        if self.xtc_threshold is None:
+            self.xtc_threshold = 0.1
+        p, t = self.xtc_probability, self.xtc_threshold
+        if not _is_number(p) or math.isnan(p) or not 0.0 <= p <= 1.0:
+            raise RequestError(
+                f"xtc_probability must be in [0, 1] (0: off), got {p!r}", field="xtc_probability"
+            )
+        if not _is_number(t) or math.isnan(t) or not 0.0 < t <= 1.0:
+            raise RequestError(
+                f"xtc_threshold must be in (0, 1] (> 0.5: off), got {t!r}", field="xtc_threshold"
+            )
 
     def _verify(self) -> None:
         def number(name: str, lo: float, hi: float, lo_open: bool = False) -> None:
@@ -285,6 +310,7 @@ class SamplingParams:
                 field="no_repeat_ngram_size",
             )
         self._verify_truncations()
+        self._verify_xtc()
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise RequestError(
                 f"logprobs must be an int >= 0, got {_show(self.logprobs)}", field="logprobs"

@@ -49,6 +49,7 @@ __all__ = [
     "RefPenaltiesLogitsProcessor",
     "RefTopNSigmaLogitsProcessor",
     "RefTypicalPLogitsProcessor",
+    "RefXTCLogitsProcessor",
     "ReferenceSampler",
     "build_reference_logitsprocs",
     "check_outputs",
@@ -495,6 +496,66 @@ class RefEtaCutoffLogitsProcessor(_RefTruncation):
         eta = torch.min(eps, torch.sqrt(eps) * torch.exp(-entropy))
         remove = (row.softmax(dim=-1) < eta) & (row < row.max())
         return row.masked_fill(remove, -math.inf)
+
+
+class RefXTCLogitsProcessor(LogitsProcessor):
+    """XTC (llama.cpp's ``llama_sampler_xtc_apply``), one row at a time. State: slot →
+    (probability, threshold) as float32, and the request's own generator when it has a seed
+    (seeded with ``builtin.xtc.xtc_seed(seed)`` on the logits' device); only where XTC is on
+    (probability > 0, threshold <= 0.5). ``apply``: ``u`` for every row, drawn as
+    ``builtin.xtc.draw_uniforms`` draws it (one batched draw from the global generator unless
+    every row is seeded, then each seeded row's own, in row order); then each row with
+    ``u < probability``: ``p = softmax(row)``; with at least two tokens at ``p >= threshold``,
+    every one of them whose ``p`` is above the least such ``p`` becomes -inf."""
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = torch.device(device)
+        self.state: dict[int, tuple[float, float, torch.Generator | None]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def new_state(
+        self, params: Any, _prompt: list[int] | None, _output: list[int]
+    ) -> tuple[float, float, torch.Generator | None] | None:
+        from .builtin.xtc import xtc_seed
+
+        prob = float(np.float32(_param(params, "xtc_probability", 0.0)))
+        thr = float(np.float32(_param(params, "xtc_threshold", 0.1)))
+        if thr == 0.0:  # a positive threshold below float32's range: the smallest float32
+            thr = float(np.finfo(np.float32).smallest_subnormal)
+        if prob <= 0.0 or thr > 0.5:
+            return None
+        seed = getattr(params, "seed", None)
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(xtc_seed(seed))
+        return prob, thr, gen
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.state, batch_update, self.new_state)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.state:
+            return logits
+        rows = logits.shape[0]
+        seeded = sorted((i, g) for i, (_, _, g) in self.state.items() if g is not None)
+        u = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        if len(seeded) != rows:
+            u.uniform_()
+        for i, g in seeded:
+            u[i].uniform_(generator=g)
+        for i, (prob, thr, _) in self.state.items():
+            if not float(u[i]) < prob:
+                continue
+            row = logits[i]
+            p = row.softmax(dim=-1)
+            qualifies = p >= thr
+            if int(qualifies.sum()) < 2:
+                continue
+            least = p[qualifies].min()
+            row.masked_fill_(qualifies & (p > least), -math.inf)
+        return logits
 
 
 class RefPenaltiesLogitsProcessor(LogitsProcessor):

@@ -4,7 +4,7 @@ grammar bitmask → (raw logprobs when asked) → fp32 cast → non-argmax-invar
 (built by ``build_logitsprocs`` in vLLM's order: allowed ids, bad words, MinTokens, LogitBias,
 custom ones, penalties, thinking budget) → (all-greedy batch: argmax, stop) → greedy snapshot →
 temperature (greedy rows ÷ 1) → argmax-invariant processors (MinP, custom: the opt-in
-truncations top-n-sigma → typical-p → epsilon → eta, docs/semantics.md) → top-k → top-p →
+truncations top-n-sigma → typical-p → epsilon → eta, then XTC; docs/semantics.md) → top-k → top-p →
 exponential-race sampling with per-request generators → greedy/random merge → logprobs.
 """
 

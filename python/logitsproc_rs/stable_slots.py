@@ -30,6 +30,7 @@ class StableSlots:
     protocol: Any
     _views: list[Any]
     _row_map: Any
+    slot_state: dict[str, Any]
     vocab_size: int
     device: torch.device
 
@@ -47,11 +48,15 @@ class StableSlots:
         Checked now: bad parameters raise ``ValueError`` and change nothing."""
         self._need_stable("add_request")
         self.core.add_request(slot, params, prompt_tok_ids, output_tok_ids)
+        for state in self.slot_state.values():
+            state.add_request(slot, params)
 
     def remove_request(self, slot: int) -> None:
         """``slot`` is free from the next step on."""
         self._need_stable("remove_request")
         self.core.remove_request(slot)
+        for state in self.slot_state.values():
+            state.remove_request(slot)
 
     def step_slots(
         self, row_to_slot: Any, sampled_token_ids: Any = None, slots: Any = None
@@ -81,6 +86,8 @@ class StableSlots:
         self.arena.begin_step()
         self.core.step_slots(row_map, tokens, feed_slots)
         self._row_map = row_map  # only once the core took it (re-mapped after a re-step)
+        for state in self.slot_state.values():
+            state.step_slots()
         self._after_step()
         self.protocol.stepped_all()
 
@@ -105,6 +112,15 @@ class StableSlots:
         for p in procs:
             logits = p.apply_rows(logits)
         return logits
+
+    def host_row_map(self) -> list[int]:
+        """The last accepted row map (row → slot) as host ints (empty before the first)."""
+        m = self._row_map
+        if m is None:
+            return []
+        if isinstance(m, bytes):
+            return memoryview(m).cast("q").tolist()
+        return [int(s) for s in m]
 
     def _need_stable(self, what: str) -> None:
         if not self.stable_slots:

@@ -7,8 +7,8 @@ the built-ins (allowed ids, bad words) and ``SAMPLER_TRANSFORMS_AFTER`` after th
 (penalties); ``REASONING_TRANSFORMS`` follow them when a reasoning config exists (the thinking
 budget). ``OPT_IN`` processors are ours, not vLLM's: built when asked for (passed as a processor,
 or through the vLLM bridges); the sampler runs each in its phase (no-repeat-ngram with the
-argmax-changing ones, the truncations top-n-sigma → typical-p → epsilon → eta after MinP with
-the argmax-invariant ones), in this list's order within it.
+argmax-changing ones, the truncations top-n-sigma → typical-p → epsilon → eta, then XTC, after MinP
+with the argmax-invariant ones), in this list's order within it.
 """
 
 from collections.abc import Iterable
@@ -28,6 +28,7 @@ from .penalties import PenaltiesLogitsProcessor
 from .thinking import ThinkingBudgetLogitsProcessor
 from .top_n_sigma import TopNSigmaLogitsProcessor
 from .typical_p import TypicalPLogitsProcessor
+from .xtc import XTCLogitsProcessor
 
 BUILTINS: tuple[type[PipelineView], ...] = (
     AllowedTokenIdsLogitsProcessor,
@@ -41,6 +42,8 @@ BUILTINS: tuple[type[PipelineView], ...] = (
     TypicalPLogitsProcessor,
     EpsilonCutoffLogitsProcessor,
     EtaCutoffLogitsProcessor,
+    # XTC after them (it reads the probabilities they leave; docs/semantics.md).
+    XTCLogitsProcessor,
     PenaltiesLogitsProcessor,
     ThinkingBudgetLogitsProcessor,
 )
@@ -97,4 +100,5 @@ __all__ = [
     "ThinkingBudgetLogitsProcessor",
     "TopNSigmaLogitsProcessor",
     "TypicalPLogitsProcessor",
+    "XTCLogitsProcessor",
 ]

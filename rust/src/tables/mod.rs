@@ -20,6 +20,7 @@ pub mod thinking;
 pub mod top_n_sigma;
 pub mod triples;
 pub mod typical_p;
+pub mod xtc;
 
 use crate::error::{Error, Result};
 use crate::fields::FieldSpec;
@@ -226,5 +227,13 @@ pub const BUILTINS: &[Builtin] = &[
         history: false,
         layout: 12,
         build: eta_cutoff::build,
+    },
+    Builtin {
+        name: "xtc",
+        caps: &[],
+        fields: xtc::FIELDS,
+        history: false,
+        layout: 13,
+        build: xtc::build,
     },
 ];
