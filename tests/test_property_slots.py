@@ -77,6 +77,10 @@ OPT_IN_VALUES: dict[str, tuple[Any, ...]] = {
     "typical_p": (1.0, 1.0, 0.2, 0.5, 0.9),
     "epsilon_cutoff": (0.0, 0.0, 0.01, 0.1, 0.5),
     "eta_cutoff": (0.0, 0.0, 0.01, 0.2, 0.5, 0.9),
+    # XTC fires when its draw u ~ U[0, 1) is below the probability: 0 and 1 make it certain,
+    # so ours and the reference agree whatever each draws.
+    "xtc_probability": (0.0, 1.0, 1.0),
+    "xtc_threshold": (0.02, 0.05, 0.1, 0.6),
 }
 BAD_OPT_IN: list[tuple[str, Any]] = [
     ("no_repeat_ngram_size", -1),
@@ -95,6 +99,10 @@ BAD_OPT_IN: list[tuple[str, Any]] = [
     ("eta_cutoff", 1.0),
     ("eta_cutoff", -0.5),
     ("eta_cutoff", "0.1"),
+    ("xtc_probability", 1.5),
+    ("xtc_probability", -0.1),
+    ("xtc_threshold", 0.0),
+    ("xtc_threshold", NAN),
 ]
 
 

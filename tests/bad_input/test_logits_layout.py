@@ -71,7 +71,14 @@ def _params() -> list[SamplingParams]:
             typical_p=0.3,
             max_tokens=None,
         ),
-        SamplingParams(min_p=0.05, repetition_penalty=0.7, eta_cutoff=0.1, max_tokens=None),
+        SamplingParams(
+            min_p=0.05,
+            repetition_penalty=0.7,
+            eta_cutoff=0.1,
+            xtc_probability=1.0,
+            xtc_threshold=0.05,
+            max_tokens=None,
+        ),
     ]
 
 
