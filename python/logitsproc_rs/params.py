@@ -103,6 +103,9 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words_token_ids: list[list[int]] | None = None
     thinking_token_budget: int | None = None
+    # llama.cpp's penalty window (ours, not vLLM's): the three penalties over the last n
+    # positions of prompt + output only. None or -1: the whole history (vLLM's), 0: off.
+    penalty_last_n: int | None = None
     # HF's no-repeat-ngram (ours, not vLLM's; 0: off): never repeat an n-gram of the sequence.
     no_repeat_ngram_size: int = 0
     # Truncations beyond vLLM (ours; opt-in, applied after temperature and MinP, before
@@ -203,6 +206,14 @@ class SamplingParams:
             raise RequestError(
                 f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}",
                 field="min_tokens",
+            )
+        if self.penalty_last_n is not None and (
+            not _is_int(self.penalty_last_n) or self.penalty_last_n < -1
+        ):
+            raise RequestError(
+                f"penalty_last_n must be None or -1 (whole history), 0 (off) or an int > 0, "
+                f"got {self.penalty_last_n!r}",
+                field="penalty_last_n",
             )
         if not _is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
             raise RequestError(

@@ -513,6 +513,11 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
       on CUDA (vLLM's kernel divides); elsewhere ``row * (1 / rep)`` for positive logits, as
       vLLM's torch fallback multiplies by the reciprocal; then
       ``row -= freq * counts`` and ``row -= pres * (counts > 0)`` in float32.
+
+    ``penalty_last_n = n > 0`` (ours, llama.cpp's): the sequence is the prompt then the output
+    up to its first async placeholder; only its last ``n`` positions count, prompt positions
+    for the prompt mask and output positions for the counts. ``0`` is no state; ``None`` and
+    ``-1`` the whole history as above.
     """
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
@@ -520,6 +525,8 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
         self.penalties: dict[
             int, tuple[tuple[float, float, float], list[int] | None, list[int]]
         ] = {}
+        # slot -> penalty_last_n > 0, for the slots of ``penalties`` that set one.
+        self.windows: dict[int, int] = {}
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -528,6 +535,8 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
     def new_state(
         params: Any, prompt: list[int] | None, output: list[int]
     ) -> tuple[tuple[float, float, float], list[int] | None, list[int]] | None:
+        if getattr(params, "penalty_last_n", None) == 0:
+            return None
         values = (
             float(np.float32(_param(params, "repetition_penalty", NEUTRAL_REPETITION_PENALTY))),
             float(np.float32(_param(params, "frequency_penalty", 0.0))),
@@ -537,14 +546,31 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
             return None
         return (values, None if prompt is None else list(prompt), output)
 
+    @classmethod
+    def new_window(cls, params: Any, prompt: list[int] | None, output: list[int]) -> int | None:
+        last_n = getattr(params, "penalty_last_n", None)
+        if last_n in (None, -1) or cls.new_state(params, prompt, output) is None:
+            return None
+        return int(last_n)
+
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         check_outputs(batch_update, ((i, e[2]) for i, e in self.penalties.items()))
         process_dict_updates(self.penalties, batch_update, self.new_state)
+        process_dict_updates(self.windows, batch_update, self.new_window)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         vocab = logits.shape[1]
         for index, ((rep, freq, pres), prompt, output) in self.penalties.items():
             row = logits[index]
+            last_n = self.windows.get(index)
+            if last_n is not None:
+                # The window: the last n positions of prompt + output (up to a placeholder).
+                out = list(output)
+                if -1 in out:
+                    out = out[: out.index(-1)]
+                start = max(0, len(prompt or ()) + len(out) - last_n)
+                output = out[max(0, start - len(prompt or ())) :]
+                prompt = (prompt or [])[start:]
             prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=row.device)
             prompt_mask[[t for t in prompt or () if 0 <= t < vocab]] = True
             # numpy integer scalars are ints (vLLM makes a tensor of the list); bools are not.
