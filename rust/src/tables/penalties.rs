@@ -491,7 +491,15 @@ impl<H: TokenHistory> PenaltiesState<H> {
                 if keep < e.counted.len() {
                     let end = w.prompt_len + keep;
                     let (lo2, hi2) = (end.saturating_sub(w.n), end);
-                    w.slide(lo2, hi2, &e.counted, &mut e.counts, row, vocab, ops.then_some(&mut *pending));
+                    w.slide(
+                        lo2,
+                        hi2,
+                        &e.counted,
+                        &mut e.counts,
+                        row,
+                        vocab,
+                        ops.then_some(&mut *pending),
+                    );
                     e.counted.truncate(keep);
                 }
                 if len > keep {
@@ -508,7 +516,15 @@ impl<H: TokenHistory> PenaltiesState<H> {
                 let end = w.prompt_len + e.counted.len();
                 if (w.lo, w.hi) != (end.saturating_sub(w.n), end) {
                     let (lo2, hi2) = (end.saturating_sub(w.n), end);
-                    w.slide(lo2, hi2, &e.counted, &mut e.counts, row, vocab, ops.then_some(&mut *pending));
+                    w.slide(
+                        lo2,
+                        hi2,
+                        &e.counted,
+                        &mut e.counts,
+                        row,
+                        vocab,
+                        ops.then_some(&mut *pending),
+                    );
                 }
                 continue;
             }
