@@ -108,6 +108,12 @@ class SamplingParams:
     penalty_last_n: int | None = None
     # HF's no-repeat-ngram (ours, not vLLM's; 0: off): never repeat an n-gram of the sequence.
     no_repeat_ngram_size: int = 0
+    # DeepSeek-OCR's variant (each off by default: HF's rule): only n-grams inside the last w
+    # tokens (0: the engine's max_no_repeat_ngram_window), the output alone (not the prompt),
+    # token ids never banned.
+    no_repeat_ngram_window: int = 0
+    no_repeat_ngram_output_only: bool = False
+    no_repeat_ngram_whitelist: list[int] | None = None
     # Truncations beyond vLLM (ours; opt-in, applied after temperature and MinP, before
     # top-k/top-p): llama.cpp's top-n-sigma (<= 0 or None: off, stored as 0.0), HF's typical-p
     # (in (0, 1], 1: off), epsilon and eta cutoffs (in [0, 1), 0: off). None reads as off.
@@ -220,6 +226,22 @@ class SamplingParams:
                 f"no_repeat_ngram_size must be an int >= 0, got {self.no_repeat_ngram_size!r}",
                 field="no_repeat_ngram_size",
             )
+        if not _is_int(self.no_repeat_ngram_window) or self.no_repeat_ngram_window < 0:
+            raise RequestError(
+                f"no_repeat_ngram_window must be an int >= 0 (0: the engine's window), "
+                f"got {self.no_repeat_ngram_window!r}",
+                field="no_repeat_ngram_window",
+            )
+        if not isinstance(self.no_repeat_ngram_output_only, bool):
+            raise RequestError(
+                f"no_repeat_ngram_output_only must be a bool, "
+                f"got {self.no_repeat_ngram_output_only!r}",
+                field="no_repeat_ngram_output_only",
+            )
+        if self.no_repeat_ngram_whitelist is not None:
+            self.no_repeat_ngram_whitelist = _token_ids(
+                "no_repeat_ngram_whitelist", self.no_repeat_ngram_whitelist
+            )
         self._verify_truncations()
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise RequestError(
@@ -309,6 +331,7 @@ class EngineConfig:
     max_allowed_token_ids: int = DEFAULT_MAX_ALLOWED_TOKEN_IDS
     max_no_repeat_ngram_size: int = CAP_DEFAULTS["max_no_repeat_ngram_size"]
     max_no_repeat_ngram_window: int = CAP_DEFAULTS["max_no_repeat_ngram_window"]
+    max_no_repeat_ngram_whitelist: int = CAP_DEFAULTS["max_no_repeat_ngram_whitelist"]
     # Speculative decoding: number of draft tokens per request, or None when off.
     num_speculative_tokens: int | None = None
     # Reasoning ("thinking") markers; both None when the model has no thinking section.
@@ -326,6 +349,7 @@ class EngineConfig:
             "max_allowed_token_ids",
             "max_no_repeat_ngram_size",
             "max_no_repeat_ngram_window",
+            "max_no_repeat_ngram_whitelist",
         ):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:

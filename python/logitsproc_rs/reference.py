@@ -325,7 +325,12 @@ class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
     over its last ``max_no_repeat_ngram_window`` tokens; with ``n = no_repeat_ngram_size``,
     nothing is banned while it is shorter than ``n - 1``, else every token that followed an
     earlier occurrence of its last ``n - 1`` tokens is set to ``-inf`` (ids below V). Not
-    argmax-invariant. State: slot → (n, prompt, live output list); ``n = 0`` is no state."""
+    argmax-invariant. State: slot → (n, prompt, live output list); ``n = 0`` is no state.
+
+    DeepSeek-OCR's fields: ``no_repeat_ngram_output_only`` makes the prompt empty,
+    ``no_repeat_ngram_window = w > 0`` takes the last ``w`` tokens instead of the engine's
+    window, and ``no_repeat_ngram_whitelist`` ids are never banned (``modes``: slot → (w,
+    whitelist) for the slots of ``rows``)."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.device = device
@@ -337,6 +342,7 @@ class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
             )
         )
         self.rows: dict[int, tuple[int, list[int], list[int]]] = {}
+        self.modes: dict[int, tuple[int, frozenset[int]]] = {}
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -348,11 +354,22 @@ class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
         n = getattr(params, "no_repeat_ngram_size", 0) or 0
         if not n:
             return None
+        if getattr(params, "no_repeat_ngram_output_only", False):
+            prompt = None
         return (int(n), list(prompt or ()), output)
+
+    def new_mode(
+        self, params: Any, prompt: list[int] | None, output: list[int]
+    ) -> tuple[int, frozenset[int]] | None:
+        if self.new_state(params, prompt, output) is None:
+            return None
+        window = getattr(params, "no_repeat_ngram_window", 0) or self.window
+        return (int(window), frozenset(getattr(params, "no_repeat_ngram_whitelist", None) or ()))
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         check_outputs(batch_update, ((i, e[2]) for i, e in self.rows.items()))
         process_dict_updates(self.rows, batch_update, self.new_state)
+        process_dict_updates(self.modes, batch_update, self.new_mode)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         vocab = logits.shape[-1]
@@ -360,14 +377,15 @@ class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
             out = list(output)
             if -1 in out:
                 out = out[: out.index(-1)]
-            seq = (prompt + out)[-self.window :]
+            window, whitelist = self.modes.get(index, (self.window, frozenset()))
+            seq = (prompt + out)[-window:]
             if len(seq) + 1 < n:
                 continue
             key = tuple(seq[len(seq) + 1 - n :])
             banned = {
                 seq[i + n - 1] for i in range(len(seq) - n + 1) if tuple(seq[i : i + n - 1]) == key
             }
-            for t in banned:
+            for t in banned - whitelist:
                 if 0 <= t < vocab:
                     logits[index, t] = -math.inf
         return logits
