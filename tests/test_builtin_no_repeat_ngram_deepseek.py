@@ -210,7 +210,9 @@ def test_bad_input_names_the_request_and_field() -> None:
         NoRepeatNGramLogitsProcessor(cfg, "cpu", False),
         NoRepeatNGramLogitsProcessor(cfg, "cpu", False, pipeline=emu),
     ):
-        proc.update_state(upd(1, added=[(0, SamplingParams(no_repeat_ngram_size=2), [1, 2, 1], [])]))
+        proc.update_state(
+            upd(1, added=[(0, SamplingParams(no_repeat_ngram_size=2), [1, 2, 1], [])])
+        )
         for bad, field, what in (
             ({"no_repeat_ngram_window": 9}, "no_repeat_ngram_window", "max_no_repeat_ngram_window"),
             ({"no_repeat_ngram_window": -1}, "no_repeat_ngram_window", "no_repeat_ngram_window"),
