@@ -47,6 +47,7 @@ impl World {
                     repetition_penalty: 1.2,
                     frequency_penalty: 0.5,
                     presence_penalty: 0.25,
+                    last_n: None,
                     prompt: Some(prompt(r)),
                     output: outputs[r].clone(),
                 };

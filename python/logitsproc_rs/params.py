@@ -172,8 +172,17 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words_token_ids: list[list[int]] | None = None
     thinking_token_budget: int | None = None
+    # llama.cpp's penalty window (ours, not vLLM's): the three penalties over the last n
+    # positions of prompt + output only. None or -1: the whole history (vLLM's), 0: off.
+    penalty_last_n: int | None = None
     # HF's no-repeat-ngram (ours, not vLLM's; 0: off): never repeat an n-gram of the sequence.
     no_repeat_ngram_size: int = 0
+    # DeepSeek-OCR's variant (each off by default: HF's rule): only n-grams inside the last w
+    # tokens (0: the engine's max_no_repeat_ngram_window), the output alone (not the prompt),
+    # token ids never banned.
+    no_repeat_ngram_window: int = 0
+    no_repeat_ngram_output_only: bool = False
+    no_repeat_ngram_whitelist: list[int] | None = None
     # Truncations beyond vLLM (ours; opt-in, applied after temperature and MinP, before
     # top-k/top-p): llama.cpp's top-n-sigma (<= 0 or None: off, stored as 0.0), HF's typical-p
     # (in (0, 1], 1: off), epsilon and eta cutoffs (in [0, 1), 0: off). None reads as off.
@@ -304,10 +313,34 @@ class SamplingParams:
                 f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}",
                 field="min_tokens",
             )
+        if self.penalty_last_n is not None and (
+            not _is_int(self.penalty_last_n) or self.penalty_last_n < -1
+        ):
+            raise RequestError(
+                f"penalty_last_n must be None or -1 (whole history), 0 (off) or an int > 0, "
+                f"got {self.penalty_last_n!r}",
+                field="penalty_last_n",
+            )
         if not _is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
             raise RequestError(
                 f"no_repeat_ngram_size must be an int >= 0, got {_show(self.no_repeat_ngram_size)}",
                 field="no_repeat_ngram_size",
+            )
+        if not _is_int(self.no_repeat_ngram_window) or self.no_repeat_ngram_window < 0:
+            raise RequestError(
+                f"no_repeat_ngram_window must be an int >= 0 (0: the engine's window), "
+                f"got {self.no_repeat_ngram_window!r}",
+                field="no_repeat_ngram_window",
+            )
+        if not isinstance(self.no_repeat_ngram_output_only, bool):
+            raise RequestError(
+                f"no_repeat_ngram_output_only must be a bool, "
+                f"got {self.no_repeat_ngram_output_only!r}",
+                field="no_repeat_ngram_output_only",
+            )
+        if self.no_repeat_ngram_whitelist is not None:
+            self.no_repeat_ngram_whitelist = _token_ids(
+                "no_repeat_ngram_whitelist", self.no_repeat_ngram_whitelist
             )
         self._verify_truncations()
         self._verify_xtc()
@@ -407,6 +440,7 @@ class EngineConfig:
     max_allowed_token_ids: int = DEFAULT_MAX_ALLOWED_TOKEN_IDS
     max_no_repeat_ngram_size: int = CAP_DEFAULTS["max_no_repeat_ngram_size"]
     max_no_repeat_ngram_window: int = CAP_DEFAULTS["max_no_repeat_ngram_window"]
+    max_no_repeat_ngram_whitelist: int = CAP_DEFAULTS["max_no_repeat_ngram_whitelist"]
     # Speculative decoding: number of draft tokens per request, or None when off.
     num_speculative_tokens: int | None = None
     # Reasoning ("thinking") markers; both None when the model has no thinking section.
@@ -424,6 +458,7 @@ class EngineConfig:
             "max_allowed_token_ids",
             "max_no_repeat_ngram_size",
             "max_no_repeat_ngram_window",
+            "max_no_repeat_ngram_whitelist",
         ):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:

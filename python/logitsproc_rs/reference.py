@@ -326,7 +326,12 @@ class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
     over its last ``max_no_repeat_ngram_window`` tokens; with ``n = no_repeat_ngram_size``,
     nothing is banned while it is shorter than ``n - 1``, else every token that followed an
     earlier occurrence of its last ``n - 1`` tokens is set to ``-inf`` (ids below V). Not
-    argmax-invariant. State: slot → (n, prompt, live output list); ``n = 0`` is no state."""
+    argmax-invariant. State: slot → (n, prompt, live output list); ``n = 0`` is no state.
+
+    DeepSeek-OCR's fields: ``no_repeat_ngram_output_only`` makes the prompt empty,
+    ``no_repeat_ngram_window = w > 0`` takes the last ``w`` tokens instead of the engine's
+    window, and ``no_repeat_ngram_whitelist`` ids are never banned (``modes``: slot → (w,
+    whitelist) for the slots of ``rows``)."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.device = device
@@ -338,6 +343,7 @@ class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
             )
         )
         self.rows: dict[int, tuple[int, list[int], list[int]]] = {}
+        self.modes: dict[int, tuple[int, frozenset[int]]] = {}
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -349,11 +355,22 @@ class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
         n = getattr(params, "no_repeat_ngram_size", 0) or 0
         if not n:
             return None
+        if getattr(params, "no_repeat_ngram_output_only", False):
+            prompt = None
         return (int(n), list(prompt or ()), output)
+
+    def new_mode(
+        self, params: Any, prompt: list[int] | None, output: list[int]
+    ) -> tuple[int, frozenset[int]] | None:
+        if self.new_state(params, prompt, output) is None:
+            return None
+        window = getattr(params, "no_repeat_ngram_window", 0) or self.window
+        return (int(window), frozenset(getattr(params, "no_repeat_ngram_whitelist", None) or ()))
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         check_outputs(batch_update, ((i, e[2]) for i, e in self.rows.items()))
         process_dict_updates(self.rows, batch_update, self.new_state)
+        process_dict_updates(self.modes, batch_update, self.new_mode)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         vocab = logits.shape[-1]
@@ -361,14 +378,15 @@ class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
             out = list(output)
             if -1 in out:
                 out = out[: out.index(-1)]
-            seq = (prompt + out)[-self.window :]
+            window, whitelist = self.modes.get(index, (self.window, frozenset()))
+            seq = (prompt + out)[-window:]
             if len(seq) + 1 < n:
                 continue
             key = tuple(seq[len(seq) + 1 - n :])
             banned = {
                 seq[i + n - 1] for i in range(len(seq) - n + 1) if tuple(seq[i : i + n - 1]) == key
             }
-            for t in banned:
+            for t in banned - whitelist:
                 if 0 <= t < vocab:
                     logits[index, t] = -math.inf
         return logits
@@ -574,6 +592,11 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
       on CUDA (vLLM's kernel divides); elsewhere ``row * (1 / rep)`` for positive logits, as
       vLLM's torch fallback multiplies by the reciprocal; then
       ``row -= freq * counts`` and ``row -= pres * (counts > 0)`` in float32.
+
+    ``penalty_last_n = n > 0`` (ours, llama.cpp's): the sequence is the prompt then the output
+    up to its first async placeholder; only its last ``n`` positions count, prompt positions
+    for the prompt mask and output positions for the counts. ``0`` is no state; ``None`` and
+    ``-1`` the whole history as above.
     """
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
@@ -581,6 +604,8 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
         self.penalties: dict[
             int, tuple[tuple[float, float, float], list[int] | None, list[int]]
         ] = {}
+        # slot -> penalty_last_n > 0, for the slots of ``penalties`` that set one.
+        self.windows: dict[int, int] = {}
 
     def is_argmax_invariant(self) -> bool:
         return False
@@ -589,6 +614,8 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
     def new_state(
         params: Any, prompt: list[int] | None, output: list[int]
     ) -> tuple[tuple[float, float, float], list[int] | None, list[int]] | None:
+        if getattr(params, "penalty_last_n", None) == 0:
+            return None
         values = (
             float(np.float32(_param(params, "repetition_penalty", NEUTRAL_REPETITION_PENALTY))),
             float(np.float32(_param(params, "frequency_penalty", 0.0))),
@@ -598,14 +625,31 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
             return None
         return (values, None if prompt is None else list(prompt), output)
 
+    @classmethod
+    def new_window(cls, params: Any, prompt: list[int] | None, output: list[int]) -> int | None:
+        last_n = getattr(params, "penalty_last_n", None)
+        if last_n in (None, -1) or cls.new_state(params, prompt, output) is None:
+            return None
+        return int(last_n)
+
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         check_outputs(batch_update, ((i, e[2]) for i, e in self.penalties.items()))
         process_dict_updates(self.penalties, batch_update, self.new_state)
+        process_dict_updates(self.windows, batch_update, self.new_window)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         vocab = logits.shape[1]
         for index, ((rep, freq, pres), prompt, output) in self.penalties.items():
             row = logits[index]
+            last_n = self.windows.get(index)
+            if last_n is not None:
+                # The window: the last n positions of prompt + output (up to a placeholder).
+                out = list(output)
+                if -1 in out:
+                    out = out[: out.index(-1)]
+                start = max(0, len(prompt or ()) + len(out) - last_n)
+                output = out[max(0, start - len(prompt or ())) :]
+                prompt = (prompt or [])[start:]
             prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=row.device)
             prompt_mask[[t for t in prompt or () if 0 <= t < vocab]] = True
             # numpy integer scalars are ints (vLLM makes a tensor of the list); bools are not.

@@ -13,6 +13,8 @@ pub enum FieldKind {
     Int { neutral: i64 },
     /// An optional int (not a bool).
     OptInt,
+    /// A bool (not an int); unset reads as false.
+    Bool,
     /// Optional token ids, read no further than `factor ×` the cap named `cap` (a longer
     /// list is refused).
     Ids { cap: &'static str, factor: usize },
@@ -66,6 +68,7 @@ pub enum Value {
     Float(f64),
     Int(i64),
     OptInt(Option<i64>),
+    Bool(bool),
     Ids(Option<Vec<i64>>),
     IdLists(Vec<Vec<i64>>),
     Bias(Vec<(i64, f64)>),
@@ -148,6 +151,11 @@ impl Fields {
         }
     }
 
+    /// A bool field (false when unset).
+    pub fn bool(&self, spec: &FieldSpec) -> bool {
+        matches!(self.get(spec.name), Some(Value::Bool(true)))
+    }
+
     pub fn take_ids(&mut self, spec: &FieldSpec) -> Option<Vec<i64>> {
         match self.take(spec.name) {
             Some(Value::Ids(v)) => v,
@@ -176,6 +184,7 @@ impl Fields {
             (Some(Value::Float(v)), FieldKind::Float { neutral }) => v != neutral,
             (Some(Value::Int(v)), FieldKind::Int { neutral }) => v != neutral,
             (Some(Value::OptInt(v)), _) => v.is_some(),
+            (Some(Value::Bool(v)), _) => *v,
             (Some(Value::Ids(v)), _) => v.is_some(),
             (Some(Value::IdLists(v)), _) => !v.is_empty(),
             (Some(Value::Bias(v)), _) => !v.is_empty(),

@@ -42,6 +42,9 @@ mod _core {
                                 ("int", neutral.into_pyobject(py)?.into_any())
                             }
                             FieldKind::OptInt => ("opt_int", py.None().into_bound(py)),
+                            FieldKind::Bool => {
+                                ("bool", false.into_pyobject(py)?.to_owned().into_any())
+                            }
                             FieldKind::Ids { .. } => ("ids", py.None().into_bound(py)),
                             FieldKind::IdLists { .. } => ("id_lists", py.None().into_bound(py)),
                             FieldKind::Bias { .. } => ("bias", py.None().into_bound(py)),

@@ -10,7 +10,7 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
 use super::errors::{
     bad_column, bad_declaration, bad_value, is_interrupt, out_of_memory, unless_interrupt,
 };
-use super::history::{output_of, PyListSource};
+use super::history::{describe, output_of, PyListSource};
 use super::update::{bounded_ints, extract_as, param_named, token_ids, try_describe, AddedEntry};
 use crate::fields::{FieldKind, FieldSpec, Fields, Value};
 use crate::pipeline::{Pipeline, PipelineConfig, RequestParams};
@@ -173,6 +173,17 @@ impl Reader {
                         .then(|| int_of(index, name, &v))
                         .transpose()?,
                 ),
+                FieldKind::Bool => Value::Bool(if v.is_none() {
+                    false
+                } else if v.is_instance_of::<PyBool>() {
+                    v.is_truthy()?
+                } else {
+                    return Err(bad_value(
+                        index,
+                        name,
+                        format!("expected a bool, got {}", describe(&v)),
+                    ));
+                }),
                 FieldKind::Ids { .. } => Value::Ids(
                     (!v.is_none())
                         .then(|| bounded_ids(index, name, &v, f.cap))

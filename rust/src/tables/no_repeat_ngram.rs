@@ -8,6 +8,17 @@
 //! map covers the last `max_no_repeat_ngram_window` tokens (an engine cap, 2,048 by default):
 //! on a longer sequence the n-grams that start before that window are forgotten, which bounds
 //! both the map and a row's bans. Up to that length the bans are exactly HF's.
+//!
+//! DeepSeek-OCR's rule (its `NGramPerReqLogitsProcessor`, vLLM PR #57540) is three more
+//! per-request fields, each off by default (then the bans are HF's, bit for bit):
+//! - `no_repeat_ngram_output_only`: the sequence is the output alone (the prompt is not read);
+//! - `no_repeat_ngram_window` (0: the engine's `max_no_repeat_ngram_window`; else 1 to it):
+//!   only n-grams that lie inside the sequence's last `w` tokens count;
+//! - `no_repeat_ngram_whitelist`: token ids never banned.
+//!
+//! With all three set this is DeepSeek-OCR's rule exactly for `n >= 2`. For `n = 1` it bans
+//! every token of the window (HF's meaning of a 1-gram); DeepSeek's code bans nothing there
+//! (its prefix `output_ids[-0:]` is the whole output, which no 0-token prefix equals).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
@@ -27,13 +38,31 @@ use crate::tables::Build;
 pub const CAPS: &[(&str, usize)] = &[
     ("max_no_repeat_ngram_size", 128),
     ("max_no_repeat_ngram_window", 2048),
+    ("max_no_repeat_ngram_whitelist", 1024),
 ];
 
-/// The request fields no-repeat-ngram reads (0: off).
-pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
-    "no_repeat_ngram_size",
-    FieldKind::Int { neutral: 0 },
-)];
+/// The request fields no-repeat-ngram reads (size 0: off; the others as in the module's doc).
+pub const FIELDS: &[FieldSpec] = &[
+    FieldSpec::new("no_repeat_ngram_size", FieldKind::Int { neutral: 0 }),
+    FieldSpec::new("no_repeat_ngram_window", FieldKind::Int { neutral: 0 }),
+    FieldSpec::new("no_repeat_ngram_output_only", FieldKind::Bool),
+    FieldSpec::new(
+        "no_repeat_ngram_whitelist",
+        FieldKind::Ids {
+            cap: "max_no_repeat_ngram_whitelist",
+            factor: 1,
+        },
+    ),
+];
+
+/// One request's no-repeat-ngram settings beyond its size (all off: HF's rule).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Mode {
+    /// `no_repeat_ngram_window` (0: the engine's window).
+    pub window: i64,
+    pub output_only: bool,
+    pub whitelist: Vec<i64>,
+}
 
 type Followers = Vec<(i64, u32)>;
 
@@ -47,6 +76,10 @@ struct Gram {
 /// One tracked request.
 pub struct Entry<H> {
     n: usize,
+    /// The tokens the n-grams are taken from (the request's window, at most the engine's).
+    window: usize,
+    /// Token ids never banned (sorted, distinct).
+    whitelist: Vec<i64>,
     output: H,
     /// The prompt, then the output tokens read so far (async placeholders never).
     seq: Vec<i64>,
@@ -58,9 +91,11 @@ pub struct Entry<H> {
 }
 
 impl<H> Entry<H> {
-    fn new(n: usize, prompt: Vec<i64>, output: H, window: usize) -> Self {
+    fn new(n: usize, prompt: Vec<i64>, output: H, window: usize, whitelist: Vec<i64>) -> Self {
         let mut e = Entry {
             n,
+            window,
+            whitelist,
             output,
             prompt_len: prompt.len(),
             seq: Vec::new(),
@@ -213,6 +248,18 @@ impl<H: TokenHistory> NoRepeatNGramState<H> {
         prompt: Option<&[i64]>,
         output: H,
     ) -> Result<Option<Entry<H>>> {
+        self.check_mode(index, n, prompt, output, Mode::default())
+    }
+
+    /// As [`check`](Self::check), with the request's window, output-only flag and whitelist.
+    pub fn check_mode(
+        &self,
+        index: usize,
+        n: i64,
+        prompt: Option<&[i64]>,
+        output: H,
+        mode: Mode,
+    ) -> Result<Option<Entry<H>>> {
         if n < 0 || n as u64 > self.max_n as u64 {
             return Err(Error::invalid(
                 index,
@@ -223,11 +270,42 @@ impl<H: TokenHistory> NoRepeatNGramState<H> {
                 ),
             ));
         }
+        if mode.window < 0 || mode.window as u64 > self.window as u64 {
+            return Err(Error::invalid(
+                index,
+                "no_repeat_ngram_window",
+                format!(
+                    "must be in [0, {}] (0: max_no_repeat_ngram_window), got {}",
+                    self.window, mode.window
+                ),
+            ));
+        }
+        let mut whitelist = mode.whitelist;
+        for &t in &whitelist {
+            if t < 0 || t as u64 >= self.vocab_size as u64 {
+                return Err(Error::invalid(
+                    index,
+                    "no_repeat_ngram_whitelist",
+                    format!("token id {t} outside [0, {})", self.vocab_size),
+                ));
+            }
+        }
         if n == 0 {
             return Ok(None);
         }
-        let prompt = prompt.unwrap_or(&[]).to_vec();
-        Ok(Some(Entry::new(n as usize, prompt, output, self.window)))
+        whitelist.sort_unstable();
+        whitelist.dedup();
+        let window = match mode.window {
+            0 => self.window,
+            w => w as usize,
+        };
+        let prompt = match (mode.output_only, prompt) {
+            (false, Some(p)) => p.to_vec(),
+            _ => Vec::new(),
+        };
+        Ok(Some(Entry::new(
+            n as usize, prompt, output, window, whitelist,
+        )))
     }
 
     /// Applies a validated update, then the step's work.
@@ -253,7 +331,7 @@ impl<H: TokenHistory> NoRepeatNGramState<H> {
         if self.table.active() == 0 && !changed {
             return;
         }
-        let (window, vocab, bs) = (self.window, self.vocab_size as i64, self.batch_size);
+        let (vocab, bs) = (self.vocab_size as i64, self.batch_size);
         let tail = &mut self.tail;
         let banned = &mut self.banned;
         banned.clear();
@@ -268,6 +346,7 @@ impl<H: TokenHistory> NoRepeatNGramState<H> {
             {
                 keep -= 1;
             }
+            let window = e.window;
             if keep < read {
                 e.truncate(e.prompt_len + keep, window);
             }
@@ -285,7 +364,7 @@ impl<H: TokenHistory> NoRepeatNGramState<H> {
             }
             if row < bs {
                 for &(t, _) in e.banned(window) {
-                    if t < vocab {
+                    if t < vocab && e.whitelist.binary_search(&t).is_err() {
                         banned.push((row, t as i32, f32::NEG_INFINITY));
                     }
                 }
@@ -322,7 +401,13 @@ impl TripleState for NoRepeatNGramState<HistoryId> {
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let n = fields.int(&FIELDS[0]);
-        let entry = NoRepeatNGramState::check(self, index, n, fields.prompt.as_deref(), a.history)?;
+        let mode = Mode {
+            window: fields.int(&FIELDS[1]),
+            output_only: fields.bool(&FIELDS[2]),
+            whitelist: fields.take_ids(&FIELDS[3]).unwrap_or_default(),
+        };
+        let prompt = fields.prompt.as_deref();
+        let entry = NoRepeatNGramState::check_mode(self, index, n, prompt, a.history, mode)?;
         Ok(processor::entry(entry))
     }
 
@@ -357,7 +442,7 @@ impl TripleState for NoRepeatNGramState<HistoryId> {
     }
 
     fn wants_prompt(&self, fields: &Fields) -> bool {
-        fields.is_set(&FIELDS[0])
+        fields.is_set(&FIELDS[0]) && !fields.bool(&FIELDS[2])
     }
 
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
@@ -487,6 +572,105 @@ mod tests {
                 seq.truncate(seq.len() - 2);
             }
             s.update_none(&());
+        }
+    }
+
+    /// DeepSeek-OCR's `NoRepeatNGramLogitsProcessor.__call__` on one output, written plainly.
+    fn deepseek_banned(out: &[i64], n: usize, window: usize, whitelist: &[i64]) -> Vec<i64> {
+        if out.len() < n {
+            return Vec::new();
+        }
+        let prefix = &out[out.len() - (n - 1)..];
+        let start = out.len().saturating_sub(window);
+        let mut banned: Vec<i64> = (start..out.len() + 1 - n)
+            .filter(|&i| &out[i..i + n - 1] == prefix)
+            .map(|i| out[i + n - 1])
+            .filter(|t| !whitelist.contains(t))
+            .collect();
+        banned.sort_unstable();
+        banned.dedup();
+        banned
+    }
+
+    #[test]
+    fn output_only_window_and_whitelist_follow_deepseek_ocr() {
+        let mut rng = 5u64;
+        let mut next = |m: u64| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 33) % m
+        };
+        for (n, window) in [(2, 4), (2, 100), (3, 3), (3, 7), (4, 16), (5, 2), (3, 16)] {
+            let mut s = state(16);
+            let out: SharedHistory = Arc::new(RwLock::new(Vec::new()));
+            let whitelist = vec![1];
+            let mode = Mode {
+                window: window.min(16) as i64,
+                output_only: true,
+                whitelist: whitelist.clone(),
+            };
+            let prompt = vec![0, 1, 2, 0, 1];
+            let e = s.check_mode(0, n as i64, Some(&prompt), out.clone(), mode);
+            let mut u = BatchUpdate::new(1);
+            u.added = vec![(0, e.unwrap())];
+            s.commit(u, &());
+            for step in 0..300 {
+                let v = out.read().unwrap().clone();
+                let want = deepseek_banned(&v, n, window.min(16), &whitelist);
+                assert_eq!(bans(&s, 0), want, "n={n} w={window} step {step} {v:?}");
+                {
+                    let mut w = out.write().unwrap();
+                    if step % 41 == 40 {
+                        let k = w.len() - 3;
+                        w.truncate(k); // rejected drafts
+                    }
+                    w.push(next(3) as i64);
+                }
+                s.update_none(&());
+            }
+        }
+    }
+
+    #[test]
+    fn bad_modes_are_refused() {
+        let s = state(8);
+        let out: SharedHistory = Arc::new(RwLock::new(Vec::new()));
+        for (mode, field) in [
+            (
+                Mode {
+                    window: 9,
+                    ..Mode::default()
+                },
+                "no_repeat_ngram_window",
+            ),
+            (
+                Mode {
+                    window: -1,
+                    ..Mode::default()
+                },
+                "no_repeat_ngram_window",
+            ),
+            (
+                Mode {
+                    whitelist: vec![64],
+                    ..Mode::default()
+                },
+                "no_repeat_ngram_whitelist",
+            ),
+            (
+                Mode {
+                    whitelist: vec![-1],
+                    ..Mode::default()
+                },
+                "no_repeat_ngram_whitelist",
+            ),
+        ] {
+            let e = match s.check_mode(2, 3, None, out.clone(), mode) {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("accepted"),
+            };
+            assert!(e.contains("index 2") && e.contains(field), "{e}");
         }
     }
 

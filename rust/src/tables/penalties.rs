@@ -15,6 +15,15 @@
 //!
 //! Penalty values are dense per slot (neutral 1/0/0 where untracked), so the device apply is a
 //! few fused passes over `[batch_size, V]`; rows with neutral values come out bit-identical.
+//!
+//! `penalty_last_n` (llama.cpp's name) restricts the three penalties to the last `n` positions
+//! of the request's sequence (prompt, then its output up to an async placeholder): each
+//! penalty keeps vLLM's token set, repetition prompt ∪ output and frequency / presence output
+//! only, taken over those positions. `None` or −1 is the whole history (the code path of a
+//! request without it, bit for bit), 0 turns the request's penalties off. The window slides
+//! incrementally: a token entering it adds its count (or its prompt flag), a token leaving it
+//! removes it again, so a step still costs O(new tokens); the prompt tokens kept are the
+//! last `n` only (the window never reaches further back, even when the output shrinks).
 
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
@@ -39,6 +48,7 @@ pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("repetition_penalty", FieldKind::Float { neutral: 1.0 }),
     FieldSpec::new("frequency_penalty", FieldKind::Float { neutral: 0.0 }),
     FieldSpec::new("presence_penalty", FieldKind::Float { neutral: 0.0 }),
+    FieldSpec::new("penalty_last_n", FieldKind::OptInt),
 ];
 
 /// One added request's penalty parameters.
@@ -46,6 +56,8 @@ pub struct PenaltyParams<H> {
     pub repetition_penalty: f64,
     pub frequency_penalty: f64,
     pub presence_penalty: f64,
+    /// `penalty_last_n`: `None` or −1 the whole history, 0 off, `n > 0` the last `n` positions.
+    pub last_n: Option<i64>,
     pub prompt: Option<Vec<i64>>,
     pub output: H,
 }
@@ -59,7 +71,90 @@ pub struct Entry<H> {
     /// Distinct prompt tokens, emitted as PROMPT_FLAG additions when the entry is fresh.
     prompt: Vec<i32>,
     /// Output count per token id: what the CPU apply reads (the device keeps its own copy).
+    /// With a window, the output tokens inside it only.
     counts: Counts,
+    /// `penalty_last_n > 0`: the window (then `prompt` is empty; the window's prompt tokens
+    /// are in `Window::prompt_counts`).
+    window: Option<Window>,
+}
+
+/// A request's penalty window: positions `[lo, hi)` of its sequence (the prompt, then the
+/// counted output) are what its counts and prompt flags hold.
+struct Window {
+    n: usize,
+    prompt_len: usize,
+    /// The prompt's last `min(n, prompt_len)` tokens: the only ones the window can reach.
+    prompt_tail: Vec<i32>,
+    /// How often each prompt token occurs inside the window (its flag is set while > 0).
+    prompt_counts: Counts,
+    lo: usize,
+    hi: usize,
+}
+
+impl Window {
+    /// Moves the window to `[lo2, hi2)`: the positions leaving it are uncounted, the ones
+    /// entering it counted (every position below `max(hi, hi2)` must be in `counted`).
+    #[allow(clippy::too_many_arguments)]
+    fn slide(
+        &mut self,
+        lo2: usize,
+        hi2: usize,
+        counted: &[i32],
+        counts: &mut Counts,
+        row: usize,
+        vocab: i64,
+        pending: Option<&mut Vec<(usize, i32, i32)>>,
+    ) {
+        let (lo, hi) = (self.lo, self.hi);
+        let mut sink = pending;
+        for p in (lo..hi.min(lo2)).chain(lo.max(hi2)..hi) {
+            self.edit(p, false, counted, counts, row, vocab, sink.as_deref_mut());
+        }
+        for p in (lo2..hi2.min(lo)).chain(lo2.max(hi)..hi2) {
+            self.edit(p, true, counted, counts, row, vocab, sink.as_deref_mut());
+        }
+        self.lo = lo2;
+        self.hi = hi2;
+    }
+
+    /// Counts (`add`) or uncounts the token at position `p`.
+    #[allow(clippy::too_many_arguments)]
+    fn edit(
+        &mut self,
+        p: usize,
+        add: bool,
+        counted: &[i32],
+        counts: &mut Counts,
+        row: usize,
+        vocab: i64,
+        pending: Option<&mut Vec<(usize, i32, i32)>>,
+    ) {
+        if p < self.prompt_len {
+            let t = self.prompt_tail[p + self.prompt_tail.len() - self.prompt_len];
+            let flip = if add {
+                self.prompt_counts.add(t) == 1
+            } else {
+                self.prompt_counts.sub(t);
+                !self.prompt_counts.contains(t)
+            };
+            if let (true, Some(pending)) = (flip, pending) {
+                pending.push((row, t, if add { PROMPT_FLAG } else { -PROMPT_FLAG }));
+            }
+            return;
+        }
+        let t = counted[p - self.prompt_len];
+        if t < 0 || (t as i64) >= vocab {
+            return; // takes its place but is never counted
+        }
+        if add {
+            counts.add(t);
+        } else {
+            counts.sub(t);
+        }
+        if let Some(pending) = pending {
+            pending.push((row, t, if add { 1 } else { -1 }));
+        }
+    }
 }
 
 /// Where a slot's device row comes from after an update.
@@ -219,16 +314,47 @@ impl<H: TokenHistory> PenaltiesState<H> {
                 ));
             }
         }
+        let last_n = match p.last_n {
+            None | Some(-1) => None,
+            Some(n) if n >= 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            Some(n) => {
+                return Err(Error::invalid(
+                    index,
+                    "penalty_last_n",
+                    format!("must be -1 or None (whole history), 0 (off) or > 0, got {n}"),
+                ))
+            }
+        };
         let values = (
             rep as f32,
             p.frequency_penalty as f32,
             p.presence_penalty as f32,
         );
-        if values == (1.0, 0.0, 0.0) {
+        if values == (1.0, 0.0, 0.0) || last_n == Some(0) {
             return Ok(None);
         }
         let mut prompt = Vec::new();
-        if let Some(tokens) = p.prompt {
+        let mut window = None;
+        if let Some(n) = last_n {
+            let tokens = p.prompt.unwrap_or_default();
+            let mut tail = Vec::with_capacity(n.min(tokens.len()));
+            let start = tokens.len().saturating_sub(n);
+            for (i, &t) in tokens.iter().enumerate() {
+                let t = check_token(index, "prompt_tok_ids", t, self.vocab_size)?;
+                if i >= start {
+                    tail.push(t);
+                }
+            }
+            // Empty, at the prompt's end: the first count slides it over the prompt's tail.
+            window = Some(Window {
+                n,
+                prompt_len: tokens.len(),
+                prompt_counts: Counts::with_capacity(tail.len()),
+                prompt_tail: tail,
+                lo: tokens.len(),
+                hi: tokens.len(),
+            });
+        } else if let Some(tokens) = p.prompt {
             // Distinct ids in first-occurrence order.
             let mut seen = Counts::with_capacity(tokens.len());
             for t in tokens {
@@ -244,6 +370,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
             counted: Vec::with_capacity(64),
             prompt,
             counts: Counts::with_capacity(32),
+            window,
         }))
     }
 
@@ -358,6 +485,49 @@ impl<H: TokenHistory> PenaltiesState<H> {
             {
                 keep -= 1;
             }
+            if let Some(w) = &mut e.window {
+                // The window's counts change only by sliding it: back to the kept prefix's
+                // window (shrunk or rewritten outputs, rare), then on over the new tokens.
+                if keep < e.counted.len() {
+                    let end = w.prompt_len + keep;
+                    let (lo2, hi2) = (end.saturating_sub(w.n), end);
+                    w.slide(
+                        lo2,
+                        hi2,
+                        &e.counted,
+                        &mut e.counts,
+                        row,
+                        vocab,
+                        ops.then_some(&mut *pending),
+                    );
+                    e.counted.truncate(keep);
+                }
+                if len > keep {
+                    scratch.clear();
+                    e.output.read_from(store, keep, scratch);
+                    for &t in scratch.iter() {
+                        if t < 0 {
+                            placeholders = true;
+                            break;
+                        }
+                        e.counted.push(clamp_id(t));
+                    }
+                }
+                let end = w.prompt_len + e.counted.len();
+                if (w.lo, w.hi) != (end.saturating_sub(w.n), end) {
+                    let (lo2, hi2) = (end.saturating_sub(w.n), end);
+                    w.slide(
+                        lo2,
+                        hi2,
+                        &e.counted,
+                        &mut e.counts,
+                        row,
+                        vocab,
+                        ops.then_some(&mut *pending),
+                    );
+                }
+                continue;
+            }
             if keep < e.counted.len() {
                 for t in e.counted.drain(keep..) {
                     if t >= 0 && (t as i64) < vocab {
@@ -434,7 +604,11 @@ impl<H: TokenHistory> PenaltiesState<H> {
             for (t, c) in e.counts.iter() {
                 line[t as usize] = penalize(line[t as usize], c);
             }
-            for &t in &e.prompt {
+            let prompt: &mut dyn Iterator<Item = i32> = match &e.window {
+                None => &mut e.prompt.iter().copied(),
+                Some(w) => &mut w.prompt_counts.iter().map(|(t, _)| t),
+            };
+            for t in prompt {
                 if !e.counts.contains(t) {
                     line[t as usize] = penalize(line[t as usize], 0);
                 }
@@ -684,6 +858,7 @@ impl Table for PenaltiesState<HistoryId> {
             repetition_penalty: fields.float(&FIELDS[0]),
             frequency_penalty: fields.float(&FIELDS[1]),
             presence_penalty: fields.float(&FIELDS[2]),
+            last_n: fields.opt_int(&FIELDS[3]),
             prompt: fields.prompt.clone(),
             output: a.history,
         };
@@ -717,7 +892,8 @@ impl Table for PenaltiesState<HistoryId> {
     }
 
     fn wants_prompt(&self, fields: &Fields) -> bool {
-        FIELDS.iter().any(|f| fields.is_set(f))
+        // The three penalties (a window alone penalizes nothing).
+        FIELDS[..3].iter().any(|f| fields.is_set(f))
     }
 
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
@@ -765,6 +941,7 @@ mod tests {
             repetition_penalty: rep,
             frequency_penalty: 0.5,
             presence_penalty: 0.0,
+            last_n: None,
             prompt: Some(prompt),
             output: out.clone(),
         }
@@ -843,6 +1020,105 @@ mod tests {
         s.update_none(&());
         assert_eq!(drain(&mut s), vec![(0, 3, -1), (0, 5, 1)]);
         assert_eq!(s.counted(0), Some(&[1, 2, 5][..]));
+    }
+
+    /// The window's cells, written plainly: `count | PROMPT_FLAG` over the last `n` positions
+    /// of prompt + output (the output up to its first placeholder).
+    fn window_cells(prompt: &[i64], out: &[i64], n: usize, vocab: usize) -> Vec<i32> {
+        let real: Vec<i64> = out.iter().copied().take_while(|&t| t >= 0).collect();
+        let seq: Vec<(bool, i64)> = prompt
+            .iter()
+            .map(|&t| (true, t))
+            .chain(real.iter().map(|&t| (false, t)))
+            .collect();
+        let mut cells = vec![0; vocab];
+        for &(is_prompt, t) in &seq[seq.len().saturating_sub(n)..] {
+            if (t as usize) < vocab {
+                if is_prompt {
+                    cells[t as usize] |= PROMPT_FLAG;
+                } else {
+                    cells[t as usize] += 1;
+                }
+            }
+        }
+        cells
+    }
+
+    #[test]
+    fn the_window_slides_with_shrinks_and_placeholders() {
+        let vocab = 6;
+        let mut rng = 11u64;
+        let mut next = |m: u64| {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 33) % m
+        };
+        for n in [1usize, 2, 3, 5, 9, 40] {
+            let out = SharedHistory::default();
+            let prompt: Vec<i64> = (0..7).map(|_| next(vocab as u64) as i64).collect();
+            let mut s = PenaltiesState::new(2, vocab, 5);
+            let mut p = params(1.5, &out, prompt.clone());
+            p.last_n = Some(n as i64);
+            let mut u = BatchUpdate::new(1);
+            u.added = vec![(0, p)];
+            s.update(u, &()).unwrap();
+            let mut cells = vec![0i32; vocab];
+            for step in 0..150 {
+                for (r, t, d) in drain(&mut s) {
+                    assert_eq!(r, 0);
+                    cells[t as usize] += d;
+                }
+                let v = out.read().unwrap().clone();
+                let want = window_cells(&prompt, &v, n, vocab);
+                assert_eq!(cells, want, "n={n} step={step} out={v:?}");
+                // The CPU apply's view: the same counts and prompt flags.
+                let e = s.table.get(0).unwrap();
+                let mut host = vec![0i32; vocab];
+                for (t, c) in e.counts.iter() {
+                    host[t as usize] += c as i32;
+                }
+                for (t, _) in e.window.as_ref().unwrap().prompt_counts.iter() {
+                    host[t as usize] |= PROMPT_FLAG;
+                }
+                assert_eq!(host, want, "host n={n} step={step}");
+                {
+                    let mut w = out.write().unwrap();
+                    if let Some(last) = w.last_mut().filter(|t| **t < 0) {
+                        *last = next(vocab as u64 + 2) as i64; // filled in (maybe >= V)
+                    } else {
+                        match next(10) {
+                            0 if w.len() >= 3 => {
+                                let k = w.len() - 1 - next(3) as usize;
+                                w.truncate(k);
+                            }
+                            1 => w.push(-1),
+                            _ => w.push(next(vocab as u64) as i64),
+                        }
+                    }
+                }
+                s.update_none(&());
+            }
+        }
+    }
+
+    #[test]
+    fn penalty_last_n_zero_is_off_and_negative_is_refused() {
+        let out = SharedHistory::default();
+        let mut s = PenaltiesState::new(2, 10, 8);
+        let mut p = params(1.5, &out, vec![1]);
+        p.last_n = Some(0);
+        assert!(s.check(0, p).unwrap().is_none());
+        let mut p = params(1.5, &out, vec![1]);
+        p.last_n = Some(-1);
+        assert!(s.check(0, p).unwrap().unwrap().window.is_none());
+        let mut p = params(1.5, &out, vec![1]);
+        p.last_n = Some(-2);
+        let mut u = BatchUpdate::new(1);
+        u.added = vec![(1, p)];
+        let e = s.update(u, &()).unwrap_err().to_string();
+        assert!(e.contains("penalty_last_n") && e.contains("index 1"), "{e}");
+        assert_eq!(s.active(), 0);
     }
 
     #[test]
