@@ -781,7 +781,14 @@ class SlotMachine(RuleBasedStateMachine):
 EXAMPLES = int(os.environ.get("LOGITSPROC_PROPERTY_EXAMPLES", "60"))
 
 TestSlotMachine = SlotMachine.TestCase
-TestSlotMachine.settings = settings(_SETTINGS, max_examples=EXAMPLES)
+# Derandomized unless LOGITSPROC_PROPERTY_RANDOM=1: the coverage check below needs every rare
+# bad-input family drawn, which a fixed seed guarantees run after run (a random one only
+# nearly always).
+TestSlotMachine.settings = settings(
+    _SETTINGS,
+    max_examples=EXAMPLES,
+    derandomize=not os.environ.get("LOGITSPROC_PROPERTY_RANDOM"),
+)
 
 
 def test_the_machine_exercised_everything() -> None:
