@@ -8,6 +8,7 @@
 pub mod allowed;
 pub mod bad_words;
 pub mod columns;
+pub mod dry;
 pub mod epsilon_cutoff;
 pub mod eta_cutoff;
 pub mod float_params;
@@ -164,6 +165,14 @@ pub const BUILTINS: &[Builtin] = &[
         history: true,
         layout: 8,
         build: no_repeat_ngram::build,
+    },
+    Builtin {
+        name: "dry",
+        caps: dry::CAPS,
+        fields: dry::FIELDS,
+        history: true,
+        layout: 13,
+        build: dry::build,
     },
     Builtin {
         name: "thinking",
