@@ -59,7 +59,9 @@ def brute_force(
             best[seq[j + 1]] = max(best.get(seq[j + 1], 0), z)
     single = {b[0] for b in cut if len(b) == 1}
     b32 = np.float32(base)
-    max_exp = int(np.float32(88.7228391) / np.float32(math.log(float(b32)))) if b32 > 1.000001 else 0
+    max_exp = 0
+    if b32 > np.float32(1.000001):
+        max_exp = int(np.float32(88.7228391) / np.float32(math.log(float(b32))))
     out = {}
     for t, length in best.items():
         if t in single:
@@ -207,7 +209,10 @@ def test_placeholders_and_rewrites(window: int | None) -> None:
     params = [
         SamplingParams(dry_multiplier=1.0, dry_allowed_length=2, max_tokens=None),
         SamplingParams(
-            dry_multiplier=0.5, dry_allowed_length=1, dry_sequence_breakers=[[4, 0]], max_tokens=None
+            dry_multiplier=0.5,
+            dry_allowed_length=1,
+            dry_sequence_breakers=[[4, 0]],
+            max_tokens=None,
         ),
     ]
     first = _update(2, added=[(i, params[i], [1, 2, 1], outs[i]) for i in range(2)])

@@ -188,6 +188,7 @@ def _param(params: Any, name: str, default: Any) -> Any:
     value = getattr(params, name, None)
     return default if value is None else value
 
+
 # llama.cpp's DRY constants (src/llama-sampler.cpp): the approximate log of FLT_MAX for the
 # exponent clamp, and the most tokens of a breaker's tail.
 _DRY_FLOAT_MAX_LOG = np.float32(88.7228391)
@@ -345,7 +346,6 @@ class RefDryLogitsProcessor(LogitsProcessor):
                 if 0 <= t < vocab:
                     logits[index, t] -= pen
         return logits
-
 
 
 class RefAllowedTokenIdsLogitsProcessor(LogitsProcessor):

@@ -675,7 +675,7 @@ mod tests {
             ((rng >> 33) % m) as i64
         };
         for case in 0..60 {
-            let allowed = 1 + (case % 4) as usize;
+            let allowed = 1 + case % 4;
             let window = [5usize, 9, 16, 64][case / 4 % 4];
             let alphabet = 2 + (case % 3) as u64;
             let breakers: Vec<Vec<i64>> = match case % 5 {
