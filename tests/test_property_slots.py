@@ -81,6 +81,14 @@ OPT_IN_VALUES: dict[str, tuple[Any, ...]] = {
     # so ours and the reference agree whatever each draws.
     "xtc_probability": (0.0, 1.0, 1.0),
     "xtc_threshold": (0.02, 0.05, 0.1, 0.6),
+    "dry_multiplier": (0.0, 0.8, 2.0),
+    "dry_allowed_length": (1, 2, 3),
+    "dry_penalty_last_n": (-1, -1, 0, 4, 64),
+    "dry_sequence_breakers": (None, [[3]], [[4, 5], [7]]),
+    "no_repeat_ngram_output_only": (False, False, True),
+    "no_repeat_ngram_window": (0, 0, 4, 16),
+    "no_repeat_ngram_whitelist": (None, [1, 2]),
+    "penalty_last_n": (None, -1, 0, 3, 16),
 }
 BAD_OPT_IN: list[tuple[str, Any]] = [
     ("no_repeat_ngram_size", -1),
@@ -103,6 +111,14 @@ BAD_OPT_IN: list[tuple[str, Any]] = [
     ("xtc_probability", -0.1),
     ("xtc_threshold", 0.0),
     ("xtc_threshold", NAN),
+    ("dry_multiplier", -1.0),
+    ("dry_base", 0.5),
+    ("dry_allowed_length", 0),
+    ("dry_penalty_last_n", -2),
+    ("dry_sequence_breakers", [[]]),
+    ("no_repeat_ngram_window", -1),
+    ("no_repeat_ngram_whitelist", [-1]),
+    ("penalty_last_n", -2),
 ]
 
 

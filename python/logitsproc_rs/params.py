@@ -197,6 +197,18 @@ class SamplingParams:
     # the default threshold.
     xtc_probability: float | None = 0.0
     xtc_threshold: float | None = 0.1
+    # llama.cpp's DRY (ours; opt-in; dry_multiplier 0: off): penalise the tokens that would
+    # extend a repetition of the sequence's suffix (prompt included), multiplier *
+    # base^(len - allowed_length); over the last dry_penalty_last_n tokens (-1: the whole
+    # sequence up to EngineConfig.max_dry_penalty_last_n, 0: off); a repetition never reaches
+    # back past a sequence breaker (token-id sequences, head first; tails past 20 tokens are cut,
+    # as llama.cpp does; none by default: we have no tokenizer to find llama.cpp's "\n", ":",
+    # "\"", "*").
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: list[list[int]] | None = None
     # Free-form per-request arguments for custom processors (vLLM's ``extra_args``).
     extra_args: dict[str, Any] | None = None
     _all_stop_token_ids: set[int] = field(default_factory=set, init=False, repr=False)
@@ -263,6 +275,45 @@ class SamplingParams:
             raise RequestError(
                 f"xtc_threshold must be in (0, 1] (> 0.5: off), got {t!r}", field="xtc_threshold"
             )
+    def _verify_dry(self) -> None:
+        """The DRY fields: the ranges the core checks (``rust/src/tables/dry.rs``); the window's
+        and the breakers' caps are the engine's, checked by the core."""
+        for name, lo in (("dry_multiplier", 0.0), ("dry_base", 1.0)):
+            v = getattr(self, name)
+            if not _is_number(v) or math.isnan(v) or not lo <= v <= _F32_MAX:
+                raise RequestError(
+                    f"{name} must be a finite number >= {lo:g}, got {v!r}", field=name
+                )
+        if not _is_int(self.dry_allowed_length) or self.dry_allowed_length < 1:
+            raise RequestError(
+                f"dry_allowed_length must be an int >= 1, got {self.dry_allowed_length!r}",
+                field="dry_allowed_length",
+            )
+        if not _is_int(self.dry_penalty_last_n) or self.dry_penalty_last_n < -1:
+            raise RequestError(
+                "dry_penalty_last_n must be -1 (whole sequence), 0 (off) or a positive int, "
+                f"got {self.dry_penalty_last_n!r}",
+                field="dry_penalty_last_n",
+            )
+        if self.dry_sequence_breakers is not None:
+            breakers = []
+            if isinstance(self.dry_sequence_breakers, (str, bytes)) or not hasattr(
+                self.dry_sequence_breakers, "__iter__"
+            ):
+                raise RequestError(
+                    "dry_sequence_breakers must be a list of token-id lists, "
+                    f"got {self.dry_sequence_breakers!r}",
+                    field="dry_sequence_breakers",
+                )
+            for b in self.dry_sequence_breakers:
+                b = _token_ids("dry_sequence_breakers", b)
+                if not b:
+                    raise RequestError(
+                        "dry_sequence_breakers must not contain an empty sequence",
+                        field="dry_sequence_breakers",
+                    )
+                breakers.append(b)
+            self.dry_sequence_breakers = breakers
 
     def _verify(self) -> None:
         def number(name: str, lo: float, hi: float, lo_open: bool = False) -> None:
@@ -344,6 +395,7 @@ class SamplingParams:
             )
         self._verify_truncations()
         self._verify_xtc()
+        self._verify_dry()
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise RequestError(
                 f"logprobs must be an int >= 0, got {_show(self.logprobs)}", field="logprobs"
@@ -441,6 +493,9 @@ class EngineConfig:
     max_no_repeat_ngram_size: int = CAP_DEFAULTS["max_no_repeat_ngram_size"]
     max_no_repeat_ngram_window: int = CAP_DEFAULTS["max_no_repeat_ngram_window"]
     max_no_repeat_ngram_whitelist: int = CAP_DEFAULTS["max_no_repeat_ngram_whitelist"]
+    max_dry_penalty_last_n: int = CAP_DEFAULTS["max_dry_penalty_last_n"]
+    max_dry_sequence_breakers: int = CAP_DEFAULTS["max_dry_sequence_breakers"]
+    max_dry_sequence_breaker_len: int = CAP_DEFAULTS["max_dry_sequence_breaker_len"]
     # Speculative decoding: number of draft tokens per request, or None when off.
     num_speculative_tokens: int | None = None
     # Reasoning ("thinking") markers; both None when the model has no thinking section.
@@ -459,6 +514,9 @@ class EngineConfig:
             "max_no_repeat_ngram_size",
             "max_no_repeat_ngram_window",
             "max_no_repeat_ngram_whitelist",
+            "max_dry_penalty_last_n",
+            "max_dry_sequence_breakers",
+            "max_dry_sequence_breaker_len",
         ):
             v = getattr(self, name)
             if not _is_int(v) or v < 1:

@@ -40,6 +40,7 @@ from .state import LogitsProcessors
 __all__ = [
     "RefAllowedTokenIdsLogitsProcessor",
     "RefBadWordsLogitsProcessor",
+    "RefDryLogitsProcessor",
     "RefEpsilonCutoffLogitsProcessor",
     "RefEtaCutoffLogitsProcessor",
     "RefLogitBiasLogitsProcessor",
@@ -187,6 +188,165 @@ def _param(params: Any, name: str, default: Any) -> Any:
     """A request parameter read as an attribute; missing or ``None`` reads as ``default``."""
     value = getattr(params, name, None)
     return default if value is None else value
+
+
+# llama.cpp's DRY constants (src/llama-sampler.cpp): the approximate log of FLT_MAX for the
+# exponent clamp, and the most tokens of a breaker's tail.
+_DRY_FLOAT_MAX_LOG = np.float32(88.7228391)
+_DRY_MAX_TAIL = 20
+
+
+def ref_dry_penalties(
+    last_tokens: Sequence[int],
+    multiplier: float,
+    base: float,
+    allowed_length: int,
+    breakers: Sequence[Sequence[int]],
+) -> dict[int, float]:
+    """llama.cpp's ``llama_sampler_dry_apply`` (steps 1-4), transcribed literally, on
+    ``last_tokens`` (the last ``N`` tokens of the context, oldest first; llama.cpp's
+    ``last_tokens.rat(i)`` is ``last_tokens[N - 1 - i]``): token → the penalty subtracted from
+    its logit (float32). ``breakers`` are token sequences, head first (``dry_processed_breakers``
+    holds head → tail)."""
+    n_last = len(last_tokens)
+
+    def rat(i: int) -> int:
+        return int(last_tokens[n_last - 1 - i])
+
+    processed: dict[int, list[list[int]]] = {}
+    for b in breakers:
+        processed.setdefault(int(b[0]), []).append([int(t) for t in b[1 : 1 + _DRY_MAX_TAIL]])
+    last_n_repeat = n_last
+    if last_n_repeat <= allowed_length:
+        return {}
+    dry_repeat_count = [0] * last_n_repeat
+    dry_max_token_repeat: dict[int, int] = {}
+
+    # Step 1: the most recent restart sequence limits the repetition.
+    rep_limit = last_n_repeat
+    for i in range(last_n_repeat):
+        token = rat(i)
+        if token not in processed:
+            continue
+        longest_match = -1
+        for tail in processed[token]:
+            seq_len = len(tail)
+            if seq_len > longest_match and seq_len <= i:
+                match = True
+                for offset in range(seq_len):
+                    if tail[offset] != rat(i - offset - 1):
+                        match = False
+                        break
+                if match:
+                    longest_match = seq_len
+        if longest_match >= 0:
+            rep_limit = i - longest_match
+            break
+    if rep_limit < allowed_length:
+        return {}
+
+    # Step 2: the reverse Z-algorithm, lengths capped at rep_limit.
+    last = last_n_repeat - 1
+    rt = 0
+    lt = 0
+    for k in range(1, last_n_repeat):
+        if k > rt:
+            n = 0
+            while n + k < last_n_repeat and rat(n) == rat(n + k):
+                n += 1
+            dry_repeat_count[last - k] = min(n, rep_limit)
+            if n > 0:
+                lt = k
+                rt = k + n - 1
+        else:
+            p = k - lt
+            right_part_len = rt - k + 1
+            if dry_repeat_count[last - p] < right_part_len:
+                dry_repeat_count[last - k] = min(dry_repeat_count[last - p], rep_limit)
+            else:
+                i = rt + 1
+                while i < last_n_repeat and rat(i) == rat(i - k):
+                    i += 1
+                dry_repeat_count[last - k] = min(i - k, rep_limit)
+                lt = k
+                rt = i - 1
+
+    # Step 3: the token after each long enough repeat gets the largest length.
+    for i in range(last_n_repeat - 1):
+        repeat_len = dry_repeat_count[i]
+        if repeat_len >= allowed_length:
+            token = rat(last_n_repeat - 2 - i)
+            if token not in dry_max_token_repeat or dry_max_token_repeat[token] < repeat_len:
+                dry_max_token_repeat[token] = repeat_len
+
+    # Step 4: the penalties (float32 parameters; std::pow(float, int) is a double pow; the
+    # clamp's log rounded to float32 from the double log).
+    base32 = np.float32(base)
+    max_exponent = 0
+    if base32 > np.float32(1.000001):
+        max_exponent = int(_DRY_FLOAT_MAX_LOG / np.float32(math.log(float(base32))))
+    out: dict[int, float] = {}
+    for token, length in dry_max_token_repeat.items():
+        if any(len(tail) == 0 for tail in processed.get(token, ())):
+            continue  # a single-token breaker
+        repeat_exp = length - allowed_length
+        if max_exponent > 0 and repeat_exp > max_exponent:
+            repeat_exp = max_exponent
+        pen = float(np.float32(multiplier)) * math.pow(float(base32), repeat_exp)
+        out[token] = float(np.float32(pen))
+    return out
+
+
+class RefDryLogitsProcessor(LogitsProcessor):
+    """llama.cpp's DRY sampler (``llama_sampler_dry_apply``, ``ref_dry_penalties``), per row,
+    recomputed from the sequence on every ``apply``: the sequence is the prompt then the
+    **live** output list (up to an async placeholder), over its last ``dry_penalty_last_n``
+    tokens (-1: ``max_dry_penalty_last_n``); each penalised token's logit (ids below V) loses
+    its penalty. Off when ``dry_multiplier`` or ``dry_penalty_last_n`` is 0. Not
+    argmax-invariant. State: slot → (params, prompt, live output list)."""
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.device = device
+        self.max_window = int(
+            getattr(vllm_config, "max_dry_penalty_last_n", CAP_DEFAULTS["max_dry_penalty_last_n"])
+        )
+        self.rows: dict[int, tuple[tuple[Any, ...], list[int], list[int]]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def new_state(
+        self, params: Any, prompt: list[int] | None, output: list[int]
+    ) -> tuple[tuple[Any, ...], list[int], list[int]] | None:
+        multiplier = float(_param(params, "dry_multiplier", 0.0))
+        last_n = int(_param(params, "dry_penalty_last_n", -1))
+        if multiplier == 0.0 or last_n == 0:
+            return None
+        window = self.max_window if last_n == -1 else last_n
+        p = (
+            multiplier,
+            float(_param(params, "dry_base", 1.75)),
+            int(_param(params, "dry_allowed_length", 2)),
+            window,
+            [list(b) for b in _param(params, "dry_sequence_breakers", ())],
+        )
+        return (p, list(prompt or ()), output)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        check_outputs(batch_update, ((i, e[2]) for i, e in self.rows.items()))
+        process_dict_updates(self.rows, batch_update, self.new_state)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        vocab = logits.shape[-1]
+        for index, ((mult, base, allowed, window, breakers), prompt, output) in self.rows.items():
+            out = list(output)
+            if -1 in out:
+                out = out[: out.index(-1)]
+            seq = (prompt + out)[-window:]
+            for t, pen in sorted(ref_dry_penalties(seq, mult, base, allowed, breakers).items()):
+                if 0 <= t < vocab:
+                    logits[index, t] -= pen
+        return logits
 
 
 class RefAllowedTokenIdsLogitsProcessor(LogitsProcessor):

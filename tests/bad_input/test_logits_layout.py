@@ -62,6 +62,8 @@ def _params() -> list[SamplingParams]:
             bad_words_token_ids=[[4], [6, 7]],
             top_n_sigma=0.5,
             epsilon_cutoff=0.08,
+            dry_multiplier=0.8,
+            dry_allowed_length=1,
             max_tokens=None,
         ),
         SamplingParams(

@@ -6,9 +6,9 @@ vLLM hard-codes in its sampler are processors here too: ``SAMPLER_TRANSFORMS_BEF
 the built-ins (allowed ids, bad words) and ``SAMPLER_TRANSFORMS_AFTER`` after the custom ones
 (penalties); ``REASONING_TRANSFORMS`` follow them when a reasoning config exists (the thinking
 budget). ``OPT_IN`` processors are ours, not vLLM's: built when asked for (passed as a processor,
-or through the vLLM bridges); the sampler runs each in its phase (no-repeat-ngram with the
-argmax-changing ones, the truncations top-n-sigma → typical-p → epsilon → eta, then XTC, after MinP
-with the argmax-invariant ones), in this list's order within it.
+or through the vLLM bridges); the sampler runs each in its phase (no-repeat-ngram and DRY with
+the argmax-changing ones, the truncations top-n-sigma → typical-p → epsilon → eta, then XTC, after
+MinP with the argmax-invariant ones), in this list's order within it.
 """
 
 from collections.abc import Iterable
@@ -18,6 +18,7 @@ from ..registry import TABLES
 from ..views import PipelineView, Stage
 from .allowed_token_ids import AllowedTokenIdsLogitsProcessor
 from .bad_words import BadWordsLogitsProcessor
+from .dry import DryLogitsProcessor
 from .epsilon_cutoff import EpsilonCutoffLogitsProcessor
 from .eta_cutoff import EtaCutoffLogitsProcessor
 from .logit_bias import LogitBiasLogitsProcessor
@@ -34,6 +35,7 @@ BUILTINS: tuple[type[PipelineView], ...] = (
     AllowedTokenIdsLogitsProcessor,
     BadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
+    DryLogitsProcessor,
     MinTokensLogitsProcessor,
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,
@@ -90,6 +92,7 @@ __all__ = [
     "SPEC_DECODE_BUILTINS",
     "AllowedTokenIdsLogitsProcessor",
     "BadWordsLogitsProcessor",
+    "DryLogitsProcessor",
     "EpsilonCutoffLogitsProcessor",
     "EtaCutoffLogitsProcessor",
     "LogitBiasLogitsProcessor",

@@ -8,6 +8,7 @@
 pub mod allowed;
 pub mod bad_words;
 pub mod columns;
+pub mod dry;
 pub mod epsilon_cutoff;
 pub mod eta_cutoff;
 pub mod float_params;
@@ -189,6 +190,14 @@ pub const BUILTINS: &[Builtin] = &[
         build: no_repeat_ngram::build,
     },
     Builtin {
+        name: "dry",
+        caps: dry::CAPS,
+        fields: dry::FIELDS,
+        history: true,
+        layout: 13,
+        build: dry::build,
+    },
+    Builtin {
         name: "thinking",
         caps: &[],
         fields: thinking::FIELDS,
@@ -233,7 +242,7 @@ pub const BUILTINS: &[Builtin] = &[
         caps: &[],
         fields: xtc::FIELDS,
         history: false,
-        layout: 13,
+        layout: 14,
         build: xtc::build,
     },
 ];
