@@ -275,6 +275,7 @@ class SamplingParams:
             raise RequestError(
                 f"xtc_threshold must be in (0, 1] (> 0.5: off), got {t!r}", field="xtc_threshold"
             )
+
     def _verify_dry(self) -> None:
         """The DRY fields: the ranges the core checks (``rust/src/tables/dry.rs``); the window's
         and the breakers' caps are the engine's, checked by the core."""

@@ -208,9 +208,7 @@ class Pipeline(StableSlots):
             self.protocol.stepped_all()
             self.core.discard()
             return
-        self._core_step(
-            batch_update, tokens, None if slots is None else host_ints(slots, "slots")
-        )
+        self._core_step(batch_update, tokens, None if slots is None else host_ints(slots, "slots"))
         self.protocol.stepped_all()  # every view has taken part in this step
 
     def _step_tokens(self, batch_update: Any, sampled_token_ids: Any) -> Any:
