@@ -640,11 +640,13 @@ def run_full_churn(
         update = sim.step()  # appends one token per live request, then churns
         rows = sim.batch.rows()
         batch = len(rows)
-        live = {r.req_id for r in rows}
-        # Async placeholders from the previous step become real tokens, in place.
+        # Async placeholders from the previous step become real tokens, in place: also for a
+        # request that left the batch this step (its token was sampled and still arrives), so
+        # a list that comes back on a resume holds placeholders only as a suffix, the engine
+        # contract the processors check (docs/semantics.md, "Bad input").
         for rid, (out, pos) in list(pending.items()):
             del pending[rid]
-            if rid in live and pos < len(out) and out[pos] == -1:
+            if pos < len(out) and out[pos] == -1:
                 out[pos] = rng.choice(HOT_IDS) if rng.random() < 0.5 else rng.randrange(vocab)
                 st.placeholders_filled += 1
         # Occasional in-place shrink (KV-load failure / spec over-allocation in vLLM).
