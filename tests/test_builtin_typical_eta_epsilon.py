@@ -215,26 +215,6 @@ def test_bad_input_names_the_request_and_field(field: str) -> None:
     assert torch.equal(proc.apply(x.clone()), x)
 
 
-@pytest.fixture(scope="module")
-def tiny_llama() -> Any:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=128,
-        )
-    ).eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
-
-
 @pytest.mark.parametrize(
     "setting",
     [
