@@ -7,8 +7,8 @@ all of them (busy); per engine step, the median over steps of the time spent in 
 processors' ``update_state`` and ``apply`` (each timed by a wrapper, whose own cost is
 included). ``--baseline DIR`` runs the same driver against another checkout's ``python/``
 (its extension built there), for a before / after ratio measured in the same run. The
-section replaces its earlier version in the report (``make bench`` runs this after
-``bench-python``, which rewrites the rest).
+section replaces its earlier version in the report, in place (``make bench`` runs this after
+``bench-python``, which rewrites the rest, and before ``bench-beyond``'s section 7).
 """
 
 from __future__ import annotations
@@ -116,8 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     text = section(ours, base, args.label)
     print(text)
     report = args.report.read_text() if args.report.exists() else ""
-    report = re.sub(re.escape(HEADING) + r".*?(?=\n## |\Z)", "", report, flags=re.S).rstrip("\n")
-    args.report.write_text(report + "\n\n" + text)
+    pattern = re.escape(HEADING) + r".*?(?=\n## |\Z)"
+    if re.search(pattern, report, flags=re.S):  # in place: section 7 may follow
+        report = re.sub(pattern, lambda _: text.rstrip("\n") + "\n", report, count=1, flags=re.S)
+        args.report.write_text(report)
+    else:
+        args.report.write_text(report.rstrip("\n") + "\n\n" + text)
     return 0
 
 
