@@ -12,6 +12,7 @@ fail under ``LOGITSPROC_REQUIRE_EXTRAS=1`` (``make test``).
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import platform
@@ -260,6 +261,152 @@ def test_truncations_top_n_sigma_and_typical_p(ours):
     assert all(o["t"] == typical[0]["t"] for o in typical), typical
 
 
+# --- issue 15's processors (ours beyond vLLM's), through the V1 bridge ----------------------
+
+
+def _repeats(seq: list[int], n: int, start: int) -> list[tuple[int, int]]:
+    """``(i, j)``: the n-gram ending at ``j >= start`` also ends at ``i < j`` in ``seq``."""
+    ends: dict[tuple[int, ...], list[int]] = collections.defaultdict(list)
+    found = []
+    for j in range(n - 1, len(seq)):
+        gram = tuple(seq[j - n + 1 : j + 1])
+        if j >= start:
+            found += [(i, j) for i in ends[gram]]
+        ends[gram].append(j)
+    return found
+
+
+def test_dry_stops_what_would_repeat(ours):
+    """DRY with a strong multiplier (1000) and allowed_length 2, on prompts that end in the
+    model's own greedy output: without it the greedy continuation repeats trigrams of the
+    prompt and output; with it no trigram ending in the output came before (prompt
+    included: llama.cpp's window), greedy and sampled."""
+    b = part(ours, "beyond")
+    loops = b["loops"]
+    prompts = loops + [loops[0]] * len(b["seeds"])
+    plain = [_repeats(q + o["t"], 3, len(q)) for q, o in zip(loops, b["dry_plain"], strict=True)]
+    counts = [len(r) for r in plain]
+    assert sum(map(bool, counts)) >= 3, f"the loops should repeat without DRY: {counts}"
+    for q, o in zip(prompts, b["dry"], strict=True):
+        assert not _repeats(q + o["t"], 3, len(q)), (q, o)
+    greedy = b["dry"][: len(loops)]
+    changed = [o != w for o, w, r in zip(greedy, b["dry_plain"], plain, strict=True) if r]
+    assert all(changed), (greedy, b["dry_plain"])
+
+
+def test_dry_allowed_length_lets_shorter_repeats_through(ours):
+    """allowed_length 4: no 5-gram repeats, but trigrams still do (only a repetition of at
+    least allowed_length tokens is penalised)."""
+    b = part(ours, "beyond")
+    pairs = list(zip(b["loops"], b["dry_long"], strict=True))
+    for q, o in pairs:
+        assert not _repeats(q + o["t"], 5, len(q)), (q, o)
+    assert any(_repeats(q + o["t"], 3, len(q)) for q, o in pairs), pairs
+
+
+def test_dry_sequence_breakers_end_the_repetition(ours):
+    """Every token a single-token breaker: the newest token always is one, so the repetition
+    limit is 0, below allowed_length, and DRY penalises nothing: the plain greedy tokens."""
+    b = part(ours, "beyond")
+    assert b["dry_all_breakers"] == b["dry_plain"], (b["dry_all_breakers"], b["dry_plain"])
+
+
+def test_xtc_leaves_greedy_rows_alone(ours):
+    """A greedy request with xtc_probability 1 (in a batch of sampled XTC rows) gets the
+    plain greedy tokens: vLLM takes a greedy row's token before the argmax-invariant phase."""
+    b = part(ours, "beyond")
+    assert b["xtc_greedy"] == b["xtc_greedy_plain"], (b["xtc_greedy"], b["xtc_greedy_plain"])
+
+
+def test_xtc_probability_one_excludes_the_argmax(ours):
+    """xtc_probability 1 and a threshold every token meets: each step keeps only the least
+    probable token, so every seed samples the same tokens, and none of them is the greedy
+    argmax after the same prefix (replayed one step at a time); the seeds vary without it."""
+    b = part(ours, "beyond")
+    tokens = b["xtc_all"][0]["t"]
+    assert all(o == b["xtc_all"][0] for o in b["xtc_all"]), b["xtc_all"]
+    assert len({tuple(o["t"]) for o in b["xtc_plain"]}) >= 4, "baseline should vary"
+    argmax = b["xtc_argmax"]
+    assert len(argmax) == len(tokens)
+    hits = [k for k, (t, a) in enumerate(zip(tokens, argmax, strict=True)) if t == a]
+    assert not hits, f"XTC picked the argmax at steps {hits}: {tokens} vs argmax {argmax}"
+
+
+def test_xtc_seeded_draws_are_reproducible(ours):
+    """xtc_probability 0.5, seeded: the same tokens again, submitted in reverse among unseeded
+    XTC rows (which draw from the global generator); it fires on some steps only (the tokens
+    differ from both the plain and the always-firing ones)."""
+    b = part(ours, "beyond")
+    assert b["xtc_half_again"] == b["xtc_half"], (b["xtc_half"], b["xtc_half_again"])
+    half, plain, always = b["xtc_half"], b["xtc_plain"], b["xtc_all"]
+    assert sum(h != p for h, p in zip(half, plain, strict=True)) >= 4, (half, plain)
+    assert sum(h != a for h, a in zip(half, always, strict=True)) >= 4, (half, always)
+
+
+def test_penalty_last_n_minus_one_is_the_whole_history(ours):
+    """penalty_last_n -1, and a window longer than the sequence, give the tokens of the same
+    penalties without the field (repetition; presence + frequency), which differ from none."""
+    b = part(ours, "beyond")
+    whole, base = b["last_n_whole"], b["last_n_base"][0]
+    assert all(o["t"] != base["t"] for o in whole), (whole, base)
+    assert b["last_n_minus_1"] == whole, (b["last_n_minus_1"], whole)
+    assert b["last_n_huge"] == whole, (b["last_n_huge"], whole)
+
+
+def test_penalty_last_n_zero_turns_penalties_off(ours):
+    """penalty_last_n 0 with a repetition penalty of 2 (and with presence + frequency): the
+    tokens of no penalty at all."""
+    b = part(ours, "beyond")
+    base = b["last_n_base"][0]
+    assert all(o == base for o in b["last_n_zero"]), (b["last_n_zero"], base)
+
+
+def test_penalty_last_n_one_penalizes_only_the_last_position(ours):
+    """Token 77 biased +50, 78 +45, repetition penalty 10: with penalty_last_n 1 each is
+    penalised right after it comes and freed a step later (77, 78, 77, ...); with 0, 77 for
+    ever."""
+    window_1, off = part(ours, "beyond")["alternate"]
+    assert window_1["t"] == [77, 78] * 6, window_1
+    assert off["t"] == [77] * 12, off
+
+
+def test_no_repeat_ngram_deepseek_mode(ours):
+    """DeepSeek-OCR's mode (size 2, output only, window 8, the base output's most common token
+    whitelisted) on prompts that end in the model's own loop, greedy and sampled: no bigram
+    of the output repeats one inside the window unless it ends in a whitelisted token. And
+    each field shows: some output bigram repeats one of the prompt inside the window (banned
+    but for output only), some repeats one from before the window (banned but for the
+    window), some repeats one inside it ending in a whitelisted token."""
+    b = part(ours, "beyond")
+    n, w = driver.DEEPSEEK_N, driver.DEEPSEEK_WINDOW
+    loops, seeds = b["loops"], b["seeds"]
+    cases = list(
+        zip(
+            loops + [loops[0]] * len(seeds),
+            b["whitelists"] + [b["whitelists"][0]] * len(seeds),
+            b["deepseek"],
+            strict=True,
+        )
+    )
+    seen = collections.Counter()
+    for prompt, whitelist, o in cases:
+        t = o["t"]
+        for i, j in _repeats(t, n, 0):  # i, j: where the bigrams end (positions in t)
+            if i - n + 1 >= j - w:  # the earlier one lies in the last w tokens of t[:j]
+                assert t[j] in whitelist, f"bigram at {j} repeats {i} inside the window: {o}"
+                seen["whitelisted"] += 1
+            elif t[j] not in whitelist:
+                seen["beyond the window"] += 1
+        # The same window over prompt + output: repeats of a bigram that starts in the prompt.
+        s, start = prompt + t, len(prompt)
+        seen["of the prompt"] += sum(
+            i - n + 1 < start and i - n + 1 >= j - w and s[j] not in whitelist
+            for i, j in _repeats(s, n, start + n - 1)
+        )
+    shown = ("whitelisted", "beyond the window", "of the prompt")
+    assert all(seen[k] for k in shown), f"each field should show: {dict(seen)}"
+
+
 def test_penalties_change_output(ours):
     base, repetition, presence = part(ours, "effects")["penalties"]
     assert repetition["t"] != base["t"] and presence["t"] != base["t"], (base, repetition)
@@ -332,7 +479,8 @@ def test_fqcn_strings_and_class_objects_load(ours):
     names = ours["classes"]
     assert len(names) == 8 and "LogitMarginLogitsProcessor" in names, names
     assert any(":" in n for n in names) and any(":" not in n for n in names), names
-    missing_sections = [k for k in ("shared_ns", "effects", "churn", "profile") if k not in ours]
+    sections = ("shared_ns", "effects", "beyond", "churn", "profile")
+    missing_sections = [k for k in sections if k not in ours]
     assert not missing_sections, missing_sections
 
 

@@ -14,7 +14,7 @@ from logitsproc_rs.pipeline import Pipeline
 from logitsproc_rs.vllm import _guard
 from logitsproc_rs.vllm._fields import Routed, routed_params
 
-ALL_TABLES = ("logit_bias", "min_tokens", "bad_words", "allowed")
+ALL_TABLES = ("logit_bias", "min_tokens", "bad_words", "allowed", "no_repeat_ngram", "dry")
 
 
 def ns(**fields) -> SamplingParams:
@@ -35,6 +35,12 @@ def ns(**fields) -> SamplingParams:
         ({"bad_words_token_ids": [[5] * 65]}, (), "65 tokens in a word exceed"),
         ({"allowed_token_ids": list(range(4097))}, (), "4097 entries exceed"),
         ({"min_tokens": 3, "stop_token_ids": list(range(100))}, range(100, 128), "129 stop ids"),
+        ({"no_repeat_ngram_size": 129}, (), "129 is above the per-request cap of 128"),
+        ({"no_repeat_ngram_window": 2049}, (), "2049 is above the per-request cap of 2048"),
+        ({"no_repeat_ngram_whitelist": list(range(1025))}, (), "1025 entries exceed"),
+        ({"dry_penalty_last_n": 8193}, (), "8193 is above the per-request cap of 8192"),
+        ({"dry_sequence_breakers": [[5]] * 513}, (), "513 breakers exceed"),
+        ({"dry_sequence_breakers": [[5] * 65]}, (), "65 tokens in a breaker exceed"),
     ],
 )
 def test_caps_are_checked_at_the_front_end(fields, own_stops, words) -> None:
@@ -50,6 +56,15 @@ def test_caps_at_the_limit_and_of_absent_tables_pass() -> None:
         "request", ns(min_tokens=3, stop_token_ids=list(range(100))), request, ALL_TABLES
     )
     _guard.check_caps("request", ns(bad_words_token_ids=[[5]] * 200), request, ("logit_bias",))
+    at_caps = {
+        "no_repeat_ngram_size": 128,
+        "no_repeat_ngram_window": 2048,
+        "no_repeat_ngram_whitelist": list(range(1024)),
+        "dry_penalty_last_n": 8192,
+        "dry_sequence_breakers": [[5] * 64] * 512,
+    }
+    _guard.check_caps("request", ns(**at_caps), request, ALL_TABLES)
+    _guard.check_caps("request", ns(dry_penalty_last_n=8193), request, ("no_repeat_ngram",))
     # Without our min_tokens, the request's own stop ids are vLLM's: not capped, not held back.
     many = SimpleNamespace(stop_token_ids=list(range(500)), all_stop_token_ids=set(range(500)))
     _guard.check_caps("request", ns(), many, ALL_TABLES)

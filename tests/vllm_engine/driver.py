@@ -296,6 +296,37 @@ FRONT_END_BAD: dict[str, dict] = {
     "allowed_over_cap": {NS: {"allowed_token_ids": list(range(4097))}},
     "thinking_budget_type": {NS: {"thinking_token_budget": "x"}},
     "thinking_budget_negative": {NS: {"thinking_token_budget": -2}},
+    # Issue 15's fields (ours beyond vLLM's): one bad value each.
+    "penalty_last_n_below_minus_1": {NS: {"repetition_penalty": 1.2, "penalty_last_n": -2}},
+    "penalty_last_n_type": {NS: {"repetition_penalty": 1.2, "penalty_last_n": 1.5}},
+    "no_repeat_window_negative": {NS: {"no_repeat_ngram_size": 2, "no_repeat_ngram_window": -1}},
+    "no_repeat_output_only_type": {
+        NS: {"no_repeat_ngram_size": 2, "no_repeat_ngram_output_only": "yes"}
+    },
+    "no_repeat_whitelist_negative_id": {
+        NS: {"no_repeat_ngram_size": 2, "no_repeat_ngram_whitelist": [5, -1]}
+    },
+    "xtc_probability_above_1": {NS: {"xtc_probability": 1.5}},
+    "xtc_threshold_zero": {NS: {"xtc_probability": 0.5, "xtc_threshold": 0.0}},
+    "dry_multiplier_negative": {NS: {"dry_multiplier": -1.0}},
+    "dry_base_below_1": {NS: {"dry_multiplier": 0.8, "dry_base": 0.5}},
+    "dry_allowed_length_zero": {NS: {"dry_multiplier": 0.8, "dry_allowed_length": 0}},
+    "dry_penalty_last_n_below_minus_1": {NS: {"dry_multiplier": 0.8, "dry_penalty_last_n": -2}},
+    "dry_breakers_empty_sequence": {NS: {"dry_multiplier": 0.8, "dry_sequence_breakers": [[]]}},
+    # Their caps (EngineConfig defaults), which need no vocabulary either.
+    "no_repeat_size_over_cap": {NS: {"no_repeat_ngram_size": 129}},
+    "no_repeat_window_over_cap": {NS: {"no_repeat_ngram_size": 2, "no_repeat_ngram_window": 2049}},
+    "no_repeat_whitelist_over_cap": {
+        NS: {"no_repeat_ngram_size": 2, "no_repeat_ngram_whitelist": list(range(1025))}
+    },
+    "dry_penalty_last_n_over_cap": {NS: {"dry_multiplier": 0.8, "dry_penalty_last_n": 8193}},
+    "dry_breakers_over_cap": {
+        NS: {
+            "dry_multiplier": 0.8,
+            "dry_sequence_breakers": [[5 + i % 500, 5 + i // 500] for i in range(513)],
+        }
+    },
+    "dry_breaker_too_long": {NS: {"dry_multiplier": 0.8, "dry_sequence_breakers": [[5] * 65]}},
     "logit_margin_negative": {"logit_margin": -1},
     "logit_margin_type": {"logit_margin": "x"},
 }
@@ -307,6 +338,14 @@ WORKER_BAD: dict[str, tuple[dict, str]] = {
     "bad_words_oov": ({"bad_words_token_ids": [[600]]}, "bad_words"),
     "bad_words_oov_in_word": ({"bad_words_token_ids": [[7, 600]]}, "bad_words"),
     "stop_token_ids_oov": ({"min_tokens": 3, "stop_token_ids": [600]}, "stop_token_ids"),
+    "no_repeat_whitelist_oov": (
+        {"no_repeat_ngram_size": 2, "no_repeat_ngram_whitelist": [5, 600]},
+        "no_repeat_ngram_whitelist",
+    ),
+    "dry_breakers_oov": (
+        {"dry_multiplier": 0.8, "dry_sequence_breakers": [[7, 600]]},
+        "dry_sequence_breakers",
+    ),
 }
 # How the bad request is sent (vLLM's own fields around it): name -> spec keywords
 WORKER_VARIANTS: dict[str, dict] = {
@@ -398,8 +437,10 @@ def ours(model: str) -> None:
     # Ours beyond vLLM's (opt-in), in the engine for its effect; not in the cost profile.
     extra: list[Any] = [
         "logitsproc_rs.vllm.v1:NoRepeatNGramLogitsProcessor",
+        "logitsproc_rs.vllm.v1:DryLogitsProcessor",
         "logitsproc_rs.vllm.v1:TopNSigmaLogitsProcessor",
         "logitsproc_rs.vllm.v1:TypicalPLogitsProcessor",
+        v1.XTCLogitsProcessor,
     ]
     captured = Captured()
     logging.getLogger("logitsproc_rs").addHandler(captured)
@@ -426,6 +467,10 @@ def ours(model: str) -> None:
     @section("effects")
     def _():
         return effects(llm)
+
+    @section("beyond")
+    def _():
+        return beyond(llm)
 
     @section("churn")
     def _():
@@ -521,6 +566,103 @@ def effects(llm) -> dict:
     out["typical_p_tiny"] = run(llm, [{**s, "ns": {"typical_p": 1e-6}} for s in sampled])
     out["margin_tiny"] = run(llm, [{**s, "margin": 1e-3} for s in sampled])
     out["margin_huge"] = run(llm, [{**s, "margin": 1e6} for s in sampled])
+    return out
+
+
+# DRY, XTC, penalty_last_n and no-repeat-ngram's DeepSeek-OCR mode (issue 15; ours, opt-in).
+DRY = {"dry_multiplier": 1000.0, "dry_base": 1.75, "dry_allowed_length": 2}
+DRY_LONG = {**DRY, "dry_allowed_length": 4}
+# Every token a single-token breaker: the newest token always is one, so the repetition limit
+# is 0 < allowed_length and DRY penalises nothing (llama.cpp's rule).
+DRY_ALL_BREAKERS = {**DRY, "dry_sequence_breakers": [[t] for t in range(VOCAB)]}
+XTC_ALL = {"xtc_probability": 1.0, "xtc_threshold": 1e-6}  # fires every step, all qualify
+XTC_HALF = {"xtc_probability": 0.5, "xtc_threshold": 1e-6}
+DEEPSEEK_N, DEEPSEEK_WINDOW = 2, 8
+# Token 77 biased far above everything, 78 next; a repetition penalty of 10 over the last
+# position only: 77, 78, 77, 78, ... (each is penalised right after it is emitted).
+ALTERNATE = {"logit_bias": {77: 50.0, 78: 45.0}, "repetition_penalty": 10.0}
+
+
+def beyond(llm) -> dict:
+    """The processors issue 15 added, through the V1 bridge (extra_args namespace), batched in
+    three ``generate`` calls (the tests assert on these outputs)."""
+    seeds = [41, 42, 43, 44, 45, 46]
+    p = PROMPTS[0]
+    out: dict[str, Any] = {"seeds": seeds}
+    # Phase 1: the greedy continuations the loop prompts are built from.
+    base = [o["t"] for o in run(llm, [spec(q, n=24) for q in PROMPTS])]
+    # Prompts that end in the model's own greedy output, so continuing them invites the loop.
+    loops = [q + b for q, b in zip(PROMPTS, base, strict=True)]
+    whitelists = [[collections.Counter(b).most_common(1)[0][0]] for b in base]
+    deepseek = [
+        {
+            "no_repeat_ngram_size": DEEPSEEK_N,
+            "no_repeat_ngram_output_only": True,
+            "no_repeat_ngram_window": DEEPSEEK_WINDOW,
+            "no_repeat_ngram_whitelist": w,
+        }
+        for w in whitelists
+    ]
+    out.update(loops=loops, whitelists=whitelists)
+    # Phase 2: one batch of everything that needs no replay.
+    named: dict[str, list[dict]] = {
+        "dry_plain": [spec(q, n=32) for q in loops],
+        "dry": [spec(q, n=32, ns=DRY) for q in loops]
+        + [spec(loops[0], n=32, temperature=1.0, seed=s, ns=DRY) for s in seeds],
+        "dry_long": [spec(q, n=32, ns=DRY_LONG) for q in loops],
+        "dry_all_breakers": [spec(q, n=32, ns=DRY_ALL_BREAKERS) for q in loops],
+        "deepseek": [spec(q, n=40, ns=ns) for q, ns in zip(loops, deepseek, strict=True)]
+        + [spec(loops[0], n=40, temperature=1.0, seed=s, ns=deepseek[0]) for s in seeds],
+        "xtc_greedy_plain": [spec(p, n=12)],
+        "xtc_greedy": [spec(p, n=12, ns=XTC_ALL)],  # batched with sampled rows below
+        "xtc_plain": [spec(p, n=12, temperature=1.0, seed=s) for s in seeds],
+        "xtc_all": [spec(p, n=12, temperature=1.0, seed=s, ns=XTC_ALL) for s in seeds],
+        "xtc_half": [spec(p, n=12, temperature=1.0, seed=s, ns=XTC_HALF) for s in seeds],
+        "last_n_base": [spec(p, n=32)],
+        "last_n_whole": [
+            spec(p, n=32, ns={"repetition_penalty": 2.0}),
+            spec(p, n=32, ns={"presence_penalty": 1.5, "frequency_penalty": 1.0}),
+        ],
+        "last_n_minus_1": [
+            spec(p, n=32, ns={"repetition_penalty": 2.0, "penalty_last_n": -1}),
+            spec(
+                p,
+                n=32,
+                ns={"presence_penalty": 1.5, "frequency_penalty": 1.0, "penalty_last_n": -1},
+            ),
+        ],
+        "last_n_huge": [
+            spec(p, n=32, ns={"repetition_penalty": 2.0, "penalty_last_n": 100_000}),
+            spec(
+                p,
+                n=32,
+                ns={"presence_penalty": 1.5, "frequency_penalty": 1.0, "penalty_last_n": 100_000},
+            ),
+        ],
+        "last_n_zero": [
+            spec(p, n=32, ns={"repetition_penalty": 2.0, "penalty_last_n": 0}),
+            spec(
+                p, n=32, ns={"presence_penalty": 1.5, "frequency_penalty": 1.0, "penalty_last_n": 0}
+            ),
+        ],
+        "alternate": [
+            spec(p, n=12, ns={**ALTERNATE, "penalty_last_n": 1}),
+            spec(p, n=12, ns={**ALTERNATE, "penalty_last_n": 0}),
+        ],
+    }
+    flat = [s for group in named.values() for s in group]
+    outs = iter(run(llm, flat))
+    for name, group in named.items():
+        out[name] = [next(outs) for _ in group]
+    # Phase 3: the seeded XTC requests again, reversed, among unseeded XTC rows (which draw
+    # from the global generator); and the greedy argmax after each prefix of XTC_ALL's output.
+    half = named["xtc_half"][::-1]
+    unseeded = [spec(p, n=12, temperature=1.0, ns=XTC_HALF) for _ in range(3)]
+    xtc_tokens = out["xtc_all"][0]["t"]
+    prefixes = [spec(p + xtc_tokens[:k], n=1) for k in range(len(xtc_tokens))]
+    again = run(llm, [*unseeded[:2], *half, unseeded[2], *prefixes])
+    out["xtc_half_again"] = again[2 : 2 + len(half)][::-1]
+    out["xtc_argmax"] = [o["t"][0] for o in again[3 + len(half) :]]
     return out
 
 

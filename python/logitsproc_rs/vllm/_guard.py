@@ -77,6 +77,44 @@ def check_caps(where: str, ours: SamplingParams, request: Any, tables: Iterable[
             CAP_DEFAULTS["max_allowed_token_ids"],
         )
 
+    def above(name: str, value: int, cap: str) -> None:
+        if value > CAP_DEFAULTS[cap]:
+            raise RequestError.located(
+                None,
+                name,
+                f"{value} is above the per-request cap of {CAP_DEFAULTS[cap]} ({cap})",
+                label=f"{field}[{name!r}]",
+                where=where,
+            )
+
+    # The core checks these whether or not the processor is on for the request (size or
+    # multiplier 0), so the front end does too.
+    if "no_repeat_ngram" in tables:
+        above("no_repeat_ngram_size", ours.no_repeat_ngram_size, "max_no_repeat_ngram_size")
+        above("no_repeat_ngram_window", ours.no_repeat_ngram_window, "max_no_repeat_ngram_window")
+        if ours.no_repeat_ngram_whitelist:
+            over(
+                "no_repeat_ngram_whitelist",
+                len(ours.no_repeat_ngram_whitelist),
+                CAP_DEFAULTS["max_no_repeat_ngram_whitelist"],
+            )
+    if "dry" in tables:
+        above("dry_penalty_last_n", ours.dry_penalty_last_n, "max_dry_penalty_last_n")
+        if ours.dry_sequence_breakers:
+            breakers = ours.dry_sequence_breakers
+            over(
+                "dry_sequence_breakers",
+                len(breakers),
+                CAP_DEFAULTS["max_dry_sequence_breakers"],
+                "breakers",
+            )
+            over(
+                "dry_sequence_breakers",
+                max(map(len, breakers)),
+                CAP_DEFAULTS["max_dry_sequence_breaker_len"],
+                "tokens in a breaker",
+            )
+
 
 # An untyped error in the core's words ("request at index 3: field 'logit_bias': ...").
 _UNTYPED_REQUEST_ERROR = re.compile(r"request at index (\d+): ")
