@@ -35,6 +35,20 @@ pub trait TokenHistory {
         usize::MAX
     }
 
+    /// How much of `seen` (the output tokens a table read before, oldest first) the history
+    /// still holds as they were: the engine may have shrunk or rewritten its tail. Usually one
+    /// token is compared.
+    fn kept_prefix(&self, store: &Self::Store, seen: &[i64]) -> usize {
+        let mut keep = seen
+            .len()
+            .min(self.len(store))
+            .min(self.rewritten_from(store));
+        while keep > 0 && self.token_at(store, keep - 1) != Some(seen[keep - 1]) {
+            keep -= 1;
+        }
+        keep
+    }
+
     /// Appends the last `n` tokens (fewer if the history is shorter) to `out`.
     fn read_tail(&self, store: &Self::Store, n: usize, out: &mut Vec<i64>) {
         let len = self.len(store);

@@ -336,16 +336,10 @@ impl<H: TokenHistory> NoRepeatNGramState<H> {
         let banned = &mut self.banned;
         banned.clear();
         for (row, e) in self.table.iter_mut() {
-            // Keep the output prefix the engine's list still holds (it may have shrunk or been
-            // rewritten at the tail); usually one token is compared.
+            // Keep the output prefix the engine's list still holds.
             let len = e.output.len(store);
             let read = e.seq.len() - e.prompt_len;
-            let mut keep = read.min(len).min(e.output.rewritten_from(store));
-            while keep > 0
-                && e.output.token_at(store, keep - 1) != Some(e.seq[e.prompt_len + keep - 1])
-            {
-                keep -= 1;
-            }
+            let keep = e.output.kept_prefix(store, &e.seq[e.prompt_len..]);
             let window = e.window;
             if keep < read {
                 e.truncate(e.prompt_len + keep, window);
