@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import routes_match_reference
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -19,7 +20,6 @@ from logitsproc_rs import (
     NoRepeatNGramLogitsProcessor,
     RequestError,
     SamplingParams,
-    build_logitsprocs,
 )
 from logitsproc_rs.pipeline import Pipeline
 from logitsproc_rs.reference import RefNoRepeatNGramLogitsProcessor
@@ -80,51 +80,19 @@ def test_churn_matches_the_reference(seed: int, kind: str, window: int | None) -
 
 
 def test_every_route_of_one_pipeline_agrees() -> None:
-    """vLLM's loop over a pipeline's processors, the token feed and stable slots (a request
-    keeps its slot; rows map to slots) all give the reference's logits."""
-    cfg = config()
-    extra = [NoRepeatNGramLogitsProcessor]
-    loop = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=extra)
-    fed = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=extra, token_feed=True)
-    slots = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=extra, stable_slots=True)
-
-    def ours(procs: Any) -> Any:
-        return next(p for p in procs.all if isinstance(p, NoRepeatNGramLogitsProcessor))
-
-    ref = RefNoRepeatNGramLogitsProcessor(cfg, torch.device("cpu"), False)
-    sim = churn(7)
+    """One call, vLLM's loop over a pipeline's processors, the device path, the token feed,
+    stable slots (a request keeps its slot; rows map to slots) and the view alone all give the
+    reference's logits."""
     g = torch.Generator().manual_seed(7)
-    slot_of: dict[int, int] = {}
-    pipe = ours(slots).pipeline
-    prev_rows: list[Any] = []
-    for step in range(150):
-        update = sim.step()
-        rows = sim.batch.rows()
-        # vLLM's loop: every processor's update_state in turn.
-        for p in loop.all:
-            p.update_state(update)
-        # The token feed: what the last step sampled for its rows, then this step's update.
-        sampled = [r.output_token_ids[-1] for r in prev_rows]
-        fed.update_state(update, sampled_token_ids=sampled if prev_rows else None)
-        # Stable slots: each request keeps the slot it was given, its list read live.
-        live = {r.req_id for r in rows}
-        for rid in [rid for rid in slot_of if rid not in live]:
-            pipe.remove_request(slot_of.pop(rid))
-        for r in rows:
-            if r.req_id not in slot_of:
-                slot_of[r.req_id] = min(set(range(CAP)) - set(slot_of.values()))
-                pipe.add_request(
-                    slot_of[r.req_id], r.params, r.prompt_token_ids, r.output_token_ids
-                )
-        ref.update_state(update)
-        logits = torch.randn(len(rows), V, generator=g)
-        want = ref.apply(logits.clone())
-        assert torch.equal(ours(loop).apply(logits.clone()), want), f"loop, step {step}"
-        assert torch.equal(ours(fed).apply(logits.clone()), want), f"token feed, step {step}"
-        row_to_slot = [slot_of[r.req_id] for r in rows]
-        got = pipe.apply(logits.clone(), row_to_slot, processors=[ours(slots)])
-        assert torch.equal(got, want), f"stable slots, step {step}"
-        prev_rows = list(rows)
+    routes_match_reference(
+        NoRepeatNGramLogitsProcessor,
+        RefNoRepeatNGramLogitsProcessor,
+        churn(7),
+        CAP,
+        V,
+        lambda _step, rows: torch.randn(rows, V, generator=g),
+        steps=150,
+    )
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
