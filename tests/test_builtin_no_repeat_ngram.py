@@ -150,27 +150,14 @@ def test_bad_sizes_name_the_request_and_field() -> None:
     assert math.isinf(out[0, 2]) and int(torch.isinf(out).sum()) == 1
 
 
-def test_hf_generate_gives_transformers_own_tokens() -> None:
+def test_hf_generate_gives_transformers_own_tokens(tiny_llama: Any) -> None:
     """In ``model.generate()`` on a tiny random Llama: our no-repeat-ngram, per row through
     ``HFLogitsProcessor``, gives the tokens of HF's own ``no_repeat_ngram_size`` (greedy, a
     model that repeats itself without it)."""
     transformers = pytest.importorskip("transformers")
     from logitsproc_rs.hf import HFLogitsProcessor, neutral_generate_kwargs
 
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=128,
-        )
-    ).eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
+    model = tiny_llama
     ids = torch.randint(3, 60, (3, 8), generator=torch.Generator().manual_seed(1))
     for n in (2, 3):
         with torch.no_grad():
