@@ -233,6 +233,19 @@ def draw_bad_params(data: Any, vocab: int) -> Any:
 # The machine
 
 
+def machine_config(max_num_seqs: int, vocab: int, multi_start: bool) -> EngineConfig:
+    """A state machine's engine config: the last vocabulary ids are the reasoning markers (one
+    or two start ids, one end id), the caps small (``CAPS``)."""
+    start = [vocab - 3, vocab - 2] if multi_start else [vocab - 2]
+    return EngineConfig(
+        max_num_seqs=max_num_seqs,
+        vocab_size=vocab,
+        reasoning_start_token_ids=start,
+        reasoning_end_token_ids=[vocab - 1],
+        **CAPS,
+    )
+
+
 class PipelineMachine(RuleBasedStateMachine):
     TOKEN_FEED = False
 
@@ -251,17 +264,10 @@ class PipelineMachine(RuleBasedStateMachine):
         seed=st.integers(0, 2**31),
     )
     def setup(self, max_num_seqs: int, vocab: int, multi_start: bool, seed: int) -> None:
-        v = vocab
-        self.start = [v - 3, v - 2] if multi_start else [v - 2]
-        self.end = [v - 1]
-        self.cfg = EngineConfig(
-            max_num_seqs=max_num_seqs,
-            vocab_size=v,
-            reasoning_start_token_ids=self.start,
-            reasoning_end_token_ids=self.end,
-            **CAPS,
-        )
-        self.V, self.B = v, max_num_seqs
+        self.cfg = machine_config(max_num_seqs, vocab, multi_start)
+        self.start = list(self.cfg.reasoning_start_token_ids or ())
+        self.end = list(self.cfg.reasoning_end_token_ids or ())
+        self.V, self.B = vocab, max_num_seqs
         self.ours = guarded(build_logitsprocs, self.cfg, "cpu", False, token_feed=self.TOKEN_FEED)
         self.ref = build_reference_logitsprocs(self.cfg, "cpu")
         self.batch = PersistentBatch(max_num_seqs)

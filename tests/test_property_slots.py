@@ -50,12 +50,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from test_differential import classify_min_p_diffs, random_logits
 from test_property import (
     _SETTINGS,
-    CAPS,
     HOT,
     NAN,
     draw_bad_params,
     draw_params,
     guarded,
+    machine_config,
 )
 
 from logitsproc_rs import BatchUpdate, EngineConfig, build_logitsprocs
@@ -155,17 +155,10 @@ class SlotMachine(RuleBasedStateMachine):
         seed=st.integers(0, 2**31),
     )
     def setup(self, max_num_seqs: int, vocab: int, multi_start: bool, seed: int) -> None:
-        v = vocab
-        self.start = [v - 3, v - 2] if multi_start else [v - 2]
-        self.end = [v - 1]
-        self.cfg = EngineConfig(
-            max_num_seqs=max_num_seqs,
-            vocab_size=v,
-            reasoning_start_token_ids=self.start,
-            reasoning_end_token_ids=self.end,
-            **CAPS,
-        )
-        self.V, self.B = v, max_num_seqs
+        self.cfg = machine_config(max_num_seqs, vocab, multi_start)
+        self.start = list(self.cfg.reasoning_start_token_ids or ())
+        self.end = list(self.cfg.reasoning_end_token_ids or ())
+        self.V, self.B = vocab, max_num_seqs
         self.max_rows = ROWS_PER_SLOT * max_num_seqs
         self.ours = guarded(
             build_logitsprocs,
@@ -536,9 +529,11 @@ class SlotMachine(RuleBasedStateMachine):
             object.__setattr__(params, field, value)
         elif kind == "prompt":
             object.__setattr__(params, "repetition_penalty", 1.5)  # a table reads the prompt
+            object.__setattr__(params, "penalty_last_n", None)  # (0 would turn it off)
             prompt = [0, data.draw(st.sampled_from((self.V, -1, 2**40, 1.5, "1", None)))]
         else:
             object.__setattr__(params, "repetition_penalty", 1.5)  # a table reads the output
+            object.__setattr__(params, "penalty_last_n", None)  # (0 would turn it off)
             # (None is no output; ids past the vocabulary are history the tables ignore.)
             output = data.draw(
                 st.sampled_from((5, "abc", (1, 2), [-2], [1.5], [True], [0, -1, 0], [2**70]))
