@@ -127,10 +127,16 @@ class Pipeline:
         row_to_slot: Any,
         sampled_token_ids: Any | None = None,
         slots: Any | None = None,
+        local_pos: Any | None = None,
+        input_ids: Any | None = None,
     ) -> None:
-        """Stable slots: feed, pending slot changes, per-step work, row map; atomic."""
+        """Stable slots: feed, pending slot changes, per-step work, row map (and its draft
+        layout); atomic."""
 
-    def map_rows(self, row_to_slot: Any) -> None: ...
+    def map_rows(
+        self, row_to_slot: Any, local_pos: Any | None = None, input_ids: Any | None = None
+    ) -> None: ...
+    def remap_rows(self) -> None: ...
     def restep(self) -> None:
         """Looks again at outputs that ended in an async placeholder (-1)."""
 

@@ -335,7 +335,7 @@ class Pipeline(StableSlots):
         self._resteped = True  # once per step: the engine fills placeholders before sampling
         self.core.restep()
         if self.stable_slots and self._row_map is not None:
-            self.core.map_rows(self._row_map)
+            self.core.remap_rows()  # the row map again, with its drafts
         self._upload(self.arena.upload_in_apply)
         self.core.status_into(self.status)
         self._pending_restep = bool(self.status[self._placeholders])

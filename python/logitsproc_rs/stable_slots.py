@@ -5,6 +5,11 @@ step gives a row → slot map under which a slot may own several logits rows.
 effect at the next step; ``step_slots(row_to_slot)`` runs the step (tokens sampled last step by
 slot, the slot changes, the per-step work, this step's row map, one upload); processors then
 ``apply_rows`` with rows lined up through the map. ``apply`` does all of it in one call.
+
+Speculative decoding (MRV2's layout): a request owns a run of consecutive rows, and with
+``local_pos`` (each row's position in its run, ``ctx.expanded_local_pos``) and ``input_ids``
+(the token fed at each row: at position ``j >= 1`` the draft ``d_{j-1}``) the row at position
+``j`` gets its slot's transforms over the committed history followed by ``d_0 .. d_{j-1}``.
 """
 
 from __future__ import annotations
@@ -59,14 +64,36 @@ class StableSlots:
             state.remove_request(slot)
 
     def step_slots(
-        self, row_to_slot: Any, sampled_token_ids: Any = None, slots: Any = None
+        self,
+        row_to_slot: Any,
+        sampled_token_ids: Any = None,
+        slots: Any = None,
+        *,
+        local_pos: Any = None,
+        input_ids: Any = None,
     ) -> None:
         """Stable slots, once per step before applying: the tokens sampled last step (by
         slot), the slot changes since the last step, the per-step work, then this step's row
-        map (logits row ``r`` belongs to slot ``row_to_slot[r]``), and one upload. Everything
-        is checked first: a refused call changes nothing (pending changes stay pending)."""
+        map (logits row ``r`` belongs to slot ``row_to_slot[r]``) with its draft layout
+        (``local_pos`` and ``input_ids``, both or neither: module docs), and one upload.
+        Everything is checked first: a refused call changes nothing (pending changes stay
+        pending)."""
         self._need_stable("step_slots")
-        self._step_slots(*self._slot_inputs(row_to_slot, sampled_token_ids, slots))
+        inputs = self._slot_inputs(row_to_slot, sampled_token_ids, slots)
+        self._step_slots(*inputs, *self._draft_inputs(local_pos, input_ids))
+
+    def _draft_inputs(self, local_pos: Any, input_ids: Any) -> tuple[Any, Any]:
+        """The draft layout in the core's form (both or neither)."""
+        if (local_pos is None) != (input_ids is None):
+            detail = "local_pos and input_ids go together (a draft layout has both)"
+            raise RequestError(f"field 'input_ids': {detail}", field="input_ids", detail=detail)
+        if local_pos is None:
+            return None, None
+        limit = self.core.max_rows + 1
+        return (
+            _materialized(host_ints(local_pos, "local_pos"), "local_pos", limit),
+            _materialized(host_ints(input_ids, "input_ids"), "input_ids", limit),
+        )
 
     def _slot_inputs(
         self, row_to_slot: Any, sampled_token_ids: Any, slots: Any
@@ -82,9 +109,16 @@ class StableSlots:
         feed_slots = None if slots is None else host_ints(slots, "slots")
         return row_map, tokens, feed_slots
 
-    def _step_slots(self, row_map: Any, tokens: Any, feed_slots: Any) -> None:
+    def _step_slots(
+        self,
+        row_map: Any,
+        tokens: Any,
+        feed_slots: Any,
+        local_pos: Any = None,
+        input_ids: Any = None,
+    ) -> None:
         self.arena.begin_step()
-        self.core.step_slots(row_map, tokens, feed_slots)
+        self.core.step_slots(row_map, tokens, feed_slots, local_pos, input_ids)
         self._row_map = row_map  # only once the core took it (re-mapped after a re-step)
         for state in self.slot_state.values():
             state.step_slots()
@@ -98,17 +132,22 @@ class StableSlots:
         processors: Iterable[Any] | None = None,
         sampled_token_ids: Any = None,
         slots: Any = None,
+        *,
+        local_pos: Any = None,
+        input_ids: Any = None,
     ) -> torch.Tensor:
         """Stable slots, the whole step: ``step_slots`` then every processor on this pipeline
-        (or the given ones, in order) with rows lined up through the map. The logits are
-        checked against the new row map first: refused logits change nothing."""
+        (or the given ones, in order) with rows lined up through the map (and its draft
+        layout). The logits are checked against the new row map first: refused logits change
+        nothing."""
         self._need_stable("apply")
         procs = list(processors) if processors is not None else self._views
         row_map, tokens, feed_slots = self._slot_inputs(row_to_slot, sampled_token_ids, slots)
+        drafts = self._draft_inputs(local_pos, input_ids)
         rows = len(row_map) // 8 if isinstance(row_map, bytes) else len(row_map)
         name = type(procs[0]).__name__ if procs else type(self).__name__
         checked_logits(name, logits, rows, self.vocab_size, self.device, "the row map")
-        self._step_slots(row_map, tokens, feed_slots)
+        self._step_slots(row_map, tokens, feed_slots, *drafts)
         for p in procs:
             logits = p.apply_rows(logits)
         return logits

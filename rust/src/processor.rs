@@ -45,6 +45,16 @@ pub struct StepContext<'a> {
     pub capacity: usize,
 }
 
+/// One logits row of a speculative-decoding step (stable slots): its slot, and the draft
+/// tokens that precede it in its slot's run of rows (row `j` of a run follows drafts
+/// `0..j`). Its transforms read the slot's history followed by `drafts`.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftRow<'a> {
+    pub row: usize,
+    pub slot: usize,
+    pub drafts: &'a [i64],
+}
+
 /// Host logits a CPU apply writes in place: `rows` rows of `vocab` logits, row `r` at
 /// `r * row_stride`; with `row_to_slot` (stable slots) row `r` takes slot `row_to_slot[r]`'s
 /// state, else slot `r`'s.
@@ -142,6 +152,37 @@ pub trait Table: HasBuffers + Send + Sync + 'static {
 
     /// Stable slots: builds this table's row-space copy for a row → slot map.
     fn map_rows(&mut self, _row_to_slot: &[usize], _capacity: usize) {}
+
+    /// Speculative decoding (stable slots), for a table that reads histories: starts this
+    /// step's row-space copy, built row by row from [`draft_capture`](Self::draft_capture)
+    /// instead of [`map_rows`](Self::map_rows).
+    fn draft_begin(&mut self) {}
+
+    /// Captures `rows` into the row-space copy from the table's state now. For a table that
+    /// [`replays_drafts`](Self::replays_drafts), the histories of the rows' slots end in the
+    /// rows' drafts at this point and its `step` has read them; any other table reads the
+    /// drafts from the rows.
+    fn draft_capture(&mut self, _rows: &[DraftRow<'_>], _ctx: &StepContext<'_>) {}
+
+    /// Ends the row-space copy begun by [`draft_begin`](Self::draft_begin).
+    fn draft_finish(&mut self) {}
+
+    /// Draft replay: keeps what the replay's steps may change for `slots` in a way the
+    /// histories shrinking back does not undo.
+    fn draft_save(&mut self, _slots: &[usize]) {}
+
+    /// After the replay, the histories back as committed: puts the table's state back as
+    /// it was before the replay (by default one more step, which follows them back).
+    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
+        self.step(ctx);
+    }
+
+    /// Whether the draft replay steps this table at every draft position (its state follows
+    /// the histories through `step`, and back when they shrink again). A table that computes
+    /// its draft rows from [`DraftRow::drafts`] alone says false.
+    fn replays_drafts(&self) -> bool {
+        true
+    }
 
     /// Buffers laid out after every table's own (row-space and draft-row copies).
     fn visit_late_buffers(

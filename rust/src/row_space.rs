@@ -39,6 +39,25 @@ impl RowCopy {
     /// Rewrites the copy from slot-space triples `src` (grouped by slot in ascending order):
     /// row `r` gets the triples of slot `row_to_slot[r]`. Returns whether the copy changed.
     pub fn remap(&mut self, src: &SparseRows<f32>, capacity: usize, row_to_slot: &[usize]) -> bool {
+        self.begin();
+        self.capture(src, capacity, row_to_slot.iter().copied().enumerate());
+        self.finish()
+    }
+
+    /// Starts a copy built in parts ([`capture`](Self::capture), then
+    /// [`finish`](Self::finish)): the draft rows of a speculative-decoding step, each
+    /// captured from its slot's triples at its own draft position.
+    pub fn begin(&mut self) {
+        self.entries.clear();
+    }
+
+    /// Adds the triples slot `s` holds in `src` now for each `(row, s)` of `rows`.
+    pub fn capture(
+        &mut self,
+        src: &SparseRows<f32>,
+        capacity: usize,
+        rows: impl Iterator<Item = (usize, usize)>,
+    ) {
         let n = src.len();
         let start = &mut self.start;
         start.clear();
@@ -50,8 +69,7 @@ impl RowCopy {
             start[s + 1] += start[s];
         }
         let entries = &mut self.entries;
-        entries.clear();
-        for (r, &s) in row_to_slot.iter().enumerate() {
+        for (r, s) in rows {
             for i in start[s]..start[s + 1] {
                 if entries.len() >= self.triples.capacity() {
                     break; // cannot happen: the copy holds rows × per-request cap
@@ -59,7 +77,13 @@ impl RowCopy {
                 entries.push((r, src.cols().get(i), src.vals().get(i)));
             }
         }
-        self.triples.rebuild_if_changed(entries, self.pad)
+    }
+
+    /// Writes what was captured since [`begin`](Self::begin), ordered by row (a row's own
+    /// triples keep their order). Returns whether the copy changed.
+    pub fn finish(&mut self) -> bool {
+        self.entries.sort_by_key(|e| e.0); // stable; already sorted when mapped in one go
+        self.triples.rebuild_if_changed(&self.entries, self.pad)
     }
 
     pub fn visit(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {

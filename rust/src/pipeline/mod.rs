@@ -32,10 +32,12 @@ use crate::tables::columns::{Column, ColumnSpec, ColumnTable};
 use crate::tables::thinking::ThinkingConfig;
 use crate::tables::{builtin, Build, BUILTINS, COLUMNS_LAYOUT};
 
+mod draft_replay;
 mod drafts;
 mod outputs;
 mod slots;
 
+pub use draft_replay::DraftLayout;
 use outputs::OutputOps;
 use slots::RowSpace;
 
@@ -886,7 +888,7 @@ mod tests {
             p.tables().get::<LogitBiasTable>().unwrap().state.active(),
             0
         );
-        p.step_slots(&[3, 3, 0], None).unwrap();
+        p.step_slots(&[3, 3, 0], None, None).unwrap();
         let bias = &p.tables().get::<LogitBiasTable>().unwrap().state;
         assert_eq!((bias.get(2), bias.get(3).is_some()), (None, true));
         let s = p.status();
@@ -899,7 +901,7 @@ mod tests {
             .row_copy()
             .unwrap();
         assert_eq!(rs.triples().triples(), vec![(0, 3, 1.0), (1, 3, 1.0)]);
-        assert!(p.step_slots(&[9], None).is_err());
+        assert!(p.step_slots(&[9], None, None).is_err());
     }
 
     #[test]

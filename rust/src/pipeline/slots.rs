@@ -1,6 +1,7 @@
 //! The stable-slot front-end (vLLM's Model Runner V2): slot changes staged until the step,
 //! and the row-space copies of the sparse tables for each step's row → slot map.
 
+use super::draft_replay::DraftLayout;
 use super::{Pipeline, RequestParams};
 use crate::batch::BatchUpdate;
 use crate::buffer::HostBuffer;
@@ -12,6 +13,8 @@ pub(super) struct RowSpace {
     pub(super) row_to_slot: HostBuffer<i64>,
     pub(super) rows: usize,
     pub(super) map: Vec<usize>,
+    /// This step's draft layout, if it has one (kept for a re-map after a re-step).
+    pub(super) drafts: Option<(Vec<usize>, Vec<i64>)>,
 }
 
 impl RowSpace {
@@ -20,6 +23,7 @@ impl RowSpace {
             row_to_slot: HostBuffer::try_new(rows, 0, "row_to_slot")?,
             rows: 0,
             map: Vec::new(),
+            drafts: None,
         })
     }
 }
@@ -66,14 +70,19 @@ impl<S: HistorySource> Pipeline<S> {
     }
 
     /// Stable slots, one step: the token feed (tokens by slot), the slot changes made since
-    /// the last step, the per-step work, then the row map of this step's logits. The feed and
-    /// the map are checked before anything changes.
+    /// the last step, the per-step work, then the row map of this step's logits (with its
+    /// draft layout under speculative decoding). The feed, the map and the layout are checked
+    /// before anything changes.
     pub fn step_slots(
         &mut self,
         row_to_slot: &[usize],
         feed: Option<(&[i64], &[usize])>,
+        drafts: Option<DraftLayout<'_>>,
     ) -> Result<()> {
         self.check_row_map(row_to_slot)?;
+        if let Some(d) = drafts {
+            self.check_draft_shape(row_to_slot, d)?;
+        }
         if let Some((tokens, slots)) = feed {
             self.check_feed(tokens, Some(slots))?;
         }
@@ -93,7 +102,12 @@ impl<S: HistorySource> Pipeline<S> {
             }
             self.commit(u);
         }
-        self.map_rows(row_to_slot)
+        // Checked above: only the histories can refuse the drafts now, when one still ends
+        // in an async placeholder. The rows are then mapped without them and the replay
+        // waits for the re-step that placeholders call for (`remap_rows`).
+        let whole = drafts.is_none_or(|d| self.check_draft_histories(row_to_slot, d).is_ok());
+        self.map_checked(row_to_slot, drafts, whole);
+        Ok(())
     }
 
     pub(super) fn check_row_map(&self, row_to_slot: &[usize]) -> Result<()> {
@@ -126,11 +140,32 @@ impl<S: HistorySource> Pipeline<S> {
         Ok(())
     }
 
-    /// Stable slots: logits row `r` belongs to slot `row_to_slot[r]` this step. Builds the
-    /// row-space copies of the sparse tables (only rewritten when they change) and the row map
-    /// the dense tables are gathered with.
-    pub fn map_rows(&mut self, row_to_slot: &[usize]) -> Result<()> {
+    /// Stable slots: logits row `r` belongs to slot `row_to_slot[r]` this step, at the draft
+    /// position `drafts` gives it (none: every row gets its slot's committed state). Builds
+    /// the row-space copies of the sparse tables (only rewritten when they change) and the
+    /// row map the dense tables are gathered with.
+    pub fn map_rows(
+        &mut self,
+        row_to_slot: &[usize],
+        drafts: Option<DraftLayout<'_>>,
+    ) -> Result<()> {
         self.check_row_map(row_to_slot)?;
+        if let Some(d) = drafts {
+            self.check_draft_shape(row_to_slot, d)?;
+            self.check_draft_histories(row_to_slot, d)?;
+        }
+        self.map_checked(row_to_slot, drafts, true);
+        Ok(())
+    }
+
+    /// [`map_rows`](Self::map_rows) of a checked map; `replay`: the drafts' histories are
+    /// whole (else the layout is kept for [`remap_rows`](Self::remap_rows) only).
+    fn map_checked(
+        &mut self,
+        row_to_slot: &[usize],
+        drafts: Option<DraftLayout<'_>>,
+        replay: bool,
+    ) {
         let cap = self.capacity;
         let rs = self.tables.rows.as_mut().expect("checked above");
         for (r, &s) in row_to_slot.iter().enumerate() {
@@ -141,11 +176,33 @@ impl<S: HistorySource> Pipeline<S> {
         rs.rows = row_to_slot.len();
         rs.map.clear();
         rs.map.extend_from_slice(row_to_slot);
+        rs.drafts = drafts
+            .filter(|d| d.has_drafts())
+            .map(|d| (d.local_pos.to_vec(), d.input_ids.to_vec()));
+        let replay = replay && rs.drafts.is_some();
         let map = &rs.map;
-        for t in &mut self.tables.list {
-            t.map_rows(map, cap);
+        for (t, &history) in self.tables.list.iter_mut().zip(&self.tables.history) {
+            if !(replay && history) {
+                t.map_rows(map, cap);
+            }
         }
-        Ok(())
+        if replay {
+            self.replay_drafts();
+        }
+    }
+
+    /// Maps the last row map again, with its draft layout (after a re-step).
+    pub fn remap_rows(&mut self) -> Result<()> {
+        let Some(rs) = self.tables.rows.as_mut() else {
+            return self.check_row_map(&[]);
+        };
+        let map = std::mem::take(&mut rs.map);
+        let drafts = rs.drafts.take();
+        let layout = drafts.as_ref().map(|(p, t)| DraftLayout {
+            local_pos: p,
+            input_ids: t,
+        });
+        self.map_rows(&map, layout)
     }
 
     /// Row map of the last [`map_rows`](Self::map_rows), if any.

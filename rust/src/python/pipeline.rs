@@ -15,7 +15,7 @@ use super::update::{parse_update, AddedEntry};
 use crate::arena::Upload;
 use crate::batch::BatchUpdate;
 use crate::history::HistoryId;
-use crate::pipeline::{self, PipelineConfig, RequestParams};
+use crate::pipeline::{self, DraftLayout, PipelineConfig, RequestParams};
 use crate::processor::{HostData, HostLogits};
 use crate::tables::bad_words::BadWordsTable;
 use crate::tables::columns::ColumnSpec;
@@ -160,6 +160,26 @@ impl Pipeline {
     /// Most rows a feed or a row map may have.
     fn max_rows(&self) -> usize {
         self.inner.max_rows()
+    }
+
+    /// A draft layout's two sequences (both or neither) as host ints.
+    #[allow(clippy::type_complexity)]
+    fn draft_layout(
+        &self,
+        local_pos: Option<&Bound<'_, PyAny>>,
+        input_ids: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<(Vec<usize>, Vec<i64>)>> {
+        match (local_pos, input_ids) {
+            (None, None) => Ok(None),
+            (Some(p), Some(t)) => Ok(Some((
+                host_slots(p, "local_pos", self.max_rows())?,
+                host_ints(t, "input_ids", self.max_rows())?,
+            ))),
+            _ => Err(bad_input(
+                "input_ids",
+                "local_pos and input_ids go together (a draft layout has both)",
+            )),
+        }
     }
 
     fn status_vec(&self) -> Vec<usize> {
@@ -400,13 +420,16 @@ impl Pipeline {
 
     /// Stable slots, one step: the token feed (`sampled_token_ids[k]` for slot `slots[k]`),
     /// the slot changes since the last step, the per-step work, and the row map of this step
-    /// (logits row `r` belongs to slot `row_to_slot[r]`), all checked first.
-    #[pyo3(signature = (row_to_slot, sampled_token_ids=None, slots=None))]
+    /// (logits row `r` belongs to slot `row_to_slot[r]`) with its draft layout (`local_pos`
+    /// and `input_ids`, both or neither), all checked first.
+    #[pyo3(signature = (row_to_slot, sampled_token_ids=None, slots=None, local_pos=None, input_ids=None))]
     fn step_slots(
         &mut self,
         row_to_slot: &Bound<'_, PyAny>,
         sampled_token_ids: Option<&Bound<'_, PyAny>>,
         slots: Option<&Bound<'_, PyAny>>,
+        local_pos: Option<&Bound<'_, PyAny>>,
+        input_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let map = host_slots(row_to_slot, "row_to_slot", self.max_rows())?;
         let tokens = sampled_token_ids
@@ -425,14 +448,35 @@ impl Pipeline {
                 ))
             }
         };
-        Ok(self.inner.step_slots(&map, feed)?)
+        let drafts = self.draft_layout(local_pos, input_ids)?;
+        let layout = drafts.as_ref().map(|(p, t)| DraftLayout {
+            local_pos: p,
+            input_ids: t,
+        });
+        Ok(self.inner.step_slots(&map, feed, layout)?)
     }
 
-    /// Stable slots: rebuild the row-space copies for `row_to_slot` without a step (after a
-    /// re-step for async placeholders).
-    fn map_rows(&mut self, row_to_slot: &Bound<'_, PyAny>) -> PyResult<()> {
+    /// Stable slots: rebuild the row-space copies for `row_to_slot` (and its draft layout)
+    /// without a step.
+    #[pyo3(signature = (row_to_slot, local_pos=None, input_ids=None))]
+    fn map_rows(
+        &mut self,
+        row_to_slot: &Bound<'_, PyAny>,
+        local_pos: Option<&Bound<'_, PyAny>>,
+        input_ids: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
         let map = host_slots(row_to_slot, "row_to_slot", self.max_rows())?;
-        Ok(self.inner.map_rows(&map)?)
+        let drafts = self.draft_layout(local_pos, input_ids)?;
+        let layout = drafts.as_ref().map(|(p, t)| DraftLayout {
+            local_pos: p,
+            input_ids: t,
+        });
+        Ok(self.inner.map_rows(&map, layout)?)
+    }
+
+    /// Stable slots: map the last row map again, with its draft layout (after a re-step).
+    fn remap_rows(&mut self) -> PyResult<()> {
+        Ok(self.inner.remap_rows()?)
     }
 
     /// Looks again at the outputs that ended in an async placeholder at the last step.

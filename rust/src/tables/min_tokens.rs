@@ -48,6 +48,7 @@ pub struct MinTokensParams<H> {
 }
 
 /// One tracked request (checked parameters and its output handle).
+#[derive(Clone)]
 pub struct Entry<H> {
     min_tokens: usize,
     stop: Vec<i32>,
@@ -62,6 +63,8 @@ pub struct MinTokensState<H> {
     batch_size: usize,
     /// Scratch: the slots the last update reached, or whose entry the length check dropped.
     touched: Vec<usize>,
+    /// The draft replay's saved entries (the length check drops an entry for good).
+    saved: Vec<(usize, Option<Entry<H>>)>,
 }
 
 impl<H: TokenHistory> MinTokensState<H> {
@@ -78,6 +81,7 @@ impl<H: TokenHistory> MinTokensState<H> {
             max_stop_ids,
             batch_size: 0,
             touched: Vec::new(),
+            saved: Vec::new(),
         })
     }
 
@@ -251,6 +255,28 @@ impl<H> HasBuffers for MinTokensState<H> {
 /// MinTokens in a pipeline.
 pub type MinTokensTable = TripleTable<MinTokensState<HistoryId>>;
 
+impl<H: TokenHistory + Clone> MinTokensState<H> {
+    /// Draft replay: keeps the entries of `slots` (a draft may reach a request's
+    /// min_tokens, and the length check then drops its entry for good).
+    pub fn draft_save(&mut self, slots: &[usize]) {
+        self.saved.clear();
+        for &s in slots {
+            self.saved.push((s, self.table.get(s).cloned()));
+        }
+    }
+
+    /// Puts back what [`draft_save`](Self::draft_save) kept, with their triples.
+    pub fn draft_restore(&mut self, store: &H::Store) {
+        self.touched.clear();
+        for (s, e) in self.saved.drain(..) {
+            self.table.replace(s, e);
+            self.touched.push(s);
+        }
+        let bs = self.batch_size;
+        self.step(true, bs, store);
+    }
+}
+
 impl TripleState for MinTokensState<HistoryId> {
     const NAME: &'static str = "min_tokens";
     const ROW_BUFFERS: [&'static str; 3] = [
@@ -280,6 +306,14 @@ impl TripleState for MinTokensState<HistoryId> {
 
     fn step(&mut self, ctx: &StepContext<'_>) {
         self.update_none(ctx.store);
+    }
+
+    fn draft_save(&mut self, slots: &[usize]) {
+        MinTokensState::draft_save(self, slots);
+    }
+
+    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
+        MinTokensState::draft_restore(self, ctx.store);
     }
 
     fn triples(&self) -> &SparseRows<f32> {

@@ -155,6 +155,7 @@ enum Start {
 }
 
 /// One tracked request's budget state.
+#[derive(Clone)]
 pub struct Entry<H> {
     output: H,
     budget: i64,
@@ -404,6 +405,10 @@ pub struct ThinkingState<H> {
     triples: SparseRows<f32>,
     buf: Vec<i64>,
     placeholders: bool,
+    /// The draft replay's saved entries and forced tokens (a draft may end thinking, or
+    /// start the forced end, for good).
+    saved: Vec<(usize, Option<Entry<H>>)>,
+    saved_forced: Vec<(usize, i64)>,
 }
 
 impl<H: TokenHistory> ThinkingState<H> {
@@ -425,6 +430,8 @@ impl<H: TokenHistory> ThinkingState<H> {
             triples: SparseRows::try_new(capacity, "max_num_seqs")?,
             buf: Vec::new(),
             placeholders: false,
+            saved: Vec::new(),
+            saved_forced: Vec::new(),
         })
     }
 
@@ -585,6 +592,26 @@ impl<H: TokenHistory> ThinkingState<H> {
 /// Thinking in a pipeline.
 pub type ThinkingTable = TripleTable<ThinkingState<HistoryId>>;
 
+impl<H: TokenHistory + Clone> ThinkingState<H> {
+    /// Draft replay: keeps the entries of `slots` and the forced tokens.
+    pub fn draft_save(&mut self, slots: &[usize]) {
+        self.saved.clear();
+        for &s in slots {
+            self.saved.push((s, self.table.get(s).cloned()));
+        }
+        self.saved_forced.clone_from(&self.forced);
+    }
+
+    /// Puts back what [`draft_save`](Self::draft_save) kept, with the triples.
+    pub fn draft_restore(&mut self) {
+        for (s, e) in self.saved.drain(..) {
+            self.table.replace(s, e);
+        }
+        std::mem::swap(&mut self.forced, &mut self.saved_forced);
+        self.sync_triples();
+    }
+}
+
 impl TripleState for ThinkingState<HistoryId> {
     const NAME: &'static str = "thinking";
     const ROW_BUFFERS: [&'static str; 3] = [
@@ -611,6 +638,14 @@ impl TripleState for ThinkingState<HistoryId> {
     fn step(&mut self, ctx: &StepContext<'_>) {
         ThinkingState::step(self, ctx.batch_size, ctx.store);
         self.sync_triples();
+    }
+
+    fn draft_save(&mut self, slots: &[usize]) {
+        ThinkingState::draft_save(self, slots);
+    }
+
+    fn draft_restore(&mut self, _ctx: &StepContext<'_>) {
+        ThinkingState::draft_restore(self);
     }
 
     fn triples(&self) -> &SparseRows<f32> {

@@ -11,7 +11,7 @@ use crate::batch::BatchUpdate;
 use crate::error::Result;
 use crate::fields::Fields;
 use crate::history::HistoryId;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::processor::{self, Admission, DraftRow, StatusSink, StepContext, Table};
 use crate::row_space::RowCopy;
 use crate::sparse::{Padding, SparseRows};
 
@@ -47,6 +47,16 @@ pub trait TripleState: HasBuffers + Send + Sync + 'static {
         false
     }
     fn readers(&self, _f: &mut dyn FnMut(&HistoryId)) {}
+
+    /// Draft replay: keeps what `step` may change for `slots` in a way the histories
+    /// shrinking back does not undo (by default nothing: the state follows them back).
+    fn draft_save(&mut self, _slots: &[usize]) {}
+
+    /// After the replay, the histories back as committed: the state as before it (by
+    /// default one more step, which follows the histories back).
+    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
+        self.step(ctx);
+    }
 }
 
 /// A [`TripleState`] in a pipeline.
@@ -142,6 +152,33 @@ impl<S: TripleState> Table for TripleTable<S> {
     fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
         if let Some(r) = &mut self.rows {
             r.remap(self.state.triples(), capacity, row_to_slot);
+        }
+    }
+
+    fn draft_save(&mut self, slots: &[usize]) {
+        self.state.draft_save(slots);
+    }
+
+    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
+        self.state.draft_restore(ctx);
+    }
+
+    fn draft_begin(&mut self) {
+        if let Some(r) = &mut self.rows {
+            r.begin();
+        }
+    }
+
+    fn draft_capture(&mut self, rows: &[DraftRow<'_>], ctx: &StepContext<'_>) {
+        if let Some(r) = &mut self.rows {
+            let slots = rows.iter().map(|d| (d.row, d.slot));
+            r.capture(self.state.triples(), ctx.capacity, slots);
+        }
+    }
+
+    fn draft_finish(&mut self) {
+        if let Some(r) = &mut self.rows {
+            r.finish();
         }
     }
 

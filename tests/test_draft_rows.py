@@ -1,0 +1,220 @@
+"""Draft rows by position on the stable-slot front-end (speculative decoding, vLLM's Model
+Runner V2 layout), against the plain reference, under seeded random churn.
+
+A request owns a run of consecutive rows; the row at draft position ``j`` scores the token
+after the committed history followed by the drafts ``d_0 .. d_{j-1}`` (``input_ids`` of the
+run's rows ``1 .. j``). Its expected logits are each reference processor applied to one
+reference request per row: the slot's params and prompt, and the slot's committed output
+followed by those drafts. Every processor that reads histories is on (penalties with and
+without a window, bad words, MinTokens, the thinking budget, DRY, no-repeat-ngram), with the
+history-free ones (logit bias, allowed ids, the truncations) alongside; each processor's
+``apply_rows`` is compared exactly, fed the same input, and ``apply`` gives the chain. After
+the step the committed state is untouched: a step without drafts then matches too.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from typing import Any
+
+import pytest
+import torch
+from test_differential import random_logits
+from test_property import HOT, machine_config
+
+from logitsproc_rs import BatchUpdate, SamplingParams, build_logitsprocs
+from logitsproc_rs.builtin import (
+    DryLogitsProcessor,
+    MinPLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    TopNSigmaLogitsProcessor,
+    TypicalPLogitsProcessor,
+)
+from logitsproc_rs.reference import reference_of
+
+OPT_IN = [NoRepeatNGramLogitsProcessor, DryLogitsProcessor, TopNSigmaLogitsProcessor,
+          TypicalPLogitsProcessor]  # fmt: skip
+K = 3  # most drafts per request
+
+
+def random_params(rng: random.Random, vocab: int, start: list[int], end: list[int]) -> Any:
+    """A request that turns on a random subset of the history-reading processors."""
+    p: dict[str, Any] = {}
+    on = rng.random
+    if on() < 0.5:
+        p["repetition_penalty"] = rng.choice((1.5, 0.5, 2.0))
+        p["frequency_penalty"] = rng.choice((0.0, 0.5, -1.0))
+        p["presence_penalty"] = rng.choice((0.0, 1.0, -0.5))
+        if on() < 0.3:
+            p["penalty_last_n"] = rng.choice((1, 2, 4))
+    if on() < 0.4:
+        p["bad_words_token_ids"] = [
+            [rng.choice(HOT) for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(1, 3))
+        ]
+    if on() < 0.4:
+        p["min_tokens"] = rng.randint(1, 8)
+        p["stop_token_ids"] = rng.sample(HOT, rng.randint(1, 2))
+    if on() < 0.3:
+        p["thinking_token_budget"] = rng.randint(0, 4)
+    if on() < 0.3:
+        p["dry_multiplier"] = rng.choice((0.8, 2.0))
+        p["dry_allowed_length"] = rng.randint(1, 2)
+        p["dry_sequence_breakers"] = [[rng.choice(HOT)]]
+    if on() < 0.3:
+        p["no_repeat_ngram_size"] = rng.randint(1, 3)
+    if on() < 0.2:
+        p["logit_bias"] = {rng.randrange(vocab): rng.choice((5.0, -5.0, 0.5))}
+    if on() < 0.1:
+        p["allowed_token_ids"] = sorted(set(rng.sample(range(vocab), 3)) | {*start, *end})
+    if on() < 0.2:
+        p["top_n_sigma"] = rng.choice((0.5, 2.0))
+    if on() < 0.2:
+        p["typical_p"] = rng.choice((0.5, 0.9))
+    return SamplingParams(temperature=rng.choice((0.0, 0.8, 1.0)), **p)
+
+
+class Churn:
+    def __init__(self, seed: int, slots: int, vocab: int) -> None:
+        self.rng = random.Random(seed)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.cfg = machine_config(slots, vocab, multi_start=bool(seed % 2))
+        self.start = list(self.cfg.reasoning_start_token_ids)
+        self.end = list(self.cfg.reasoning_end_token_ids)
+        self.B, self.V = slots, vocab
+        procs = build_logitsprocs(
+            self.cfg, "cpu", False, custom_logitsprocs=OPT_IN, stable_slots=True,
+            token_feed=True, max_rows=slots * (K + 1),
+        )  # fmt: skip
+        self.pipe = procs.pipeline
+        self.procs = [p for p in self.pipe._views if not isinstance(p, MinPLogitsProcessor)]
+        self.live: dict[int, tuple[Any, list[int], list[int]]] = {}  # params, prompt, output
+        self.last: list[int] = []  # slots that had rows last step
+        # One plain reference per processor whose V1 batch index is the slot, fed as the
+        # pipeline is; each holds the live output lists of ref_outputs.
+        self.refs = [reference_of(type(p))(self.cfg, torch.device("cpu"), False)
+                     for p in self.procs]  # fmt: skip
+        for r in self.refs:
+            r.update_state(BatchUpdate(self.B, [], [], []))
+        self.ref_outputs: dict[int, list[int]] = {}
+        self.changes: dict[int, Any] = {}
+
+    def token(self, slot: int | None = None) -> int:
+        rng, u = self.rng, self.rng.random()
+        if u < 0.35:
+            return rng.choice(HOT)
+        if u < 0.5:
+            return rng.choice((*self.start, *self.end))
+        out = self.live[slot][2] if slot in self.live else []
+        if u < 0.7 and out:
+            return rng.choice(out)
+        return rng.randrange(self.V)
+
+    def churn(self) -> None:
+        rng = self.rng
+        for slot in range(self.B):
+            u = rng.random()
+            if slot in self.live and u < 0.1:
+                self.pipe.remove_request(slot)
+                del self.live[slot]
+                self.changes[slot] = None
+            elif u < (0.5 if slot not in self.live else 0.15):
+                params = random_params(rng, self.V, self.start, self.end)
+                prompt = [self.token() for _ in range(rng.randint(0, 5))]
+                if rng.random() < 0.3:
+                    prompt += self.start
+                output = [self.token() for _ in range(rng.randint(0, 3))]
+                self.pipe.add_request(slot, params, prompt, list(output))
+                self.live[slot] = (params, prompt, output)
+                self.changes[slot] = (params, prompt, output)
+
+    def layout(self, drafts: bool) -> tuple[list[int], list[int], list[int]]:
+        slots = [s for s in self.live if self.rng.random() < 0.9]
+        self.rng.shuffle(slots)
+        row_map, pos, ids = [], [], []
+        for s in slots:
+            n = self.rng.randint(0, K) if drafts else 0
+            for j in range(n + 1):
+                row_map.append(s)
+                pos.append(j)
+                ids.append(self.token(s) if j else self.rng.randrange(self.V))
+        return row_map, pos, ids
+
+    def reference(self, k: int, x: torch.Tensor, row_map, pos, ids) -> torch.Tensor:
+        """Reference processor ``k`` on row-space logits ``x``: the rows at draft position
+        ``j`` go through one slot-space batch of a copy of the reference that stepped through
+        ``j`` drafts, one token per step (the committed reference for ``j = 0``)."""
+        out = x.clone()
+        ref, outputs = self.refs[k], self.ref_outputs
+        for j in range(max(pos, default=-1) + 1):
+            if j:
+                memo: dict[int, Any] = {}
+                ref = copy.deepcopy(ref, memo)
+                outputs = {s: memo.get(id(o), list(o)) for s, o in outputs.items()}
+                for r, s in enumerate(row_map):
+                    if pos[r] == j:
+                        outputs[s].append(ids[r])
+                ref.update_state(None)
+            rows = [r for r in range(len(row_map)) if pos[r] == j]
+            batch = torch.zeros(self.B, self.V)
+            for r in rows:
+                batch[row_map[r]] = x[r]
+            batch = ref.apply(batch)
+            for r in rows:
+                out[r] = batch[row_map[r]]
+        return out
+
+    def commit_reference(self, feed, changes) -> None:
+        """The references' side of a step: the feed to the occupants, then the changes."""
+        for s, t in feed:
+            self.ref_outputs[s].append(t)
+        added, removed = [], []
+        for slot, req in changes.items():
+            if req is None:
+                removed.append(slot)
+                self.ref_outputs.pop(slot, None)
+            else:
+                params, prompt, output = req
+                self.ref_outputs[slot] = list(output)
+                added.append((slot, params, prompt, self.ref_outputs[slot]))
+        update = BatchUpdate(self.B, removed, added, []) if changes else None
+        for r in self.refs:
+            r.update_state(update)
+
+    def step(self, drafts: bool) -> None:
+        # Last step's tokens (one per slot that had rows, as if one draft row won), then churn.
+        feed = [(s, self.token(s)) for s in self.last if s in self.live]
+        for s, t in feed:  # the feed goes to the slot's occupant before the step's changes
+            self.live[s][2].append(t)
+        self.churn()
+        row_map, pos, ids = self.layout(drafts)
+        tokens = [t for _, t in feed] if feed else None
+        slots = [s for s, _ in feed] if feed else None
+        x = random_logits(self.rng, self.gen, len(row_map), self.V)
+        chained = self.pipe.apply(
+            x.clone(), row_map, self.procs, tokens, slots, local_pos=pos, input_ids=ids
+        )
+        self.commit_reference(feed, self.changes)
+        self.changes = {}
+        y = x
+        for k, p in enumerate(self.procs):
+            mine = p.apply_rows(y.clone())
+            theirs = self.reference(k, y, row_map, pos, ids)
+            if not torch.equal(mine.isnan(), theirs.isnan()) or not torch.equal(
+                mine.nan_to_num(), theirs.nan_to_num()
+            ):
+                bad = (mine != theirs).nonzero().tolist()[:5]
+                raise AssertionError(
+                    f"{type(p).__name__}: rows differ at {bad} (map {row_map}, pos {pos}, "
+                    f"ids {ids})"
+                )
+            y = mine
+        assert torch.equal(chained, y)
+        self.last = sorted(set(row_map))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_draft_rows_match_the_reference_per_position(seed):
+    c = Churn(seed, slots=4, vocab=24)
+    for _ in range(60):
+        c.step(drafts=c.rng.random() < 0.8)
