@@ -75,7 +75,7 @@ def random_params(rng: random.Random, vocab: int, start: list[int], end: list[in
 
 
 class Churn:
-    def __init__(self, seed: int, slots: int, vocab: int) -> None:
+    def __init__(self, seed: int, slots: int, vocab: int, emulate: bool = False) -> None:
         self.rng = random.Random(seed)
         self.gen = torch.Generator().manual_seed(seed)
         self.cfg = machine_config(slots, vocab, multi_start=bool(seed % 2))
@@ -84,7 +84,7 @@ class Churn:
         self.B, self.V = slots, vocab
         procs = build_logitsprocs(
             self.cfg, "cpu", False, custom_logitsprocs=OPT_IN, stable_slots=True,
-            token_feed=True, max_rows=slots * (K + 1),
+            token_feed=True, max_rows=slots * (K + 1), emulate_device=emulate,
         )  # fmt: skip
         self.pipe = procs.pipeline
         self.procs = [p for p in self.pipe._views if not isinstance(p, MinPLogitsProcessor)]
@@ -213,8 +213,12 @@ class Churn:
         self.last = sorted(set(row_map))
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_draft_rows_match_the_reference_per_position(seed):
-    c = Churn(seed, slots=4, vocab=24)
+@pytest.mark.parametrize(
+    ("seed", "emulate"), [*((s, False) for s in range(6)), *((s, True) for s in range(6, 9))]
+)
+def test_draft_rows_match_the_reference_per_position(seed, emulate):
+    """The host path (Rust applies in place) and the device path (``emulate_device``: torch
+    ops on uploaded tables, as on a GPU)."""
+    c = Churn(seed, slots=4, vocab=24, emulate=emulate)
     for _ in range(60):
         c.step(drafts=c.rng.random() < 0.8)

@@ -142,7 +142,33 @@ class PenaltiesLogitsProcessor(PipelineView):
             return logits.copy_(work)
         counts = pipe.device_state["penalties"]
         assert isinstance(counts, PenaltyCounts)
-        cells = counts.cells
+        drafted = pipe.count("rows.penalties") if rowspace else 0
+        if drafted:
+            # Draft rows: the cells that differ from their slot's, and those tokens' logits
+            # before the committed form runs over the rows (penalized again below).
+            d_rows, d_cols, d_cells = pipe.triples("penalties", drafted, rowspace=True)
+            d_rows, d_cols = d_rows.long(), d_cols.long()
+            originals = logits[d_rows, d_cols]
+        logits = self._apply_committed(logits, rows, rowspace, counts.cells)
+        if drafted:
+            slots = pipe.row_map(rows).index_select(0, d_rows)
+            rep, freq, pres = (pipe.section(name).index_select(0, slots) for name in _PENALTIES)
+            fixed = apply_penalties_(
+                originals.unsqueeze(1),
+                d_cells.unsqueeze(1),
+                rep.unsqueeze(1),
+                freq.unsqueeze(1),
+                pres.unsqueeze(1),
+                core.prompt_flag,
+            )
+            logits.index_put_((d_rows, d_cols), fixed.squeeze(1).to(logits.dtype))
+        return logits
+
+    def _apply_committed(
+        self, logits: torch.Tensor, rows: int, rowspace: bool, cells: torch.Tensor
+    ) -> torch.Tensor:
+        """Every row with its slot's committed counts (the device count matrix)."""
+        pipe = self._pipe
         if kernels.use_triton(logits, kernels.pipeline_choice(pipe)):
             # One fused pass: reads the count rows in place (through the row map in row
             # space), no [rows, V] temporaries, neutral rows untouched.
@@ -150,10 +176,10 @@ class PenaltiesLogitsProcessor(PipelineView):
                 logits,
                 cells,
                 *(pipe.section(name) for name in _PENALTIES),
-                core.prompt_flag,
+                pipe.core.prompt_flag,
                 pipe.row_map(rows) if rowspace else None,
                 divide=logits.device.type == "cuda",
             )
         cells = cells.index_select(0, pipe.row_map(rows)) if rowspace else cells[:rows]
         rep, freq, pres = (pipe.dense(name, rows, rowspace) for name in _PENALTIES)
-        return apply_penalties_(logits, cells, rep, freq, pres, core.prompt_flag)
+        return apply_penalties_(logits, cells, rep, freq, pres, pipe.core.prompt_flag)

@@ -36,6 +36,13 @@ impl DraftLayout<'_> {
     }
 }
 
+/// The highest draft position a stable-slot row may have: the configured speculative tokens,
+/// or what the row space holds per slot beyond one row (`max_rows / capacity - 1`, rounded
+/// up). Buffers sized per draft row (the penalties' cells) are sized by it.
+pub fn max_draft_pos(spec_tokens: usize, row_factor: usize) -> usize {
+    spec_tokens.max(row_factor.saturating_sub(1)).max(1)
+}
+
 impl<S: HistorySource> Pipeline<S> {
     /// Checks a draft layout against its row map: one position and one token per row; a row
     /// at position `j >= 1` follows the row at `j - 1` of the same slot and was fed a token
@@ -55,6 +62,18 @@ impl<S: HistorySource> Pipeline<S> {
                     ),
                 ));
             }
+        }
+        let rows_cap = self.tables.rows.as_ref().map_or(0, |r| r.row_to_slot.len());
+        let most = max_draft_pos(self.spec_tokens, rows_cap.div_ceil(self.capacity.max(1)));
+        if let Some((r, &p)) = d.local_pos.iter().enumerate().find(|(_, &p)| p > most) {
+            return Err(Error::invalid(
+                r,
+                "local_pos",
+                format!(
+                    "row {r} is at draft position {p}, beyond the {most} this pipeline holds \
+                     (num_speculative_tokens, or max_rows / max_num_seqs - 1)"
+                ),
+            ));
         }
         let mut starts = vec![false; self.capacity];
         for (r, (&s, &p)) in map.iter().zip(d.local_pos).enumerate() {

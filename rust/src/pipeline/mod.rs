@@ -37,7 +37,7 @@ mod drafts;
 mod outputs;
 mod slots;
 
-pub use draft_replay::DraftLayout;
+pub use draft_replay::{max_draft_pos, DraftLayout};
 use outputs::OutputOps;
 use slots::RowSpace;
 

@@ -111,6 +111,12 @@ impl Build<'_> {
         self.rows.map(|r| r * per_request)
     }
 
+    /// The highest draft position a stable-slot row may have (`local_pos`): the configured
+    /// speculative tokens, or what the row space holds per slot beyond one row.
+    pub fn max_draft_pos(&self) -> usize {
+        crate::pipeline::max_draft_pos(self.spec_tokens, self.row_factor)
+    }
+
     /// Draft-row triples for a per-request cap (speculative decoding only).
     pub fn drafts(&self, per_request: usize) -> Option<usize> {
         (self.spec_tokens > 0).then(|| self.capacity * per_request * self.spec_tokens)

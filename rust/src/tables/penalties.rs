@@ -33,11 +33,17 @@ use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
-use crate::processor::{self, Admission, HostData, HostLogits, StatusSink, StepContext, Table};
+use crate::processor::{
+    self, Admission, DraftRow, HostData, HostLogits, StatusSink, StepContext, Table,
+};
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::Build;
 use std::any::Any;
+
+#[path = "penalty_drafts.rs"]
+mod drafts;
+use drafts::DraftCells;
 
 /// Bit marking "token occurs in the prompt" in a device count cell.
 pub const PROMPT_FLAG: i32 = 1 << 30;
@@ -70,6 +76,8 @@ pub struct Entry<H> {
     counted: Vec<i32>,
     /// Distinct prompt tokens, emitted as PROMPT_FLAG additions when the entry is fresh.
     prompt: Vec<i32>,
+    /// The same as a set (without a window), for the draft rows' cells.
+    prompt_set: Counts,
     /// Output count per token id: what the CPU apply reads (the device keeps its own copy).
     /// With a window, the output tokens inside it only.
     counts: Counts,
@@ -188,6 +196,8 @@ pub struct PenaltiesState<H> {
     /// fill it in before the logits are processed, so the caller should count again then.
     placeholders: bool,
     scratch: Vec<i64>,
+    /// Stable slots: the draft rows' cells (speculative decoding).
+    drafts: Option<DraftCells>,
 }
 
 impl<H: TokenHistory> PenaltiesState<H> {
@@ -217,7 +227,19 @@ impl<H: TokenHistory> PenaltiesState<H> {
             touched: Vec::new(),
             placeholders: false,
             scratch: Vec::new(),
+            drafts: None,
         })
+    }
+
+    /// Room for `len` draft-row cells (stable slots under speculative decoding).
+    pub fn with_draft_rows(mut self, len: usize) -> Result<Self> {
+        self.drafts = Some(DraftCells::try_new(len)?);
+        Ok(self)
+    }
+
+    /// The draft rows' cells (`(row, token, count | PROMPT_FLAG)`), if kept.
+    pub fn draft_cells(&self) -> Option<&SparseRows<i32>> {
+        self.drafts.as_ref().map(|d| &d.cells)
     }
 
     pub fn capacity(&self) -> usize {
@@ -334,6 +356,7 @@ impl<H: TokenHistory> PenaltiesState<H> {
             return Ok(None);
         }
         let mut prompt = Vec::new();
+        let mut prompt_set = Counts::default();
         let mut window = None;
         if let Some(n) = last_n {
             let tokens = p.prompt.unwrap_or_default();
@@ -363,12 +386,14 @@ impl<H: TokenHistory> PenaltiesState<H> {
                     prompt.push(t);
                 }
             }
+            prompt_set = seen;
         }
         Ok(Some(Entry {
             values,
             output: p.output,
             counted: Vec::with_capacity(64),
             prompt,
+            prompt_set,
             counts: Counts::with_capacity(32),
             window,
         }))
@@ -588,6 +613,19 @@ impl<H: TokenHistory> PenaltiesState<H> {
                 && (rows == 0 || (rows - 1) * row_stride + vocab <= logits.len())
                 && row_to_slot.is_none_or(|m| m.len() >= rows)
         );
+        // Draft rows (stable slots): the cells that differ from the slot's, by row.
+        let empty = [];
+        let (draft_rows, draft_cols, draft_vals, n_draft) = match (&self.drafts, row_to_slot) {
+            (Some(d), Some(_)) => (
+                d.cells.rows().prefix(d.cells.len()),
+                d.cells.cols().prefix(d.cells.len()),
+                d.cells.vals().prefix(d.cells.len()),
+                d.cells.len(),
+            ),
+            _ => (&empty[..], &empty[..], &empty[..], 0),
+        };
+        let mut next_draft = 0;
+        let mut originals: Vec<F> = Vec::new();
         let mut apply_row = |row: usize, e: &Entry<H>| {
             let (rep, freq, pres) = e.values;
             let line = &mut logits[row * row_stride..row * row_stride + vocab];
@@ -601,6 +639,18 @@ impl<H: TokenHistory> PenaltiesState<H> {
                 let x = x - F::from(freq * count as f32);
                 x - F::from(pres * if count > 0 { 1.0 } else { 0.0 })
             };
+            // This row's draft cells (rows are visited in order): their tokens are penalized
+            // from their original logits below, after the committed form.
+            while next_draft < n_draft && (draft_rows[next_draft] as usize) < row {
+                next_draft += 1;
+            }
+            let first = next_draft;
+            while next_draft < n_draft && draft_rows[next_draft] as usize == row {
+                next_draft += 1;
+            }
+            let cells = first..next_draft;
+            originals.clear();
+            originals.extend(cells.clone().map(|k| line[draft_cols[k] as usize]));
             for (t, c) in e.counts.iter() {
                 line[t as usize] = penalize(line[t as usize], c);
             }
@@ -612,6 +662,11 @@ impl<H: TokenHistory> PenaltiesState<H> {
                 if !e.counts.contains(t) {
                     line[t as usize] = penalize(line[t as usize], 0);
                 }
+            }
+            for (k, &x) in cells.zip(&originals) {
+                let cell = draft_vals[k];
+                let count = (cell & (PROMPT_FLAG - 1)) as u32;
+                line[draft_cols[k] as usize] = if cell != 0 { penalize(x, count) } else { x };
             }
         };
         match row_to_slot {
@@ -902,6 +957,51 @@ impl Table for PenaltiesState<HistoryId> {
 
     fn status(&self, out: &mut StatusSink<'_>) {
         out("penalties", PenaltiesState::active(self));
+        out(
+            "rows.penalties",
+            self.drafts.as_ref().map_or(0, |d| d.cells.padded_len()),
+        );
+    }
+
+    fn replays_drafts(&self) -> bool {
+        false // computes its draft rows from the drafts (penalty_drafts.rs)
+    }
+
+    fn draft_begin(&mut self) {
+        if let Some(d) = &mut self.drafts {
+            d.begin();
+        }
+    }
+
+    fn draft_capture(&mut self, rows: &[DraftRow<'_>], _ctx: &StepContext<'_>) {
+        self.capture_drafts(rows);
+    }
+
+    fn draft_finish(&mut self) {
+        if let Some(d) = &mut self.drafts {
+            d.finish();
+        }
+    }
+
+    fn map_rows(&mut self, _row_to_slot: &[usize], _capacity: usize) {
+        // A row map without drafts: every row reads its slot's committed cells.
+        if let Some(d) = &mut self.drafts {
+            d.begin();
+            d.finish();
+        }
+    }
+
+    fn visit_late_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
+        if let Some(d) = &mut self.drafts {
+            d.cells.visit_as(
+                [
+                    "rows.penalties.rows",
+                    "rows.penalties.cols",
+                    "rows.penalties.vals",
+                ],
+                f,
+            );
+        }
     }
 
     fn apply_host(&self, l: &mut HostLogits<'_>) -> std::result::Result<(), &'static str> {
@@ -927,6 +1027,10 @@ pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
     let cap = b.capacity;
     let mut p = PenaltiesState::try_new(cap, b.vocab_size, (4 * cap).max(16384))?;
     p.set_device_ops(!b.cfg.host_kernels);
+    if let Some(rows) = b.rows {
+        // A draft row at position j holds at most 2 j cells (drafts in, window out).
+        p = p.with_draft_rows(rows.saturating_mul(2 * b.max_draft_pos()))?;
+    }
     Ok(Box::new(p))
 }
 
