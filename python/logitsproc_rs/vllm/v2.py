@@ -28,7 +28,9 @@ How that maps onto one ``Pipeline`` (``stable_slots=True, token_feed=True``):
   request committed since we last looked (``all_token_ids[known:total_len]``, from that copy,
   or read then for a request it lacks) go in through the token feed, then the row map (on
   the host already unless draft rows make it ``ctx.expanded_idx_mapping``, which is then
-  copied); each member then applies its transform through the map.
+  copied with ``ctx.expanded_local_pos`` and ``ctx.input_ids``, the draft layout, in one
+  copy); each member then applies its transform through the map, a draft row at position
+  ``j`` over its request's committed tokens followed by the drafts before it.
 
 MRV2 applies its own logit bias, allowed ids, min-tokens, penalties, bad words, thinking
 budget and min_p from the ordinary ``SamplingParams`` fields, so, as in ``v1``, our built-ins
@@ -315,14 +317,16 @@ class _Group(Group):
         pipe = self.ensure()
         slots_np = self.step_slots_of(member, ctx)
         self.install_pending()  # normally done already, by apply_staged_writes
+        drafts: dict[str, Any] = {}
         if logits.shape[0] == slots_np.shape[0]:
             row_to_slot: Any = slots_np  # one row per request, in batch order: no copy needed
-            self.row_slots = slots_np
         else:
-            row_to_slot = ctx.expanded_idx_mapping  # draft rows: the layout is on the device
-            self.row_slots = None  # read from the device only if a row needs it
+            # Draft rows: the layout is on the device. One copy brings the row map, each
+            # row's draft position and the token fed at it (the drafts) to the host.
+            row_to_slot, drafts["local_pos"], drafts["input_ids"] = _host_layout(ctx)
+        self.row_slots = row_to_slot
         tokens, feed_slots, known = self.committed(slots_np)
-        pipe.step_slots(row_to_slot, tokens, feed_slots)
+        pipe.step_slots(row_to_slot, tokens, feed_slots, **drafts)
         if known is not None:
             self.known[known[0]] = known[1]  # only once the step was accepted
         self.ctx = ctx
@@ -332,9 +336,7 @@ class _Group(Group):
         self.snapshot = None
 
     def host_row_slots(self) -> Any:
-        """This step's slot of each logits row, as a host list (draft rows: one copy)."""
-        if self.row_slots is None:
-            self.row_slots = np.asarray(self.ctx.expanded_idx_mapping.cpu(), dtype=np.int64)
+        """This step's slot of each logits row, as a host list."""
         return self.row_slots.tolist() if isinstance(self.row_slots, np.ndarray) else self.row_slots
 
     def tempered(self) -> bool:
@@ -429,6 +431,25 @@ class _Bridge(Bridge, _V2LogitsProcessor, metaclass=BridgeType):
         if group.forced:
             logits = group.forced.apply_(logits, group.host_row_slots())
         return logits
+
+
+def _host_layout(ctx: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A draft step's layout on the host: ``ctx.expanded_idx_mapping``,
+    ``ctx.expanded_local_pos`` and ``ctx.input_ids`` (one row each), in one copy (the one
+    wait a draft step has: the core reads the drafts on the host). Tensors that are not 1-D
+    integer rows of the same length are refused, naming the field."""
+    fields = ("expanded_idx_mapping", "expanded_local_pos", "input_ids")
+    parts = [getattr(ctx, f) for f in fields]
+    for f, t in zip(fields, parts, strict=True):
+        ok = isinstance(t, torch.Tensor) and t.dim() == 1 and not t.dtype.is_floating_point
+        if not ok or t.dtype == torch.bool or t.shape != parts[0].shape:
+            raise BatchUpdateError(
+                f"apply (logitsproc_rs.vllm.v2): ctx.{f} must be a 1-d int tensor with one "
+                f"entry per logits row, got {_show(t)}; nothing changed",
+                field=f,
+            )
+    host = torch.stack([t.to(torch.int64) for t in parts]).cpu().numpy()
+    return host[0], host[1], host[2]
 
 
 def _temperature(params: Any) -> float:

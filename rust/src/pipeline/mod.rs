@@ -37,7 +37,7 @@ mod drafts;
 mod outputs;
 mod slots;
 
-pub use draft_replay::{max_draft_pos, DraftLayout};
+pub use draft_replay::{max_draft_pos, Drafts};
 use outputs::OutputOps;
 use slots::RowSpace;
 

@@ -1,7 +1,7 @@
 //! The stable-slot front-end (vLLM's Model Runner V2): slot changes staged until the step,
 //! and the row-space copies of the sparse tables for each step's row → slot map.
 
-use super::draft_replay::DraftLayout;
+use super::draft_replay::Drafts;
 use super::{Pipeline, RequestParams};
 use crate::batch::BatchUpdate;
 use crate::buffer::HostBuffer;
@@ -14,7 +14,7 @@ pub(super) struct RowSpace {
     pub(super) rows: usize,
     pub(super) map: Vec<usize>,
     /// This step's draft layout, if it has one (kept for a re-map after a re-step).
-    pub(super) drafts: Option<(Vec<usize>, Vec<i64>)>,
+    pub(super) drafts: Option<Drafts>,
 }
 
 impl RowSpace {
@@ -77,10 +77,10 @@ impl<S: HistorySource> Pipeline<S> {
         &mut self,
         row_to_slot: &[usize],
         feed: Option<(&[i64], &[usize])>,
-        drafts: Option<DraftLayout<'_>>,
+        drafts: Option<Drafts>,
     ) -> Result<()> {
         self.check_row_map(row_to_slot)?;
-        if let Some(d) = drafts {
+        if let Some(d) = &drafts {
             self.check_draft_shape(row_to_slot, d)?;
         }
         if let Some((tokens, slots)) = feed {
@@ -105,7 +105,9 @@ impl<S: HistorySource> Pipeline<S> {
         // Checked above: only the histories can refuse the drafts now, when one still ends
         // in an async placeholder. The rows are then mapped without them and the replay
         // waits for the re-step that placeholders call for (`remap_rows`).
-        let whole = drafts.is_none_or(|d| self.check_draft_histories(row_to_slot, d).is_ok());
+        let whole = drafts
+            .as_ref()
+            .is_none_or(|d| self.check_draft_histories(d).is_ok());
         self.map_checked(row_to_slot, drafts, whole);
         Ok(())
     }
@@ -144,15 +146,11 @@ impl<S: HistorySource> Pipeline<S> {
     /// position `drafts` gives it (none: every row gets its slot's committed state). Builds
     /// the row-space copies of the sparse tables (only rewritten when they change) and the
     /// row map the dense tables are gathered with.
-    pub fn map_rows(
-        &mut self,
-        row_to_slot: &[usize],
-        drafts: Option<DraftLayout<'_>>,
-    ) -> Result<()> {
+    pub fn map_rows(&mut self, row_to_slot: &[usize], drafts: Option<Drafts>) -> Result<()> {
         self.check_row_map(row_to_slot)?;
-        if let Some(d) = drafts {
+        if let Some(d) = &drafts {
             self.check_draft_shape(row_to_slot, d)?;
-            self.check_draft_histories(row_to_slot, d)?;
+            self.check_draft_histories(d)?;
         }
         self.map_checked(row_to_slot, drafts, true);
         Ok(())
@@ -160,12 +158,7 @@ impl<S: HistorySource> Pipeline<S> {
 
     /// [`map_rows`](Self::map_rows) of a checked map; `replay`: the drafts' histories are
     /// whole (else the layout is kept for [`remap_rows`](Self::remap_rows) only).
-    fn map_checked(
-        &mut self,
-        row_to_slot: &[usize],
-        drafts: Option<DraftLayout<'_>>,
-        replay: bool,
-    ) {
+    fn map_checked(&mut self, row_to_slot: &[usize], drafts: Option<Drafts>, replay: bool) {
         let cap = self.capacity;
         let rs = self.tables.rows.as_mut().expect("checked above");
         for (r, &s) in row_to_slot.iter().enumerate() {
@@ -176,9 +169,7 @@ impl<S: HistorySource> Pipeline<S> {
         rs.rows = row_to_slot.len();
         rs.map.clear();
         rs.map.extend_from_slice(row_to_slot);
-        rs.drafts = drafts
-            .filter(|d| d.has_drafts())
-            .map(|d| (d.local_pos.to_vec(), d.input_ids.to_vec()));
+        rs.drafts = drafts.filter(Drafts::has_drafts);
         let replay = replay && rs.drafts.is_some();
         let map = &rs.map;
         for (t, &history) in self.tables.list.iter_mut().zip(&self.tables.history) {
@@ -198,11 +189,7 @@ impl<S: HistorySource> Pipeline<S> {
         };
         let map = std::mem::take(&mut rs.map);
         let drafts = rs.drafts.take();
-        let layout = drafts.as_ref().map(|(p, t)| DraftLayout {
-            local_pos: p,
-            input_ids: t,
-        });
-        self.map_rows(&map, layout)
+        self.map_rows(&map, drafts)
     }
 
     /// Row map of the last [`map_rows`](Self::map_rows), if any.

@@ -15,7 +15,7 @@ use super::update::{parse_update, AddedEntry};
 use crate::arena::Upload;
 use crate::batch::BatchUpdate;
 use crate::history::HistoryId;
-use crate::pipeline::{self, DraftLayout, PipelineConfig, RequestParams};
+use crate::pipeline::{self, Drafts, PipelineConfig, RequestParams};
 use crate::processor::{HostData, HostLogits};
 use crate::tables::bad_words::BadWordsTable;
 use crate::tables::columns::ColumnSpec;
@@ -116,7 +116,7 @@ fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResu
         .enumerate()
         .map(|(r, s)| {
             usize::try_from(s)
-                .map_err(|_| bad_value(r, field, format!("position {r}: slot {s} is negative")))
+                .map_err(|_| bad_value(r, field, format!("position {r}: {s} is negative")))
         })
         .collect()
 }
@@ -162,19 +162,20 @@ impl Pipeline {
         self.inner.max_rows()
     }
 
-    /// A draft layout's two sequences (both or neither) as host ints.
-    #[allow(clippy::type_complexity)]
-    fn draft_layout(
+    /// MRV2's draft layout (`local_pos` and `input_ids`, both or neither) of a row map.
+    fn draft_runs(
         &self,
+        map: &[usize],
         local_pos: Option<&Bound<'_, PyAny>>,
         input_ids: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Option<(Vec<usize>, Vec<i64>)>> {
+    ) -> PyResult<Option<Drafts>> {
         match (local_pos, input_ids) {
             (None, None) => Ok(None),
-            (Some(p), Some(t)) => Ok(Some((
-                host_slots(p, "local_pos", self.max_rows())?,
-                host_ints(t, "input_ids", self.max_rows())?,
-            ))),
+            (Some(p), Some(t)) => Ok(Some(Drafts::from_runs(
+                map,
+                &host_slots(p, "local_pos", self.max_rows())?,
+                &host_ints(t, "input_ids", self.max_rows())?,
+            )?)),
             _ => Err(bad_input(
                 "input_ids",
                 "local_pos and input_ids go together (a draft layout has both)",
@@ -448,12 +449,8 @@ impl Pipeline {
                 ))
             }
         };
-        let drafts = self.draft_layout(local_pos, input_ids)?;
-        let layout = drafts.as_ref().map(|(p, t)| DraftLayout {
-            local_pos: p,
-            input_ids: t,
-        });
-        Ok(self.inner.step_slots(&map, feed, layout)?)
+        let drafts = self.draft_runs(&map, local_pos, input_ids)?;
+        Ok(self.inner.step_slots(&map, feed, drafts)?)
     }
 
     /// Stable slots: rebuild the row-space copies for `row_to_slot` (and its draft layout)
@@ -466,12 +463,31 @@ impl Pipeline {
         input_ids: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let map = host_slots(row_to_slot, "row_to_slot", self.max_rows())?;
-        let drafts = self.draft_layout(local_pos, input_ids)?;
-        let layout = drafts.as_ref().map(|(p, t)| DraftLayout {
-            local_pos: p,
-            input_ids: t,
-        });
-        Ok(self.inner.map_rows(&map, layout)?)
+        let drafts = self.draft_runs(&map, local_pos, input_ids)?;
+        Ok(self.inner.map_rows(&map, drafts)?)
+    }
+
+    /// The row map with drafts given per slot (the V1 layout): row `r` at draft position
+    /// `positions[r]` of its slot; slot `draft_slots[k]`'s drafts are
+    /// `draft_tokens[draft_offsets[k]..draft_offsets[k + 1]]`.
+    fn map_draft_rows(
+        &mut self,
+        row_to_slot: &Bound<'_, PyAny>,
+        positions: &Bound<'_, PyAny>,
+        draft_slots: &Bound<'_, PyAny>,
+        draft_offsets: &Bound<'_, PyAny>,
+        draft_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let rows = self.max_rows();
+        let map = host_slots(row_to_slot, "row_to_slot", rows)?;
+        let most_tokens = rows.saturating_mul(self.inner.capacity().max(1));
+        let drafts = Drafts {
+            pos: host_slots(positions, "positions", rows)?,
+            slots: host_slots(draft_slots, "draft_slots", self.inner.capacity())?,
+            offsets: host_slots(draft_offsets, "draft_offsets", self.inner.capacity() + 1)?,
+            tokens: host_ints(draft_tokens, "draft_tokens", most_tokens)?,
+        };
+        Ok(self.inner.map_rows(&map, Some(drafts))?)
     }
 
     /// Stable slots: map the last row map again, with its draft layout (after a re-step).
