@@ -594,7 +594,9 @@ def test_apply_of_a_steady_batch_can_be_captured_and_replayed() -> None:
 @pytest.mark.parametrize("seed", range(3))
 def test_spec_decode_draft_rows_on_cuda_match_cpu(seed: int) -> None:
     """MinTokens and bad words over draft rows (vLLM's rejection-sampler path) on the GPU."""
-    spec_cfg = EngineConfig(max_num_seqs=6, vocab_size=V, num_speculative_tokens=3)
+    spec_cfg = EngineConfig(
+        max_num_seqs=6, vocab_size=V, num_speculative_tokens=3, draft_rows="vllm"
+    )
     rng = random.Random(seed)
     sides = {}
     for dev in ("cpu", "cuda"):

@@ -15,12 +15,14 @@ the step the committed state is untouched: a step without drafts then matches to
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 from typing import Any
 
 import pytest
 import torch
 from test_differential import random_logits
+from test_pipeline import config, make_sim
 from test_property import HOT, machine_config
 
 from logitsproc_rs import BatchUpdate, SamplingParams, build_logitsprocs
@@ -72,6 +74,48 @@ def random_params(rng: random.Random, vocab: int, start: list[int], end: list[in
     if on() < 0.2:
         p["typical_p"] = rng.choice((0.5, 0.9))
     return SamplingParams(temperature=rng.choice((0.0, 0.8, 1.0)), **p)
+
+
+def position_reference(
+    ref: Any,
+    outputs: dict[int, list[int]],
+    batch: int,
+    x: torch.Tensor,
+    row_map: list[int],
+    pos: list[int],
+    drafts: dict[int, list[int]],
+) -> torch.Tensor:
+    """A plain reference processor (V1 batch index = slot, holding the live lists
+    ``outputs``) on logits ``x`` whose row ``r`` is slot ``row_map[r]``'s at draft position
+    ``pos[r]``: the rows at position ``j`` go through one slot-space batch of a copy of the
+    reference that stepped through the slots' first ``j`` drafts, one token per step (the
+    reference itself for ``j = 0``)."""
+    out = x.clone()
+    vocab = x.shape[1]
+    for j in range(max(pos, default=-1) + 1):
+        if j:
+            memo: dict[int, Any] = {}
+            ref = copy.deepcopy(ref, memo)
+            outputs = {s: memo.get(id(o), list(o)) for s, o in outputs.items()}
+            for s in {s for r, s in enumerate(row_map) if pos[r] >= j}:
+                outputs[s].append(drafts[s][j - 1])
+            ref.update_state(None)
+        rows = [r for r in range(len(row_map)) if pos[r] == j]
+        y = torch.zeros(batch, vocab)
+        for r in rows:
+            y[row_map[r]] = x[r]
+        y = ref.apply(y)
+        for r in rows:
+            out[r] = y[row_map[r]]
+    return out
+
+
+def assert_rows_equal(name: str, mine: torch.Tensor, theirs: torch.Tensor, what: str) -> None:
+    if not torch.equal(mine.isnan(), theirs.isnan()) or not torch.equal(
+        mine.nan_to_num(), theirs.nan_to_num()
+    ):
+        bad = (mine != theirs).nonzero().tolist()[:5]
+        raise AssertionError(f"{name}: rows differ at {bad} ({what})")
 
 
 class Churn:
@@ -141,28 +185,11 @@ class Churn:
         return row_map, pos, ids
 
     def reference(self, k: int, x: torch.Tensor, row_map, pos, ids) -> torch.Tensor:
-        """Reference processor ``k`` on row-space logits ``x``: the rows at draft position
-        ``j`` go through one slot-space batch of a copy of the reference that stepped through
-        ``j`` drafts, one token per step (the committed reference for ``j = 0``)."""
-        out = x.clone()
-        ref, outputs = self.refs[k], self.ref_outputs
-        for j in range(max(pos, default=-1) + 1):
-            if j:
-                memo: dict[int, Any] = {}
-                ref = copy.deepcopy(ref, memo)
-                outputs = {s: memo.get(id(o), list(o)) for s, o in outputs.items()}
-                for r, s in enumerate(row_map):
-                    if pos[r] == j:
-                        outputs[s].append(ids[r])
-                ref.update_state(None)
-            rows = [r for r in range(len(row_map)) if pos[r] == j]
-            batch = torch.zeros(self.B, self.V)
-            for r in rows:
-                batch[row_map[r]] = x[r]
-            batch = ref.apply(batch)
-            for r in rows:
-                out[r] = batch[row_map[r]]
-        return out
+        drafts: dict[int, list[int]] = {}
+        for r, s in enumerate(row_map):
+            if pos[r]:
+                drafts[s] = ids[r - pos[r] + 1 : r + 1]
+        return position_reference(self.refs[k], self.ref_outputs, self.B, x, row_map, pos, drafts)
 
     def commit_reference(self, feed, changes) -> None:
         """The references' side of a step: the feed to the occupants, then the changes."""
@@ -200,14 +227,9 @@ class Churn:
         for k, p in enumerate(self.procs):
             mine = p.apply_rows(y.clone())
             theirs = self.reference(k, y, row_map, pos, ids)
-            if not torch.equal(mine.isnan(), theirs.isnan()) or not torch.equal(
-                mine.nan_to_num(), theirs.nan_to_num()
-            ):
-                bad = (mine != theirs).nonzero().tolist()[:5]
-                raise AssertionError(
-                    f"{type(p).__name__}: rows differ at {bad} (map {row_map}, pos {pos}, "
-                    f"ids {ids})"
-                )
+            assert_rows_equal(
+                type(p).__name__, mine, theirs, f"map {row_map}, pos {pos}, ids {ids}"
+            )
             y = mine
         assert torch.equal(chained, y)
         self.last = sorted(set(row_map))
@@ -222,3 +244,43 @@ def test_draft_rows_match_the_reference_per_position(seed, emulate):
     c = Churn(seed, slots=4, vocab=24, emulate=emulate)
     for _ in range(60):
         c.step(drafts=c.rng.random() < 0.8)
+
+
+@pytest.mark.parametrize(("seed", "emulate"), [(0, False), (1, False), (2, True)])
+def test_v1_draft_rows_match_the_reference_per_position(seed, emulate):
+    """The V1 front-end (``LogitsProcessors.apply_drafts``) under a persistent batch's churn
+    (adds, finishes, condensing moves, swaps): each request's ``k + 1`` rows at positions
+    ``0 .. k``, every processor of ours on them, against the reference per position."""
+    vocab, batch = 32, 6
+    cfg = dataclasses.replace(config(batch, vocab), num_speculative_tokens=K)
+    procs = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=OPT_IN, emulate_device=emulate)
+    views = [p for p in procs.all if not isinstance(p, MinPLogitsProcessor)]
+    views.sort(key=lambda p: p.is_argmax_invariant())  # the non-invariant ones first
+    refs = [reference_of(type(p))(cfg, torch.device("cpu"), False) for p in views]
+    sim = make_sim(seed, batch, vocab, placeholders=False)
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    drafted = 0
+    for _ in range(50):
+        update = sim.step()
+        procs.update_state(update)
+        for r in refs:
+            r.update_state(update)
+        rows = sim.batch.rows()
+        drafts = [[rng.randrange(vocab) for _ in range(rng.randint(0, K))] for _ in rows]
+        row_map = [r for r, d in enumerate(drafts) for _ in range(len(d) + 1)]
+        pos = [j for d in drafts for j in range(len(d) + 1)]
+        drafted += len(row_map) - len(rows)
+        x = random_logits(rng, g, len(row_map), vocab)
+        chained = procs.apply_drafts(views, x.clone(), drafts)
+        outputs = {r: req.output_token_ids for r, req in enumerate(rows)}
+        y = x
+        for p, ref in zip(views, refs, strict=True):
+            mine = p.apply_rows(y.clone())
+            theirs = position_reference(
+                ref, outputs, batch, y, row_map, pos, dict(enumerate(drafts))
+            )
+            assert_rows_equal(type(p).__name__, mine, theirs, f"drafts {drafts}")
+            y = mine
+        assert torch.equal(chained, y)
+    assert drafted > 50

@@ -80,7 +80,8 @@ def test_build_default_adds_sampler_transforms_in_vllm_order() -> None:
 
 
 def test_speculative_decoding_builds_only_min_tokens() -> None:
-    cfg = EngineConfig(max_num_seqs=4, vocab_size=V, num_speculative_tokens=2)
+    """vLLM's mode (``draft_rows="vllm"``); the default builds everything (test_spec_decode)."""
+    cfg = EngineConfig(max_num_seqs=4, vocab_size=V, num_speculative_tokens=2, draft_rows="vllm")
     lps = build_logitsprocs(cfg, "cpu", False, sampler_transforms=False)
     assert [type(p) for p in lps.all] == [MinTokensLogitsProcessor]
     # With the sampler transforms: still no LogitBias or MinP.
@@ -308,7 +309,7 @@ def test_entry_point_failure_is_runtime_error(monkeypatch) -> None:
     with pytest.raises(RuntimeError, match="Failed to load LogitsProcessor plugin") as ei:
         build_logitsprocs(CFG, "cpu", False)
     assert isinstance(ei.value.__cause__, ImportError)
-    # Speculative decoding and pooling never load plugins.
-    spec = EngineConfig(max_num_seqs=4, vocab_size=V, num_speculative_tokens=1)
+    # Speculative decoding in vLLM's mode and pooling never load plugins.
+    spec = EngineConfig(max_num_seqs=4, vocab_size=V, num_speculative_tokens=1, draft_rows="vllm")
     assert len(list(build_logitsprocs(spec, "cpu", False, sampler_transforms=False).all)) == 1
     assert list(build_logitsprocs(CFG, "cpu", False, is_pooling_model=True).all) == []

@@ -1,5 +1,6 @@
-"""Per-request front-end validation (``validate_sampling_params``): speculative decoding refuses
-min_p and logit_bias, the thinking budget needs reasoning ids, and its accepted values."""
+"""Per-request front-end validation (``validate_sampling_params``): speculative decoding in
+vLLM's mode refuses min_p and logit_bias (the default, per-position draft rows, applies them),
+the thinking budget needs reasoning ids, and its accepted values."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from logitsproc_rs.params import validate_thinking_token_budget
 
 V = 8
 CFG = EngineConfig(max_num_seqs=4, vocab_size=V)
-SPEC = EngineConfig(max_num_seqs=4, vocab_size=V, num_speculative_tokens=2)
+SPEC = EngineConfig(max_num_seqs=4, vocab_size=V, num_speculative_tokens=2, draft_rows="vllm")
+PER_POSITION = EngineConfig(max_num_seqs=4, vocab_size=V, num_speculative_tokens=2)
 
 
 REASONING = EngineConfig(
@@ -36,6 +38,7 @@ def test_speculative_config_rejects_min_p_and_logit_bias(params):
         "decoding."
     )
     validate_sampling_params(CFG, params)  # fine without speculative decoding
+    validate_sampling_params(PER_POSITION, params)  # and with per-position draft rows
 
 
 @pytest.mark.parametrize(

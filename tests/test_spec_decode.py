@@ -1,6 +1,8 @@
-"""Speculative decoding: only MinTokens is built (plus the sampler transforms), custom
-processors and min_p / logit_bias requests are rejected, and MinTokens and bad words apply over
-draft rows exactly as vLLM's rejection-sampler path (checked against the plain reference)."""
+"""Speculative decoding in vLLM's mode (``EngineConfig(draft_rows="vllm")``): only MinTokens
+is built (plus the sampler transforms), custom processors and min_p / logit_bias requests are
+rejected, and MinTokens and bad words apply over draft rows exactly as vLLM's rejection-sampler
+path (checked against the plain reference). The default mode, every processor per draft
+position: below, and tests/test_draft_rows.py."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ VOCAB = 24
 SPEC = 3
 
 
-def _cfg(batch: int) -> L.EngineConfig:
-    return L.EngineConfig(max_num_seqs=batch, vocab_size=VOCAB, num_speculative_tokens=SPEC)
+def _cfg(batch: int, draft_rows: str = "vllm") -> L.EngineConfig:
+    return L.EngineConfig(
+        max_num_seqs=batch, vocab_size=VOCAB, num_speculative_tokens=SPEC, draft_rows=draft_rows
+    )
 
 
 def _procs(batch: int):
@@ -111,3 +115,95 @@ def test_draft_rows_reject_a_layout_that_does_not_match():
     min_tok.update_state(update)
     with pytest.raises(ValueError, match="apply_with_spec_decode"):
         min_tok.apply_with_spec_decode(torch.zeros(3, VOCAB), [2, 2])  # 4 rows expected
+
+
+# --- the default mode: every processor per draft position --------------------------------------
+
+
+class _V1Boost(L.LogitsProcessor):
+    """A vLLM V1-style processor (its own ``apply`` over batch rows): +1 on token 0 of the
+    rows of requests that set ``extra_args["boost"]``."""
+
+    def __init__(self, vllm_config, device, is_pin_memory):
+        self.rows: set[int] = set()
+
+    @classmethod
+    def validate_params(cls, sampling_params):
+        pass
+
+    def is_argmax_invariant(self):
+        return False
+
+    def update_state(self, batch_update):
+        if batch_update is None:
+            return
+        for r in batch_update.removed:
+            self.rows.discard(r)
+        for r, params, _, _ in batch_update.added:
+            (self.rows.add if (params.extra_args or {}).get("boost") else self.rows.discard)(r)
+
+    def apply(self, logits):
+        for r in self.rows:
+            if r < logits.shape[0]:
+                logits[r, 0] += 1.0
+        return logits
+
+
+class _V1BoostOptedIn(_V1Boost):
+    APPLIES_TO_DRAFT_ROWS = True
+
+
+def test_per_position_mode_builds_every_processor_and_accepts_min_p_and_logit_bias():
+    cfg = _cfg(4, draft_rows="per_position")
+    names = {type(p).__name__ for p in L.build_logitsprocs(cfg, "cpu", False).all}
+    assert {"MinTokensLogitsProcessor", "LogitBiasLogitsProcessor", "MinPLogitsProcessor"} <= names
+    L.validate_sampling_params(cfg, L.SamplingParams(min_p=0.1, logit_bias={1: 1.0}))
+    assert L.EngineConfig(num_speculative_tokens=SPEC).draft_rows == "per_position"
+    with pytest.raises(ValueError, match="draft_rows"):
+        L.EngineConfig(draft_rows="later")
+
+
+def test_per_position_mode_keeps_vllms_rejection_of_v1_processors_unless_they_opt_in():
+    cfg = _cfg(2, draft_rows="per_position")
+    with pytest.raises(ValueError, match=L.STR_SPEC_DEC_REJECTS_LOGITSPROCS) as e:
+        L.build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=[_V1Boost])
+    assert "_V1Boost" in str(e.value)
+    procs = L.build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=[_V1BoostOptedIn])
+    boost = next(p for p in procs.all if isinstance(p, _V1BoostOptedIn))
+    params = L.SamplingParams(extra_args={"boost": True})
+    procs.update_state(L.BatchUpdate(2, [], [(1, params, [5], [])], []))
+    # Request 0 has no drafts (one row), request 1 has two (three rows): every row of request 1
+    # gets the boost, as a committed request at each draft position; request 0's row does not.
+    out = procs.apply_drafts([boost], torch.zeros(4, VOCAB), [[], [3, 4]])
+    assert out[:, 0].tolist() == [0.0, 1.0, 1.0, 1.0]
+    assert out[:, 1:].abs().sum() == 0
+
+
+def test_apply_drafts_refuses_a_bad_layout_and_changes_nothing():
+    cfg = _cfg(2, draft_rows="per_position")
+    procs = L.build_logitsprocs(cfg, "cpu", False)
+    words = L.SamplingParams(bad_words_token_ids=[[3, 4]], max_tokens=None)
+    procs.update_state(L.BatchUpdate(2, [], [(0, words, [5], [])], []))
+    views = list(procs.non_argmax_invariant)
+    good = procs.apply_drafts(views, torch.zeros(3, VOCAB), [[3, 1]])
+    assert good[1, 4] == float("-inf") and good[0, 4] == 0 and good[2, 4] == 0
+    bad = [
+        ([[3, VOCAB]], None, None),  # a draft outside the vocabulary
+        ([[3, -1]], None, None),
+        ([[3, True]], None, None),  # a bool is no token id
+        ([[3, 1.5]], None, None),
+        ([[3, 1]], [0, 0], [0, 3]),  # a position past the request's drafts
+        ([[3, 1]], [0, 0], [0, SPEC + 1]),  # beyond the configured drafts
+        ([[3, 1]], [0, 0], None),  # positions without a row map
+        ([[3, 1]], [0, 5], [0, 1]),  # a request past the pipeline
+        ([[1] * (SPEC + 1)], None, None),  # more drafts than configured: a row beyond them
+    ]
+    for drafts, rows, pos in bad:
+        n = len(rows) if rows is not None else len(drafts[0]) + 1
+        with pytest.raises(ValueError):
+            procs.apply_drafts(views, torch.zeros(n, VOCAB), drafts, rows, pos)
+    again = procs.apply_drafts(views, torch.zeros(3, VOCAB), [[3, 1]])
+    assert torch.equal(again, good)
+    # The committed state is untouched: a step without drafts sees none of them.
+    plain = procs.apply_drafts(views, torch.zeros(1, VOCAB), [[]])
+    assert plain[0, 4] == 0

@@ -137,6 +137,14 @@ class Pipeline:
         self, row_to_slot: Any, local_pos: Any | None = None, input_ids: Any | None = None
     ) -> None: ...
     def remap_rows(self) -> None: ...
+    def map_draft_rows(
+        self,
+        row_to_slot: Any,
+        positions: Any,
+        draft_slots: Any,
+        draft_offsets: Any,
+        draft_tokens: Any,
+    ) -> None: ...
     def restep(self) -> None:
         """Looks again at outputs that ended in an async placeholder (-1)."""
 

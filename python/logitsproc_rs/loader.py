@@ -22,7 +22,7 @@ from .builtin import (
 )
 from .errors import BatchUpdateError
 from .interface import LogitsProcessor, direction_name
-from .params import as_engine_config
+from .params import as_engine_config, config_vllm_drafts
 from .pipeline import Pipeline
 from .state import LogitsProcessors
 from .views import PipelineView
@@ -160,9 +160,12 @@ def build_logitsprocs(
     ``sampler_transforms`` adds what vLLM hard-codes in its sampler (allowed ids and bad words
     before the built-ins; penalties and, with a reasoning config, the thinking budget after the
     custom processors); with ``False`` the result is exactly vLLM's ``build_logitsprocs``:
-    MinTokens, LogitBias, MinP, then plugins, then named processors. Pooling models get none;
-    with speculative decoding only MinTokens (plus the sampler transforms) is built and custom
-    processors are rejected, as in vLLM.
+    MinTokens, LogitBias, MinP, then plugins, then named processors. Pooling models get none.
+    With speculative decoding every processor is built for per-position draft rows
+    (``LogitsProcessors.apply_drafts``), a vLLM V1-style custom one only if it opts in
+    (``APPLIES_TO_DRAFT_ROWS = True``; else vLLM's rejection); with ``EngineConfig(draft_rows=
+    "vllm")`` exactly vLLM 0.25.1: only MinTokens (plus the sampler transforms), custom
+    processors rejected.
 
     Every built-in (and every ``ColumnLogitsProcessor``) shares one ``Pipeline``: one Rust
     core, one update per step, one upload. ``token_feed=True`` makes it take the sampled token
@@ -185,12 +188,35 @@ def build_logitsprocs(
     after: list[Any] = list(SAMPLER_TRANSFORMS_AFTER) if sampler_transforms else []
     if sampler_transforms and getattr(vllm_config, "reasoning_config", None) is not None:
         after.extend(REASONING_TRANSFORMS)
-    if getattr(vllm_config, "speculative_config", None):
+    if config_vllm_drafts(vllm_config):
         if custom:
             logger.error("%s Rejected: %s", STR_SPEC_DEC_REJECTS_LOGITSPROCS, custom)
             raise ValueError(STR_SPEC_DEC_REJECTS_LOGITSPROCS)
         logger.warning(STR_SPEC_DEC_WARNS_MIN_P_LOGIT_BIAS)
         classes = [*before, *SPEC_DECODE_BUILTINS, *after]
+    elif getattr(vllm_config, "speculative_config", None):
+        # Per-position draft rows: every processor of ours applies on draft rows; a vLLM
+        # V1-style processor only if it says it may (it sees no drafts: APPLIES_TO_DRAFT_ROWS).
+        named = [c for c in _load_by_names(custom) if not _draft_ready(c)]
+        if named:
+            logger.error("%s Rejected: %s", STR_SPEC_DEC_REJECTS_LOGITSPROCS, named)
+            raise ValueError(
+                f"{STR_SPEC_DEC_REJECTS_LOGITSPROCS} (draft rows: {', '.join(map(_name, named))} "
+                "neither a logitsproc_rs PipelineView nor APPLIES_TO_DRAFT_ROWS = True)"
+            )
+        plugins = []
+        for c in _load_plugins():
+            if _draft_ready(c):
+                plugins.append(c)
+            else:
+                logger.warning("%s Skipped plugin: %s", STR_SPEC_DEC_REJECTS_LOGITSPROCS, c)
+        classes = [
+            *before,
+            *BUILTIN_LOGITS_PROCESSORS,
+            *plugins,
+            *_load_by_names(custom),
+            *after,
+        ]
     else:
         classes = [
             *before,
@@ -230,11 +256,25 @@ STR_SPEC_DEC_REJECTS_MIN_P_LOGIT_BIAS = (
 )
 
 
+def _draft_ready(cls: Any) -> bool:
+    """Whether a processor class may run on draft rows: ours (a ``PipelineView``: per-position
+    semantics), or a vLLM V1-style one that opts in (``APPLIES_TO_DRAFT_ROWS = True``: it is
+    applied to each draft position as to a batch of committed requests)."""
+    return (isinstance(cls, type) and issubclass(cls, PipelineView)) or bool(
+        getattr(cls, "APPLIES_TO_DRAFT_ROWS", False)
+    )
+
+
+def _name(cls: Any) -> str:
+    return getattr(cls, "__qualname__", None) or repr(cls)
+
+
 def validate_sampling_params(vllm_config: Any, params: Any) -> None:
     """Front-end checks that depend on the engine, as vLLM's request validation: with
-    speculative decoding, min_p and logit_bias are rejected; a thinking budget needs the
-    reasoning start/end ids configured."""
-    if getattr(vllm_config, "speculative_config", None) and (
+    speculative decoding in vLLM's mode (``draft_rows="vllm"``), min_p and logit_bias are
+    rejected (per-position draft rows apply them); a thinking budget needs the reasoning
+    start/end ids configured."""
+    if config_vllm_drafts(vllm_config) and (
         (getattr(params, "min_p", 0.0) or 0.0) > 1e-5 or getattr(params, "logit_bias", None)
     ):
         raise ValueError(STR_SPEC_DEC_REJECTS_MIN_P_LOGIT_BIAS)

@@ -499,6 +499,10 @@ class EngineConfig:
     max_dry_sequence_breaker_len: int = CAP_DEFAULTS["max_dry_sequence_breaker_len"]
     # Speculative decoding: number of draft tokens per request, or None when off.
     num_speculative_tokens: int | None = None
+    # How speculative decoding builds and applies the processors: "per_position" (every
+    # processor on every draft row, over the history the row follows: ours) or "vllm" (vLLM
+    # 0.25.1 exactly: MinTokens only, custom processors, min_p and logit_bias rejected).
+    draft_rows: str = "per_position"
     # Reasoning ("thinking") markers; both None when the model has no thinking section.
     reasoning_start_token_ids: list[int] | None = None
     reasoning_end_token_ids: list[int] | None = None
@@ -535,6 +539,12 @@ class EngineConfig:
                 f"EngineConfig.num_speculative_tokens must be None or an int >= 1, "
                 f"got {_show(self.num_speculative_tokens)}",
                 field="num_speculative_tokens",
+            )
+        if self.draft_rows not in DRAFT_ROW_MODES:
+            raise ConfigError(
+                f"EngineConfig.draft_rows must be one of {DRAFT_ROW_MODES}, "
+                f"got {_show(self.draft_rows)}",
+                field="draft_rows",
             )
         starts, ends = self.reasoning_start_token_ids, self.reasoning_end_token_ids
         if (starts is None) != (ends is None):
@@ -602,6 +612,17 @@ def config_vocab_size(config: Any) -> int:
 def config_cap(config: Any, name: str, default: int) -> int:
     """A per-request cap: ours are ``EngineConfig`` fields; a vLLM config gets the default."""
     return config_size(getattr(config, name, default), name)
+
+
+DRAFT_ROW_MODES = ("per_position", "vllm")
+
+
+def config_vllm_drafts(config: Any) -> bool:
+    """Whether speculative decoding follows vLLM 0.25.1 exactly (``draft_rows="vllm"``) rather
+    than our per-position draft rows (the default, also for a config of vLLM's own)."""
+    return bool(getattr(config, "speculative_config", None)) and (
+        getattr(config, "draft_rows", "per_position") == "vllm"
+    )
 
 
 def config_spec_tokens(config: Any) -> int:

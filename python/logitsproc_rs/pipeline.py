@@ -341,6 +341,32 @@ class Pipeline(StableSlots):
         self._pending_restep = bool(self.status[self._placeholders])
         self._refresh_idle()
 
+    def map_drafts(
+        self, row_to_slot: list[int], positions: list[int], drafts: list[list[int]]
+    ) -> None:
+        """Speculative decoding on the V1 front-end (after the step): logits row ``i`` is
+        slot ``row_to_slot[i]``'s at draft position ``positions[i]``; slot ``s`` has drafts
+        ``drafts[s]``. Maps the rows (the history-reading tables replay the drafts) and
+        uploads what changed; processors then ``apply_rows``. A refused layout changes
+        nothing."""
+        if not self.spec_tokens and not self.stable_slots:
+            raise RuntimeError(
+                "apply_drafts: this pipeline was built without speculative decoding "
+                "(EngineConfig.num_speculative_tokens)"
+            )
+        self.before_apply()  # outputs ending in async placeholders are read again first
+        drafted = [s for s, d in enumerate(drafts) if d]
+        offsets = [0]
+        tokens: list[int] = []
+        for s in drafted:
+            tokens += drafts[s]
+            offsets.append(len(tokens))
+        self.core.map_draft_rows(row_to_slot, positions, drafted, offsets, tokens)
+        self._row_map = row_to_slot
+        self._upload(self.arena.upload_in_apply)
+        self.core.status_into(self.status)
+        self._refresh_idle()
+
     def _upload(self, upload: Callable[[], Any]) -> None:
         """One upload of what the step wrote, with the device states synced around it."""
         states = self.device_state.values()

@@ -32,7 +32,7 @@ import torch
 # when one side is empty.
 from .errors import RequestError
 from .interface import BatchUpdate, LogitsProcessor, process_dict_updates
-from .params import _SAMPLING_EPS, NEUTRAL_REPETITION_PENALTY
+from .params import _SAMPLING_EPS, NEUTRAL_REPETITION_PENALTY, config_vllm_drafts
 from .registry import CAP_DEFAULTS
 from .sampler import LOGPROBS_MODES, LogprobsTensors, SamplerOutput, SamplingMetadata
 from .state import LogitsProcessors
@@ -847,15 +847,16 @@ def build_reference_logitsprocs(
     """The reference processors in the order of ``logitsproc_rs.build_logitsprocs`` (the
     built-ins' order, ``builtin.BUILTINS``): allowed ids, bad words, MinTokens, LogitBias, MinP,
     penalties (with ``sampler_transforms=False`` exactly vLLM's trio, ``__init__.py:49-53,
-    184-217``), and the thinking budget with a reasoning config. With speculative decoding
-    only MinTokens (plus the sampler transforms), as vLLM."""
+    184-217``), and the thinking budget with a reasoning config. With speculative decoding in
+    vLLM's mode (``draft_rows="vllm"``) only MinTokens (plus the sampler transforms), as
+    vLLM."""
     from . import builtin  # imports the core's views; the reference needs only their order
 
     device = torch.device(device)
     before = builtin.SAMPLER_TRANSFORMS_BEFORE if sampler_transforms else []
     after = list(builtin.SAMPLER_TRANSFORMS_AFTER) if sampler_transforms else []
     middle = builtin.BUILTIN_LOGITS_PROCESSORS
-    if getattr(config, "speculative_config", None):
+    if config_vllm_drafts(config):
         middle = builtin.SPEC_DECODE_BUILTINS
     if sampler_transforms and getattr(config, "reasoning_config", None) is not None:
         after += builtin.REASONING_TRANSFORMS

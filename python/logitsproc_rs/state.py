@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .errors import ProtocolError, with_context
@@ -167,6 +167,33 @@ class LogitsProcessors:
         others = self._other_ids
         for p in procs:
             logits = _named(p, "apply", p.apply, logits) if id(p) in others else p.apply(logits)
+        return logits
+
+    def apply_drafts(
+        self,
+        procs: Iterable[LogitsProcessor],
+        logits: Any,
+        spec_token_ids: Sequence[Sequence[int]],
+        row_to_request: Sequence[int] | None = None,
+        positions: Sequence[int] | None = None,
+    ) -> Any:
+        """Speculative decoding, after this step's ``update_state``: each processor in turn
+        on draft rows (``drafts`` module). Request ``r`` (batch row ``r``) has drafts
+        ``spec_token_ids[r]``; logits row ``i`` belongs to request ``row_to_request[i]`` at
+        draft position ``positions[i]`` and gets its transforms over the request's output
+        followed by its first ``positions[i]`` drafts. By default each request owns ``k + 1``
+        consecutive rows at positions ``0 .. k``. A layout the core refuses changes nothing."""
+        from .drafts import apply_by_position, draft_layout
+
+        rows, pos, drafts = draft_layout(spec_token_ids, row_to_request, positions)
+        for pipe in self._pipelines:
+            pipe.map_drafts(rows, pos, drafts)
+        others = self._other_ids
+        for p in procs:
+            if id(p) in others:
+                logits = _named(p, "apply", apply_by_position, p, logits, rows, pos)
+            else:
+                logits = p.apply_rows(logits)
         return logits
 
     @property

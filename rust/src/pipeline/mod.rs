@@ -276,7 +276,10 @@ impl<S: HistorySource> Pipeline<S> {
         check_rows(cap, cfg.vocab_size, spec, cfg.max_rows)?;
         let rows_cap = cfg.max_rows.unwrap_or(cap.saturating_mul(spec + 1));
         // Row-space buffers hold `rows_cap` rows: sized as a whole number of slot multiples.
-        let row_factor = if cfg.stable_slots {
+        // Stable slots map rows to slots every step; a V1 pipeline under speculative decoding
+        // maps its draft rows (a request's rows at their draft positions) the same way.
+        let row_space = cfg.stable_slots || spec > 0;
+        let row_factor = if row_space {
             rows_cap.div_ceil(cap.max(1)).max(1)
         } else {
             1
@@ -287,7 +290,7 @@ impl<S: HistorySource> Pipeline<S> {
             cfg: &cfg,
             capacity: cap,
             vocab_size: v,
-            rows: cfg.stable_slots.then_some(rows_cap.max(1)),
+            rows: row_space.then_some(rows_cap.max(1)),
             spec_tokens: spec,
             row_factor,
         };
@@ -320,8 +323,7 @@ impl<S: HistorySource> Pipeline<S> {
         }
         let mut layout: Vec<usize> = (0..list.len()).collect();
         layout.sort_by_key(|&k| ranks[k]);
-        let rows = cfg
-            .stable_slots
+        let rows = row_space
             .then(|| RowSpace::try_new(rows_cap.max(1)))
             .transpose()?;
         let mut tables = Tables {

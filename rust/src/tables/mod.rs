@@ -91,19 +91,22 @@ impl Build<'_> {
             });
         }
         let most = MAX_ELEMENTS / cap.max(1) / per_request.max(1);
-        Err(if self.spec_tokens >= self.row_factor {
-            Error::TooLarge {
-                field: "num_speculative_tokens",
-                value: self.spec_tokens,
-                max: most,
-            }
-        } else {
-            Error::TooLarge {
-                field: "max_rows",
-                value: self.rows.unwrap_or(0),
-                max: most * cap,
-            }
-        })
+        // The row space's size comes from the drafts unless max_rows was given.
+        Err(
+            if self.spec_tokens >= self.row_factor || self.cfg.max_rows.is_none() {
+                Error::TooLarge {
+                    field: "num_speculative_tokens",
+                    value: self.spec_tokens,
+                    max: most,
+                }
+            } else {
+                Error::TooLarge {
+                    field: "max_rows",
+                    value: self.rows.unwrap_or(0),
+                    max: most * cap,
+                }
+            },
+        )
     }
 
     /// Row-space triples for a per-request cap (stable slots only).

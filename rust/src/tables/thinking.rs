@@ -593,11 +593,14 @@ impl<H: TokenHistory> ThinkingState<H> {
 pub type ThinkingTable = TripleTable<ThinkingState<HistoryId>>;
 
 impl<H: TokenHistory + Clone> ThinkingState<H> {
-    /// Draft replay: keeps the entries of `slots` and the forced tokens.
-    pub fn draft_save(&mut self, slots: &[usize]) {
+    /// Draft replay: keeps every entry and the forced tokens. Every entry, not only the
+    /// drafted slots': vLLM's machine counts steps too (a block re-entered after a forced end
+    /// searches for its end from the next step on), so the replay's steps move requests
+    /// whose output did not grow.
+    pub fn draft_save(&mut self, _slots: &[usize]) {
         self.saved.clear();
-        for &s in slots {
-            self.saved.push((s, self.table.get(s).cloned()));
+        for (s, e) in self.table.iter() {
+            self.saved.push((s, Some(e.clone())));
         }
         self.saved_forced.clone_from(&self.forced);
     }
