@@ -63,8 +63,10 @@ def random_params(rng: random.Random, vocab: int, start: list[int], end: list[in
         p["dry_multiplier"] = rng.choice((0.8, 2.0))
         p["dry_allowed_length"] = rng.randint(1, 2)
         p["dry_sequence_breakers"] = [[rng.choice(HOT)]]
+        p["dry_penalty_last_n"] = rng.choice((-1, 4, 7))  # short windows slide under drafts
     if on() < 0.3:
         p["no_repeat_ngram_size"] = rng.randint(1, 3)
+        p["no_repeat_ngram_window"] = rng.choice((0, 3, 5))
     if on() < 0.2:
         p["logit_bias"] = {rng.randrange(vocab): rng.choice((5.0, -5.0, 0.5))}
     if on() < 0.1:

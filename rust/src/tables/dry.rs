@@ -115,6 +115,21 @@ pub struct Entry<H> {
     spare: Vec<(usize, u32)>,
     /// The most recent breaker occurrence: its head's position and its longest tail.
     breaker: Option<(usize, usize)>,
+    /// The draft replay's undo records, one per token pushed while it is on (`None`: off).
+    journal: Option<Vec<Pushed>>,
+    /// A rebuild happened while the journal was on: the records no longer apply.
+    journal_broken: bool,
+}
+
+/// What one pushed token changed, to take it back (the draft replay).
+struct Pushed {
+    lo: usize,
+    /// The grams the window forgot (the oldest occurrence of each): `(start, end position)`.
+    forgotten: Vec<(usize, usize)>,
+    /// Whether the new suffix's gram was indexed.
+    indexed: bool,
+    cands: Vec<(usize, u32)>,
+    breaker: Option<(usize, usize)>,
 }
 
 impl<H> Entry<H> {
@@ -141,6 +156,8 @@ impl<H> Entry<H> {
             cands: Vec::new(),
             spare: Vec::new(),
             breaker: None,
+            journal: None,
+            journal_broken: false,
         };
         e.rebuild(e.seq.len());
         e
@@ -155,6 +172,9 @@ impl<H> Entry<H> {
     /// Drops the sequence back to `keep` tokens and indexes its window again (a new request,
     /// or the engine shrank or rewrote an output: rare).
     fn rebuild(&mut self, keep: usize) {
+        if self.journal.take().is_some() {
+            self.journal_broken = true;
+        }
         self.seq.truncate(keep);
         self.origin = keep.saturating_sub(self.p.window);
         self.lo = self.origin;
@@ -162,19 +182,64 @@ impl<H> Entry<H> {
         self.cands.clear();
         self.breaker = None;
         for last in self.origin..keep {
-            self.advance(last);
+            self.advance(last, None);
         }
     }
 
     fn push(&mut self, t: i64) {
         self.seq.push(t);
-        self.advance(self.seq.len() - 1);
+        let undo = self.journal.is_some().then(|| Pushed {
+            lo: self.lo,
+            forgotten: Vec::new(),
+            indexed: false,
+            cands: Vec::new(),
+            breaker: self.breaker,
+        });
+        let undo = self.advance(self.seq.len() - 1, undo);
+        if let (Some(j), Some(u)) = (&mut self.journal, undo) {
+            j.push(u);
+        }
+    }
+
+    /// Takes back the tokens pushed since the journal was turned on, newest first (O(their
+    /// candidates), where a rebuild would index the whole window again), and turns it off.
+    /// Returns false when a rebuild came in between (the state then follows the history).
+    fn undo_pushes(&mut self) -> bool {
+        let Some(mut journal) = self.journal.take() else {
+            return !std::mem::take(&mut self.journal_broken);
+        };
+        let a = self.p.allowed;
+        while let Some(u) = journal.pop() {
+            let len = self.seq.len();
+            self.breaker = u.breaker;
+            self.cands = u.cands;
+            if u.indexed {
+                let key = &self.seq[len - a..len];
+                let q = self.grams.get_mut(key).expect("indexed by the push");
+                q.pop_back();
+                if q.is_empty() {
+                    self.grams.remove(key);
+                }
+            }
+            for &(s, end) in u.forgotten.iter().rev() {
+                let key = &self.seq[s..s + a];
+                match self.grams.get_mut(key) {
+                    Some(q) => q.push_front(end),
+                    None => {
+                        self.grams.insert(Box::from(key), VecDeque::from([end]));
+                    }
+                }
+            }
+            self.lo = u.lo;
+            self.seq.pop();
+        }
+        true
     }
 
     /// Takes the token at position `last` (the sequence's last one when called from `push`;
     /// a rebuild replays positions with the sequence already whole, reading nothing past
-    /// `last`).
-    fn advance(&mut self, last: usize) {
+    /// `last`). With `undo`, records what it changes there and returns it.
+    fn advance(&mut self, last: usize, mut undo: Option<Pushed>) -> Option<Pushed> {
         let a = self.p.allowed;
         let len = last + 1;
         let start = self.origin.max(len.saturating_sub(self.p.window));
@@ -184,9 +249,12 @@ impl<H> Entry<H> {
             if s + a <= last {
                 let key = &self.seq[s..s + a];
                 if let Some(q) = self.grams.get_mut(key) {
-                    q.pop_front();
+                    let end = q.pop_front();
                     if q.is_empty() {
                         self.grams.remove(key);
+                    }
+                    if let (Some(u), Some(end)) = (&mut undo, end) {
+                        u.forgotten.push((s, end));
                     }
                 }
             }
@@ -214,8 +282,14 @@ impl<H> Entry<H> {
                 self.spare.push((j, z));
             }
             q.push_back(last);
+            if let Some(u) = &mut undo {
+                u.indexed = true;
+            }
         }
         std::mem::swap(&mut self.cands, &mut self.spare);
+        if let Some(u) = &mut undo {
+            u.cands.clone_from(&self.spare); // the candidates before this token
+        }
         // Breakers that end here.
         if let Some(ks) = self.by_last.get(&self.seq[last]) {
             for &k in ks {
@@ -235,6 +309,7 @@ impl<H> Entry<H> {
                 };
             }
         }
+        undo
     }
 
     /// Appends this request's `(token, penalty)` pairs (tokens below `vocab`) to `out`.
@@ -410,6 +485,24 @@ impl<H: TokenHistory> DryState<H> {
         self.step(false, store);
     }
 
+    /// Draft replay: the drafted slots record what each pushed token changes.
+    pub fn draft_save(&mut self, slots: &[usize]) {
+        for &s in slots {
+            if let Some(e) = self.table.get_mut(s) {
+                e.journal = Some(Vec::new());
+            }
+        }
+    }
+
+    /// Takes the drafts back from the drafted slots (their histories are back as committed),
+    /// then the penalties of every row as at the step.
+    pub fn draft_restore(&mut self, store: &H::Store) {
+        for (_, e) in self.table.iter_mut() {
+            e.undo_pushes();
+        }
+        self.step(true, store);
+    }
+
     pub fn saw_placeholders(&self) -> bool {
         self.placeholders
     }
@@ -497,6 +590,14 @@ impl TripleState for DryState<HistoryId> {
 
     fn step(&mut self, ctx: &StepContext<'_>) {
         self.update_none(ctx.store);
+    }
+
+    fn draft_save(&mut self, slots: &[usize]) {
+        DryState::draft_save(self, slots);
+    }
+
+    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
+        DryState::draft_restore(self, ctx.store);
     }
 
     fn triples(&self) -> &SparseRows<f32> {

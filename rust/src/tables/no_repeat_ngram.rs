@@ -88,6 +88,11 @@ pub struct Entry<H> {
     lo: usize,
     /// By hash of the `(n − 1)`-gram: the grams with that hash (compared by their tokens).
     grams: HashMap<u64, Vec<Gram>, BuildHasherDefault<IdHasher>>,
+    /// The draft replay's undo records, one per token pushed while it is on (`None`: off):
+    /// the window's start before the token, and whether its n-gram was a new gram.
+    journal: Option<Vec<(usize, bool)>>,
+    /// A truncation happened while the journal was on: the records no longer apply.
+    journal_broken: bool,
 }
 
 impl<H> Entry<H> {
@@ -101,6 +106,8 @@ impl<H> Entry<H> {
             seq: Vec::new(),
             lo: 0,
             grams: HashMap::default(),
+            journal: None,
+            journal_broken: false,
         };
         for t in prompt {
             e.push(t, window);
@@ -114,24 +121,25 @@ impl<H> Entry<H> {
         h.finish()
     }
 
-    /// Counts (`delta` = +1) or uncounts (−1) the n-gram that ends at position `j`.
-    fn count(&mut self, j: usize, delta: i32) {
+    /// Counts (`delta` = +1) or uncounts (−1) the n-gram that ends at position `j`; returns
+    /// whether its `(n − 1)`-gram was new (a gram entry was made for it).
+    fn count(&mut self, j: usize, delta: i32) -> bool {
         let n = self.n;
         let key = &self.seq[j + 1 - n..j];
         let next = self.seq[j];
         let bucket = self.grams.entry(Self::key_hash(key)).or_default();
         let seq = &self.seq;
-        let k = match bucket
+        let (k, new) = match bucket
             .iter()
             .position(|g| seq[g.start..g.start + n - 1] == *key)
         {
-            Some(k) => k,
+            Some(k) => (k, false),
             None => {
                 bucket.push(Gram {
                     start: j + 1 - n,
                     followers: Vec::new(),
                 });
-                bucket.len() - 1
+                (bucket.len() - 1, true)
             }
         };
         let followers = &mut bucket[k].followers;
@@ -146,6 +154,7 @@ impl<H> Entry<H> {
             None if delta > 0 => followers.push((next, 1)),
             None => {}
         }
+        new
     }
 
     /// Appends a token and slides the window over the last `window` tokens.
@@ -153,8 +162,9 @@ impl<H> Entry<H> {
         self.seq.push(t);
         let len = self.seq.len();
         let n = self.n;
-        if len >= n {
-            self.count(len - 1, 1);
+        let new = len >= n && self.count(len - 1, 1);
+        if let Some(j) = &mut self.journal {
+            j.push((self.lo, new));
         }
         // The n-grams that start before the window's first token are forgotten.
         let lo = (len.saturating_sub(window) + n - 1).max(self.lo);
@@ -164,9 +174,43 @@ impl<H> Entry<H> {
         self.lo = lo;
     }
 
+    /// Takes back the tokens pushed since the journal was turned on, newest first (O(n) per
+    /// token, where a truncation counts the whole window again), and turns it off.
+    fn undo_pushes(&mut self) {
+        let Some(mut journal) = self.journal.take() else {
+            self.journal_broken = false;
+            return;
+        };
+        let n = self.n;
+        while let Some((lo, new)) = journal.pop() {
+            let len = self.seq.len();
+            for j in (lo.max(n - 1)..self.lo.min(len)).rev() {
+                self.count(j, 1); // the n-grams the window forgot
+            }
+            if len >= n {
+                self.count(len - 1, -1);
+                if new {
+                    // Its gram was made by this token: the last of its bucket, now empty.
+                    let hash = Self::key_hash(&self.seq[len - n..len - 1]);
+                    if let Some(bucket) = self.grams.get_mut(&hash) {
+                        bucket.pop();
+                        if bucket.is_empty() {
+                            self.grams.remove(&hash);
+                        }
+                    }
+                }
+            }
+            self.lo = lo;
+            self.seq.pop();
+        }
+    }
+
     /// Drops the sequence back to `keep` tokens and counts its window again (the engine
     /// shrank or rewrote an output: rare).
     fn truncate(&mut self, keep: usize, window: usize) {
+        if self.journal.take().is_some() {
+            self.journal_broken = true;
+        }
         let tokens: Vec<i64> = self.seq.drain(..keep).collect();
         self.seq.clear();
         self.lo = 0;
@@ -326,6 +370,24 @@ impl<H: TokenHistory> NoRepeatNGramState<H> {
         self.placeholders
     }
 
+    /// Draft replay: the drafted slots record what each pushed token changes.
+    pub fn draft_save(&mut self, slots: &[usize]) {
+        for &s in slots {
+            if let Some(e) = self.table.get_mut(s) {
+                e.journal = Some(Vec::new());
+            }
+        }
+    }
+
+    /// Takes the drafts back from the drafted slots (their histories are back as committed),
+    /// then the bans of every row as at the step.
+    pub fn draft_restore(&mut self, store: &H::Store) {
+        for (_, e) in self.table.iter_mut() {
+            e.undo_pushes();
+        }
+        self.step(true, store);
+    }
+
     fn step(&mut self, changed: bool, store: &H::Store) {
         self.placeholders = false;
         if self.table.active() == 0 && !changed {
@@ -411,6 +473,14 @@ impl TripleState for NoRepeatNGramState<HistoryId> {
 
     fn step(&mut self, ctx: &StepContext<'_>) {
         self.update_none(ctx.store);
+    }
+
+    fn draft_save(&mut self, slots: &[usize]) {
+        NoRepeatNGramState::draft_save(self, slots);
+    }
+
+    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
+        NoRepeatNGramState::draft_restore(self, ctx.store);
     }
 
     fn triples(&self) -> &SparseRows<f32> {
