@@ -27,6 +27,7 @@ branch; flip it on (it adds them to every scenario) once they are.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +75,9 @@ SCENARIOS = [
             dry_base=2.0,
         ),
     ),
+    # One soft processor alone: no sequence becomes impossible, the law only shifts.
+    Scenario("dry", (3, 1), dict(dry_multiplier=1.0, dry_allowed_length=1, dry_base=2.0)),
+    Scenario("min_tokens", (3, 1), dict(min_tokens=2, stop_token_ids=[EOS, 2])),
     Scenario(
         "thinking",
         (5, START),
@@ -97,7 +101,10 @@ class Model:
     def __init__(self, seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
         self.target = torch.randn(V, V, generator=g) * 1.5
-        self.draft = torch.softmax(torch.randn(V, V, generator=g) * 1.5, dim=-1)
+        # Close enough to the target that most drafts are accepted, different enough that
+        # rejections (and the residual) happen often.
+        noise = torch.randn(V, V, generator=g)
+        self.draft = torch.softmax(self.target + noise, dim=-1)
 
 
 class Generator:
@@ -122,6 +129,8 @@ class Generator:
         self.model = model
         self.gen = torch.Generator().manual_seed(seed)
         self.slots = torch.arange(B)
+        self.steps = 0  # speculative steps (slot-steps: B per step)
+        self.accepted = 0  # drafts accepted over them
 
     def sample(self, mode: str) -> torch.Tensor:
         """``[B * ROUNDS, L]`` generated prefixes; mode: plain, spec or spec-blind."""
@@ -150,6 +159,23 @@ class Generator:
             last = torch.tensor([c[-1] for c in committed])
             feed = ([t for c in committed for t in c], [s for s, c in enumerate(committed) for _ in c])
         return torch.tensor([d[:L] for d in done])
+
+    def exact(self) -> torch.Tensor:
+        """The exact law of plain decoding's first ``L`` tokens, ``[V] * L``: every prefix of
+        fewer than ``L`` tokens is one request (the prefix as its output), one row each."""
+        prefixes = [list(t) for n in range(L) for t in itertools.product(range(V), repeat=n)]
+        assert len(prefixes) <= B
+        for s, pre in enumerate(prefixes):
+            self.pipe.add_request(s, self.params, self.prompt, list(pre))
+        last = [pre[-1] if pre else self.prompt[-1] for pre in prefixes]
+        rows = list(range(len(prefixes)))
+        y = self.pipe.apply(self.model.target[last], rows, self.procs)
+        cond = {tuple(pre): torch.softmax(y[s], -1).double() for s, pre in enumerate(prefixes)}
+        law = torch.ones([])
+        for n in range(L):
+            nxt = torch.stack([cond[t] for t in itertools.product(range(V), repeat=n)])
+            law = law.reshape(-1, 1) * nxt.reshape(law.numel(), V)
+        return law.reshape([V] * L)
 
     def spec_step(self, last: torch.Tensor, tok: Any, sl: Any, blind: bool) -> list[list[int]]:
         """One speculative step of every slot: ``K`` drafts, ``K + 1`` target rows, rejection
@@ -184,6 +210,8 @@ class Generator:
         empty = r.sum(-1) <= 0  # p == q on that row: the residual is p itself
         r[empty] = p[torch.arange(B), n][empty]
         last_tok = torch.multinomial(r, 1, generator=g)[:, 0]
+        self.steps += B
+        self.accepted += int(n.sum())
         return [
             d[s, : n[s]].tolist() + [int(last_tok[s])] for s in range(B)
         ]
@@ -225,12 +253,44 @@ def homogeneity(a: torch.Tensor, b: torch.Tensor) -> tuple[float, int, float]:
     return stat, len(ca_) - 1, tv
 
 
+def goodness_of_fit(a: torch.Tensor, law: torch.Tensor) -> tuple[float, int, float, int]:
+    """Chi-square of the sample against the exact law (cells expecting fewer than
+    ``MIN_CELL`` merged into one): the statistic (infinite if a sequence of probability 0
+    was generated), its degrees of freedom, the TV distance, and the number of sequences of
+    probability 0."""
+    n = a.shape[0]
+    code = V ** torch.arange(L - 1, -1, -1)
+    count = torch.bincount((a * code).sum(1), minlength=V**L).double()
+    expect = law.reshape(-1) * n
+    tv = 0.5 * (count - expect).abs().sum().item() / n
+    impossible = int(count[expect == 0].sum())
+    big = expect >= MIN_CELL
+    c, e = count[big], expect[big]
+    if (~big).any() and expect[~big].sum() > 0:
+        c = torch.cat([c, count[~big].sum()[None]])
+        e = torch.cat([e, expect[~big].sum()[None]])
+    stat = ((c - e) ** 2 / e).sum().item() if not impossible else math.inf
+    return stat, len(c) - 1, tv, impossible
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
 def test_speculation_preserves_the_distribution(scenario: Scenario) -> None:
     model = Model(seed=1)
     plain = Generator(scenario, model, seed=2).sample("plain")
-    spec = Generator(scenario, model, seed=3).sample("spec")
+    spec_gen = Generator(scenario, model, seed=3)
+    spec = spec_gen.sample("spec")
     blind = Generator(scenario, model, seed=4).sample("spec-blind")
+    law = Generator(scenario, model, seed=5).exact()
+    # Speculation did speculate: drafts were accepted and rejected (K = 3 per slot-step).
+    mean_accepted = spec_gen.accepted / spec_gen.steps
+    assert 0.5 < mean_accepted < K - 0.5, mean_accepted
+    # Each sample against the exact law of plain decoding.
+    fits = {m: goodness_of_fit(x, law) for m, x in (("plain", plain), ("spec", spec),
+                                                    ("drafts ignored", blind))}  # fmt: skip
+    for m, (st, df, tv, zero) in fits.items():
+        print(f"{scenario.name}: {m} vs exact: chi2 {st:.1f} (df {df}, bound "
+              f"{chi2_quantile(df, ALPHA):.1f}), TV {tv:.4f}, {zero} of probability 0")  # fmt: skip
+    print(f"{scenario.name}: {mean_accepted:.2f} drafts accepted per slot-step (K = {K})")
     stat, df, tv = homogeneity(plain, spec)
     bound = chi2_quantile(df, ALPHA)
     stat_b, df_b, tv_b = homogeneity(plain, blind)
@@ -242,3 +302,8 @@ def test_speculation_preserves_the_distribution(scenario: Scenario) -> None:
     )
     assert stat <= bound, (stat, df, bound)
     assert stat_b > bound_b, (stat_b, df_b, bound_b)
+    for m in ("plain", "spec"):
+        st, df, _, zero = fits[m]
+        assert zero == 0 and st <= chi2_quantile(df, ALPHA), (m, st, df, zero)
+    st, df, _, _ = fits["drafts ignored"]
+    assert st > chi2_quantile(df, ALPHA), (st, df)
