@@ -72,8 +72,21 @@ def zipf(rng: np.random.Generator, shape: Any) -> np.ndarray:
     return zipf_ids()[rng.choice(VOCAB - 2, size=shape, p=p)]
 
 
-def requests(b: int, prompt_len: int, seed: int) -> list[tuple[SamplingParams, list[int]]]:
-    """B requests with every history-reading processor on (half of them thinking)."""
+FEATURES = {
+    "penalties": ("repetition_penalty", "frequency_penalty", "presence_penalty"),
+    "bad words": ("bad_words_token_ids",),
+    "min_tokens": ("min_tokens", "stop_token_ids"),
+    "thinking": ("thinking_token_budget",),
+    "DRY": ("dry_multiplier", "dry_sequence_breakers"),
+    "no-repeat-ngram": ("no_repeat_ngram_size",),
+}
+
+
+def requests(
+    b: int, prompt_len: int, seed: int, without: Sequence[str] = ()
+) -> list[tuple[SamplingParams, list[int]]]:
+    """B requests with every history-reading processor on (half of them thinking), but the
+    ``FEATURES`` named in ``without``."""
     rng = random.Random(seed)
     ranks = zipf_ids()
     hot = [int(t) for t in ranks[:16]]
@@ -99,6 +112,9 @@ def requests(b: int, prompt_len: int, seed: int) -> list[tuple[SamplingParams, l
         if i % 2:
             kw["thinking_token_budget"] = rng.choice((16, 64, 256))
             prompt = [*prompt[:-1], THINK_START]
+        for f in without:
+            for name in FEATURES[f]:
+                kw.pop(name, None)
         out.append((SamplingParams(**kw), prompt))
     return out
 
@@ -116,6 +132,7 @@ class Run:
     accepted: float = 0.0
     history: tuple[int, int] = (0, 0)
     seconds: float = 0.0
+    breakdown: list[tuple[str, Samples, Samples]] = field(default_factory=list)
 
 
 class Reference:
@@ -248,6 +265,55 @@ def measure(run: Run) -> None:
     run.history = (run.prompt_len, run.prompt_len + committed // b)
 
 
+def step_only(
+    b: int, k: int, prompt_len: int, steps: int, without: Sequence[str] = ()
+) -> tuple[Samples, Samples]:
+    """``step_slots`` alone, with the draft layout and then (the same step again, a re-step)
+    without it, over ``steps`` steps after one warm-up."""
+    cfg = EngineConfig(
+        max_num_seqs=b,
+        vocab_size=VOCAB,
+        reasoning_start_token_ids=[THINK_START],
+        reasoning_end_token_ids=[THINK_END],
+    )
+    reqs = requests(b, prompt_len, seed=1, without=without)
+    pipe, _ = build(cfg, reqs, b * (k + 1))
+    clock = Clock(torch.device("cpu"))
+    rng = np.random.default_rng(2)
+    row_map = [s for s in range(b) for _ in range(k + 1)]
+    pos = list(range(k + 1)) * b
+    last = [prompt[-1] for _, prompt in reqs]
+    feed: list[tuple[int, int]] = []
+    drafted, plain = Samples(), Samples()
+    for step in range(1 + steps):
+        drafts = zipf(rng, (b, k)).tolist()
+        ids = [t for s in range(b) for t in (last[s], *drafts[s])]
+        tokens = [t for _, t in feed] or None
+        slots = [s for s, _ in feed] or None
+        ns = clock(pipe.step_slots, row_map, tokens, slots, local_pos=pos, input_ids=ids)
+        drafted.add(ns, step > 0)
+        plain.add(clock(pipe.step_slots, row_map), step > 0)
+        feed = []
+        for s in range(b):
+            n = int(rng.integers(0, k + 1))
+            extra = int(zipf(rng, 1)[0])
+            feed += [(s, t) for t in (*drafts[s][:n], extra)]
+            last[s] = extra
+    return drafted, plain
+
+
+def breakdown(run: Run, steps: int) -> None:
+    """Where the draft step's time goes: one feature off at a time, then the history."""
+    cases: list[tuple[str, int, int, tuple[str, ...]]] = [("all on", run.k, run.prompt_len, ())]
+    cases += [(f"without {f}", run.k, run.prompt_len, (f,)) for f in FEATURES]
+    cases += [("all on, k = 1", 1, run.prompt_len, ())]
+    cases += [(f"all on, prompt {n:,}", run.k, n, ()) for n in (64, 2048)]
+    for label, k, n, without in cases:
+        a, b = step_only(run.b, k, n, steps, without)
+        run.breakdown.append((label, a, b))
+        progress(f"  breakdown {label}: {fmt_us(median_us(a.ns))} µs")
+
+
 def agreement(views: list[Any], ref: Reference, x, row_map, pos, ids) -> list[str]:
     """Each processor's ``apply_rows`` (draft layout) vs its reference per position."""
     out, y = [], x
@@ -313,6 +379,19 @@ def section(run: Run, quick: bool) -> str:
         ["(c) / (a), step + apply: the reference per position / ours", ratio(c["c"], c["a"])],
     ]
     md.append(markdown_table(["ratio of medians", "value"], ratios) + "\n")
+    if run.breakdown:
+        md.append(
+            "Where the draft step goes: `step_slots` alone on a fresh pipeline per line (B = "
+            f"{run.b}), with the draft layout, then the same step again without it (a re-step, "
+            "no feed), one feature turned off at a time, then fewer drafts and other prompt "
+            "lengths:\n"
+        )
+        rows_b = [
+            [label, median_p90_cell(a.ns), median_p90_cell(b.ns), ratio(a, b)]
+            for label, a, b in run.breakdown
+        ]
+        header_b = ["requests", "step, drafts", "re-step, no drafts", "ratio"]
+        md.append(markdown_table(header_b, rows_b) + "\n")
     if run.agree:
         md.append(
             "Each processor's `apply_rows` under (a) against its reference per position on the "
@@ -344,6 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--b", type=int, default=256, help="requests")
     ap.add_argument("--k", type=int, default=4, help="drafts per request")
     ap.add_argument("--prompt", type=int, default=512, help="prompt tokens")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip the step's breakdown")
     ap.add_argument("--report", type=Path, default=ROOT / "bench-report.md")
     ap.add_argument("--no-write", action="store_true", help="print the section only")
     args = ap.parse_args(argv)
@@ -359,6 +439,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     progress(f"draft rows: B {run.b}, k {run.k}, {run.steps} steps ({run.ref_steps} with ref)")
     measure(run)
+    if not args.no_breakdown:
+        breakdown(run, 3 if args.quick else 7)
     run.seconds = time.perf_counter() - t0
     for key in ("a_step", "b_step", "a", "b", "c"):
         progress(f"  {key}: {fmt_us(median_us(run.cells[key].ns))} µs")
