@@ -392,6 +392,16 @@ def section(run: Run, quick: bool) -> str:
         ]
         header_b = ["requests", "step, drafts", "re-step, no drafts", "ratio"]
         md.append(markdown_table(header_b, rows_b) + "\n")
+        md.append(
+            "Read from the code (`rust/src/pipeline/draft_replay.rs`, `tables/dry.rs`, "
+            "`tables/no_repeat_ngram.rs`): after the replay the histories shrink back to the "
+            "committed ones and DRY's and no-repeat-ngram's `draft_restore` is the default one "
+            "more `step`, which sees each drafted slot's sequence shrink and re-indexes its "
+            "whole window (`rebuild` / `truncate`, meant for a rare rewrite): a cost per step "
+            "that grows with the history, not with k. An undo of the drafted tokens (or a "
+            "saved entry per drafted slot, as MinTokens and the thinking budget do) would "
+            "make it O(k).\n"
+        )
     if run.agree:
         md.append(
             "Each processor's `apply_rows` under (a) against its reference per position on the "
