@@ -21,10 +21,8 @@ With the drafts ignored (``apply`` without ``local_pos``/``input_ids``: every ro
 sees only the committed history) the same test must reject (the check has teeth). Seeded
 torch generators: deterministic. Thousands of sequences per method: ``B`` slots at once.
 
-The repetition/frequency/presence penalties do not read the drafts on this branch (they see
-the committed history only): ``test_penalties_per_position`` runs the "dry" scenario with them
-on and is a strict xfail until they do; then set ``PENALTIES = True`` (every scenario gets
-them) and drop the xfail.
+The repetition/frequency/presence penalties are on in every scenario (``PENALTIES``), and
+``test_penalties_per_position`` runs the "dry" scenario with them alone on top.
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ from logitsproc_rs.builtin import (
     NoRepeatNGramLogitsProcessor,
 )
 
-PENALTIES = False  # switch on once the penalties read the drafts per position (see docstring)
+PENALTIES = True  # every scenario also has repetition / frequency / presence penalties
 
 V = 10  # vocab: 0..6 words, 7 think start, 8 think end, 9 EOS
 START, END, EOS = 7, 8, 9
@@ -284,9 +282,6 @@ def test_speculation_preserves_the_distribution(scenario: Scenario) -> None:
     check(scenario, PENALTIES)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the penalties read the committed history only (per position: next)"
-)
 def test_penalties_per_position() -> None:
     check(next(s for s in SCENARIOS if s.name == "dry"), True)
 
