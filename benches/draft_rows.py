@@ -393,22 +393,21 @@ def section(run: Run, quick: bool) -> str:
         header_b = ["requests", "step, drafts", "re-step, no drafts", "ratio"]
         md.append(markdown_table(header_b, rows_b) + "\n")
         md.append(
-            "Read from the code (`rust/src/pipeline/draft_replay.rs`, `tables/dry.rs`, "
-            "`tables/no_repeat_ngram.rs`): after the replay the histories shrink back to the "
-            "committed ones and DRY's and no-repeat-ngram's `draft_restore` is the default one "
-            "more `step`, which sees each drafted slot's sequence shrink and re-indexes its "
-            "whole window (`rebuild` / `truncate`, meant for a rare rewrite): a cost per step "
-            "that grows with the history, not with k. An undo of the drafted tokens (or a "
-            "saved entry per drafted slot, as MinTokens and the thinking budget do) would "
-            "make it O(k).\n"
+            "What the draft step does (`rust/src/pipeline/draft_replay.rs`): the history-"
+            "reading tables step once per draft position (k steps' work on the drafted "
+            "slots, each table's per-row output recomputed for every row), then return to "
+            "the committed state: DRY and no-repeat-ngram by an undo journal of the pushed "
+            "tokens (O(k) per drafted slot), MinTokens and the thinking budget from saved "
+            "entries, bad words by one more step. The step without drafts is only the row "
+            "map. What still grows with the history is the per-step work itself (DRY's "
+            "candidates, the n-gram bans), paid k + 1 times.\n"
         )
     if run.agree:
         md.append(
             "Each processor's `apply_rows` under (a) against its reference per position on the "
             "same input, at the last step (c) ran: "
             + "; ".join(run.agree)
-            + ". (On this branch the penalties read the committed history only: "
-            "per position is next.)\n"
+            + ".\n"
         )
     md.append("")
     return "\n".join(md) + "\n"
