@@ -9,8 +9,10 @@ outputs, thinking markers) drives:
 * MRV2: the classes of ``logitsproc_rs.vllm.v2`` loaded by vLLM's own loader from
   ``module:Class`` names, a runner state whose free list recycles slots (the processors are
   never told of a finish), committed tokens only in ``all_token_ids``/``total_len``, rows
-  shuffled every step, with ``DRAFTS`` > 0 up to that many draft rows per request repeating
-  its slot, and now and then a request preempted and resumed with its output so far.
+  shuffled every step, with ``DRAFTS`` > 0 up to that many drafts per request (its run of
+  rows at draft positions 0 .. k, the drafts in ``ctx.input_ids``; the V1 side applies the
+  same drafts per position, ``LogitsProcessors.apply_drafts``), and now and then a request
+  preempted and resumed with its output so far.
 
 With ``FAULTS`` = 1 both also run ``Boost``, a custom column processor (bridged with
 ``logitsproc_rs.vllm.v2.bridge`` and passed to vLLM's loader as a class), and MRV2 alone gets
@@ -25,6 +27,7 @@ Every row of every step must equal the V1 row of its request, exactly. Prints on
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 from typing import Any
@@ -74,7 +77,9 @@ class Boost(ColumnLogitsProcessor):
 def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, faults: int):
     h.v1_package(real=False)  # 3.5 s saved per run; v2_loader.py imports vLLM's own
     cfg = config(max_num_seqs, vocab)
-    v1 = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=[Boost] if faults else ())
+    # With drafts, the V1 side applies them per position too (LogitsProcessors.apply_drafts).
+    v1_cfg = dataclasses.replace(cfg, num_speculative_tokens=max_drafts or None)
+    v1 = build_logitsprocs(v1_cfg, "cpu", False, custom_logitsprocs=[Boost] if faults else ())
     order = [type(p).__name__ for p in (*v1.non_argmax_invariant, *v1.argmax_invariant)]
     fields = {k: getattr(cfg, k) for k in EngineConfig.__dataclass_fields__}
     v2_cfg = EngineConfig(**{**fields, "num_speculative_tokens": max_drafts or None})
@@ -134,8 +139,13 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
         update = sim.step()
         rows = sim.batch.rows()
         v1.update_state(update)
-        logits = random_logits(rng, g, len(rows), vocab)
-        want = tempered_phases(v1, logits, [r.params.temperature for r in rows])
+        # Each request's drafts (none without DRAFTS): its rows in V1 order are positions
+        # 0 .. k, in MRV2's the same run of rows, the runs shuffled.
+        drafts = [[rng.randrange(vocab) for _ in range(rng.randint(0, max_drafts))] for _ in rows]
+        starts = np.cumsum([0] + [1 + len(d) for d in drafts]).tolist()
+        logits = random_logits(rng, g, starts[-1], vocab)
+        temps = [r.params.temperature for r, d in zip(rows, drafts, strict=True) for _ in [0, *d]]
+        want = tempered_phases(v1, logits, temps, drafts if max_drafts else None)
 
         # MRV2: finished requests free their slots (no processor call), the last step's
         # tokens are committed, new (and resumed) requests are added, staged writes flushed.
@@ -159,9 +169,9 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
 
         perm = list(range(len(rows)))
         rng.shuffle(perm)
-        drafts = [rng.randint(0, max_drafts) for _ in perm]
-        ctx = h.context(rs, [slot_of[rows[i].req_id] for i in perm], drafts)
-        v1_rows = [i for i, d in zip(perm, drafts, strict=True) for _ in range(1 + d)]
+        slots = [slot_of[rows[i].req_id] for i in perm]
+        ctx = h.context(rs, slots, [len(drafts[i]) for i in perm], [drafts[i] for i in perm])
+        v1_rows = [starts[i] + j for i in perm for j in range(1 + len(drafts[i]))]
         if faults and rng.random() < 0.08:
             Boost.FAIL = True
             try:
@@ -184,18 +194,26 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
     h.report(stats)
 
 
-def tempered_phases(v1: Any, logits: torch.Tensor, temps: list[float]) -> torch.Tensor:
+def tempered_phases(
+    v1: Any, logits: torch.Tensor, temps: list[float], drafts: list[list[int]] | None = None
+) -> torch.Tensor:
     """What MRV2 should see from the processors: V1's phases, but MinP selects on the logits
     after temperature (MRV2 divides after the custom processors; V1, and vLLM's own min_p,
-    select after it), masking the raw logits."""
-    x = phases(v1, logits)[0]
+    select after it), masking the raw logits. With ``drafts``, each request's rows at draft
+    positions ``0 .. k`` (``apply_drafts``)."""
+    if drafts is None:
+        x = phases(v1, logits)[0]
+        apply = lambda p, y: p.apply(y)  # noqa: E731
+    else:
+        x = v1.apply_drafts(v1.non_argmax_invariant, logits.clone(), drafts)
+        apply = lambda p, y: p.apply_rows(y)  # noqa: E731  (the rows mapped just above)
     t = torch.tensor(temps, dtype=torch.float32)[:, None]
     for p in v1.argmax_invariant:
         if type(p).__name__ != "MinPLogitsProcessor":
-            x = p.apply(x)
+            x = apply(p, x)
             continue
         scaled = torch.where((t == 0.0) | (t == 1.0), x, x / t)
-        kept = p.apply(scaled.clone())
+        kept = apply(p, scaled.clone())
         x = x.masked_fill(kept.isneginf() & ~scaled.isneginf(), float("-inf"))
     return x
 

@@ -198,17 +198,26 @@ def apply_staged_writes(procs: list[Any]) -> None:
         p.apply_staged_writes()
 
 
-def context(rs: RunnerState, slots: list[int], drafts: list[int]) -> LogitsContext:
+def context(
+    rs: RunnerState,
+    slots: list[int],
+    drafts: list[int],
+    tokens: list[list[int]] | None = None,
+) -> LogitsContext:
     """One step's layout: request ``k`` (slot ``slots[k]``) owns ``1 + drafts[k]``
-    consecutive rows."""
+    consecutive rows; ``input_ids`` at local position 0 is its last committed token, at
+    ``j >= 1`` its draft ``tokens[k][j - 1]`` (0 without ``tokens``)."""
     expanded, local, pos, inputs, bound = [], [], [], [], []
-    for s, d in zip(slots, drafts, strict=True):
+    for k, (s, d) in enumerate(zip(slots, drafts, strict=True)):
         total = int(rs.total_len.gpu[s])
         for j in range(1 + d):
             expanded.append(s)
             local.append(j)
             pos.append(total - 1 + j)
-            inputs.append(int(rs.all_token_ids.gpu[s, total - 1]) if j == 0 else 0)
+            if j == 0:
+                inputs.append(int(rs.all_token_ids.gpu[s, total - 1]))
+            else:
+                inputs.append(tokens[k][j - 1] if tokens is not None else 0)
         bound.append(total + d)
     idx = np.asarray(slots, dtype=np.int32)
     return LogitsContext(
