@@ -295,3 +295,51 @@ def test_logits_whose_rows_overlap_are_refused_by_every_apply(kind: str) -> None
     assert out[0, 3] == 1.0 + 0  # slot 1's bias
     padded = torch.zeros(3, V + 4)[:, :V]
     assert torch.equal(pipe.apply(padded, [1, 2, 1])[:, 3], torch.tensor([1.0, 3.0, 1.0]))
+
+
+# --- draft layouts (speculative decoding: local_pos and input_ids) ---------------------------
+
+BAD_DRAFTS: list[tuple[str, list[int], Any, Any, str]] = [
+    ("draft outside the vocabulary", [1, 1], [0, 1], [0, V], "input_ids"),
+    ("negative draft", [1, 1], [0, 1], [0, -1], "input_ids"),
+    ("a position skipped", [1, 1], [0, 2], [0, 3], "local_pos"),
+    ("a run starting past 0", [1, 1], [1, 0], [3, 3], "local_pos"),
+    ("a slot's second run", [1, 1], [0, 0], [3, 3], "local_pos"),
+    ("a run crossing slots", [1, 2], [0, 1], [3, 3], "local_pos"),
+    ("too few positions", [1, 1], [0], [3, 3], "local_pos"),
+    ("too few tokens", [1, 1], [0, 1], [3], "input_ids"),
+    ("positions without tokens", [1, 1], [0, 1], None, "input_ids"),
+    ("tokens without positions", [1, 1], None, [0, 1], "input_ids"),
+    ("a negative position", [1, 1], [0, -1], [3, 3], "local_pos"),
+    ("float positions", [1, 1], torch.tensor([0.0, 1.0]), [3, 3], "local_pos"),
+    ("a bool token", [1, 1], [0, 1], [0, True], "input_ids"),
+    ("beyond the row space's positions", [1, 1, 1], [0, 1, 2], [3, 3, 3], "local_pos"),
+]
+
+
+@pytest.mark.parametrize(("what", "row_map", "pos", "ids", "field"), BAD_DRAFTS, ids=lambda x: x)
+@pytest.mark.parametrize("route", ["step_slots", "apply"])
+def test_a_bad_draft_layout_is_refused_and_changes_nothing(
+    what: str, row_map: list[int], pos: Any, ids: Any, field: str, route: str
+) -> None:
+    def call(pipe: Any) -> None:
+        if route == "step_slots":
+            pipe.step_slots(row_map, [5], [1], local_pos=pos, input_ids=ids)
+        else:
+            pipe.apply(logits(len(row_map)), row_map, None, [5], [1], local_pos=pos, input_ids=ids)
+
+    e = check_refused(call, field=field)
+    assert field in str(e), e
+
+
+def test_a_good_draft_layout_after_a_bad_one_is_what_a_twin_gets() -> None:
+    """Draft rows at position 1 see the draft: min_tokens (3) counts it, the penalties count
+    it; position 0 rows see the committed history only, as a twin given no drafts."""
+    procs, twin = world(), world()
+    with pytest.raises(ValueError):
+        procs.pipeline.step_slots([1, 1], local_pos=[0, 1], input_ids=[0, V])
+    x = logits(3)
+    got = procs.pipeline.apply(x.clone(), [1, 1, 2], local_pos=[0, 1, 0], input_ids=[9, 7, 9])
+    plain = twin.pipeline.apply(x.clone(), [1, 1, 2])
+    assert torch.equal(got[0], plain[0]) and torch.equal(got[2], plain[2])
+    assert got[1, 7] != plain[1, 7]  # the draft 7 is penalized on the row after it

@@ -76,8 +76,19 @@ impl Drafts {
             ..Drafts::default()
         };
         let mut run_start = 0;
+        let mut started = std::collections::HashSet::new();
         for (r, (&s, &p)) in map.iter().zip(local_pos).enumerate() {
             if p == 0 {
+                if !started.insert(s) {
+                    return Err(Error::invalid(
+                        r,
+                        "local_pos",
+                        format!(
+                            "row {r} starts a second run of rows for slot {s}: a slot's rows \
+                             are consecutive, at positions 0, 1, ..."
+                        ),
+                    ));
+                }
                 run_start = r;
                 continue;
             }
