@@ -405,9 +405,7 @@ def section(run: Run, quick: bool) -> str:
     if run.agree:
         md.append(
             "Each processor's `apply_rows` under (a) against its reference per position on the "
-            "same input, at the last step (c) ran: "
-            + "; ".join(run.agree)
-            + ".\n"
+            "same input, at the last step (c) ran: " + "; ".join(run.agree) + ".\n"
         )
     md.append("")
     return "\n".join(md) + "\n"

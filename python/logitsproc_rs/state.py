@@ -193,7 +193,7 @@ class LogitsProcessors:
             if id(p) in others:
                 logits = _named(p, "apply", apply_by_position, p, logits, rows, pos)
             else:
-                logits = p.apply_rows(logits)
+                logits = p.apply_rows(logits)  # type: ignore[attr-defined]
         return logits
 
     @property

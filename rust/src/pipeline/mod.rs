@@ -917,4 +917,72 @@ mod tests {
         assert_eq!(p.stage(1, false).unwrap(), None);
         assert_eq!(p.arena().last_upload_bytes(), 0);
     }
+
+    #[test]
+    fn draft_rows_see_their_drafts_and_the_committed_state_comes_back() {
+        use crate::tables::bad_words::BadWordsTable;
+        use crate::tables::min_tokens::MinTokensTable;
+        let mut p = pipeline(true, 12); // 3 rows per slot: draft positions up to 2
+        p.add_request(3, req()).unwrap();
+        p.step_slots(&[3], None, None).unwrap();
+        let triples = |p: &Pipeline<SharedHistory>| {
+            let bad = p.tables().get::<BadWordsTable>().unwrap();
+            let mt = p.tables().get::<MinTokensTable>().unwrap();
+            let rows = |t: Option<&crate::row_space::RowCopy>| t.unwrap().triples().triples();
+            (
+                p.status(),
+                bad.state.triples().triples(),
+                mt.state.triples().triples(),
+                rows(bad.row_copy()),
+                rows(mt.row_copy()),
+            )
+        };
+        let before = triples(&p);
+        // Slot 3 owns rows 0..3 at positions 0, 1, 2 after the drafts 5, 6.
+        let d = Drafts::from_runs(&[3, 3, 3], &[0, 1, 2], &[9, 5, 6]).unwrap();
+        assert_eq!((d.slots.clone(), d.tokens.clone()), (vec![3], vec![5, 6]));
+        p.map_rows(&[3, 3, 3], Some(d)).unwrap();
+        // Bad words [5, 6]: only the row after the draft 5 bans 6.
+        let bad = p
+            .tables()
+            .get::<BadWordsTable>()
+            .unwrap()
+            .row_copy()
+            .unwrap();
+        assert_eq!(bad.triples().triples(), vec![(1, 6, f32::NEG_INFINITY)]);
+        // min_tokens 5: every row is below it (0, 1, 2 output tokens), stop id 4 masked.
+        let mt = p
+            .tables()
+            .get::<MinTokensTable>()
+            .unwrap()
+            .row_copy()
+            .unwrap();
+        let rows: Vec<i32> = mt.triples().triples().iter().map(|t| t.0).collect();
+        assert_eq!(rows, vec![0, 1, 2]);
+        // Mapped again without drafts: the committed state, as before the replay.
+        p.map_rows(&[3], None).unwrap();
+        assert!(before == triples(&p), "the committed state changed");
+    }
+
+    #[test]
+    fn draft_layouts_that_are_not_runs_are_refused() {
+        for (map, pos) in [
+            (&[3, 3][..], &[0, 2][..]), // a position skipped
+            (&[3, 3], &[1, 0]),         // a run that does not start at 0
+            (&[3, 2], &[0, 1]),         // a run crossing slots
+            (&[3, 3], &[0, 0]),         // a slot's second run
+        ] {
+            assert!(
+                Drafts::from_runs(map, pos, &[1, 1]).is_err(),
+                "{map:?} {pos:?}"
+            );
+        }
+        let mut p = pipeline(true, 8);
+        p.add_request(3, req()).unwrap();
+        p.step_slots(&[3], None, None).unwrap();
+        let bad = Drafts::from_runs(&[3, 3], &[0, 1], &[1, 16]).unwrap(); // 16: past the vocab
+        assert!(p.map_rows(&[3, 3], Some(bad)).is_err());
+        let deep = Drafts::new(vec![0, 1, 2, 3], &[(3, &[1, 1, 1][..])]); // beyond max_rows / 4
+        assert!(p.map_rows(&[3, 3, 3, 3], Some(deep)).is_err());
+    }
 }
