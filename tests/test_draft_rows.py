@@ -25,7 +25,14 @@ from test_differential import random_logits
 from test_pipeline import config, make_sim
 from test_property import HOT, machine_config
 
-from logitsproc_rs import BatchUpdate, SamplingParams, build_logitsprocs
+from logitsproc_rs import (
+    BatchUpdate,
+    ColumnLogitsProcessor,
+    EngineConfig,
+    FloatColumn,
+    SamplingParams,
+    build_logitsprocs,
+)
 from logitsproc_rs.builtin import (
     DryLogitsProcessor,
     MinPLogitsProcessor,
@@ -286,3 +293,68 @@ def test_v1_draft_rows_match_the_reference_per_position(seed, emulate):
             y = mine
         assert torch.equal(chained, y)
     assert drafted > 50
+
+
+class _LastDraftBan(ColumnLogitsProcessor):
+    """A column processor that reads drafts: on a row at draft position ``p > 0`` it adds
+    ``lift * p`` to token 0 and bans the draft just before the row."""
+
+    COLUMNS = (FloatColumn("lift", default=0.0, read=lambda sp: (sp.extra_args or {}).get("lift")),)
+    READS_DRAFTS = True
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def transform(self, logits, cols, num_active):
+        pos = cols["draft_pos"]
+        logits[:, :1] += cols["lift"] * pos
+        last = cols["drafts"].gather(1, (pos - 1).clamp(min=0))
+        rows = (pos[:, 0] > 0).nonzero()[:, 0]
+        logits[rows, last[rows, 0]] = float("-inf")
+        return logits
+
+
+def _last_draft_ban(x, lifts, pos, before):
+    """The same, plainly, row by row."""
+    out = x.clone()
+    for r in range(x.shape[0]):
+        out[r, 0] += lifts[r] * pos[r]
+        if pos[r]:
+            out[r, before[r][-1]] = float("-inf")
+    return out
+
+
+@pytest.mark.parametrize("front", ["v1", "stable"])
+def test_a_column_processor_that_reads_drafts_sees_each_rows_position_and_drafts(front):
+    rng = random.Random(7)
+    vocab, batch = 16, 4
+    cfg = EngineConfig(max_num_seqs=batch, vocab_size=vocab, num_speculative_tokens=K)
+    kw = {"stable_slots": True, "token_feed": True} if front == "stable" else {}
+    procs = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=[_LastDraftBan], **kw)
+    proc = next(p for p in procs.all if isinstance(p, _LastDraftBan))
+    lifts = [rng.choice((0.0, 0.5, 2.0)) for _ in range(batch)]
+    params = [SamplingParams(extra_args={"lift": v} if v else None) for v in lifts]
+    if front == "stable":
+        for s, p in enumerate(params):
+            procs.pipeline.add_request(s, p, [1], [])
+    else:
+        procs.update_state(
+            BatchUpdate(batch, [], [(s, p, [1], []) for s, p in enumerate(params)], [])
+        )
+    for _ in range(5):
+        drafts = [[rng.randrange(vocab) for _ in range(rng.randint(0, K))] for _ in range(batch)]
+        rows = [r for r, d in enumerate(drafts) for _ in range(len(d) + 1)]
+        pos = [j for d in drafts for j in range(len(d) + 1)]
+        before = [drafts[r][:j] for r, j in zip(rows, pos, strict=True)]
+        x = torch.randn(len(rows), vocab)
+        if front == "stable":
+            ids = [drafts[r][j - 1] if j else 0 for r, j in zip(rows, pos, strict=True)]
+            got = procs.pipeline.apply(x.clone(), rows, [proc], local_pos=pos, input_ids=ids)
+        else:
+            procs.update_state(None)
+            got = procs.apply_drafts([proc], x.clone(), drafts)
+        want = _last_draft_ban(x, [lifts[r] for r in rows], pos, before)
+        assert torch.equal(got, want)
+    # Without a draft layout every row is at position 0 with no drafts.
+    if front == "v1":
+        assert torch.equal(proc.apply(x[:batch].clone()), x[:batch])

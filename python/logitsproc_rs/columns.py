@@ -19,6 +19,12 @@ it can skip all work without a device sync)::
 
 A reader returns ``None`` for "not set" (the default). A value of the wrong type or out of range
 is a ``ValueError`` naming the request and the column, and the whole step is rejected.
+
+Under speculative decoding every row of a request, draft rows included, gets its columns. A
+processor that also reads the drafts says ``READS_DRAFTS = True``: ``cols`` then holds
+``"draft_pos"`` (``[rows, 1]`` int64, the row's draft position: how many drafts precede it, 0
+off drafts) and ``"drafts"`` (``[rows, w]`` int64, those drafts, oldest first, −1 padded; ``w``
+the pipeline's most draft positions).
 """
 
 from __future__ import annotations
@@ -157,10 +163,12 @@ class ColumnLogitsProcessor(PipelineView):
     """
 
     COLUMNS: tuple[Column, ...] = ()
+    #: ``transform`` also gets each row's draft position and the drafts before it (module docs).
+    READS_DRAFTS: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _check_columns(cls.__name__, cls.COLUMNS)
+        _check_columns(cls.__name__, cls.COLUMNS, bool(cls.READS_DRAFTS))
 
     def transform(
         self, logits: torch.Tensor, cols: dict[str, torch.Tensor], num_active: int
@@ -184,6 +192,8 @@ class ColumnLogitsProcessor(PipelineView):
             cols[c.name] = pipe.dense("column.values", rows, rowspace, c.width, occ)
             if c.kind == "tokens":
                 cols[c.name + "_len"] = pipe.dense("column.lengths", rows, rowspace, 1, tokens_occ)
+        if self.READS_DRAFTS:
+            cols["draft_pos"], cols["drafts"] = _draft_columns(pipe, rows, rowspace, logits.device)
         # A transform that raises names this processor, as the Sampler does for any custom
         # processor: a ValueError stays one, any other Exception becomes a RuntimeError, both
         # chained to the original; an interrupt (KeyboardInterrupt...) propagates as itself.
@@ -195,15 +205,32 @@ class ColumnLogitsProcessor(PipelineView):
             raise RuntimeError(f"{type(self).__name__}.apply raised {e!r}") from e
 
 
-def _check_columns(owner: str, columns: Any) -> None:
+def _draft_columns(
+    pipe: Any, rows: int, rowspace: bool, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's draft position and the drafts before it: the row space's, or none (a V1
+    batch, or a pipeline without a row space)."""
+    if rowspace:
+        pos = pipe.section("rows.draft_pos")
+        drafts = pipe.section("rows.drafts")
+        width = drafts.numel() // pos.numel()  # the row space's rows, each `width` drafts
+        return pos[:rows].view(rows, 1), drafts.view(-1, width)[:rows]
+    return (
+        torch.zeros((rows, 1), dtype=torch.int64, device=device),
+        torch.full((rows, 1), -1, dtype=torch.int64, device=device),
+    )
+
+
+def _check_columns(owner: str, columns: Any, reads_drafts: bool = False) -> None:
     """``COLUMNS``: a tuple of ``Column``s whose names (and, for a tokens column ``x``, its
-    ``x_len`` tensor) do not clash in the ``cols`` dict ``transform`` gets."""
+    ``x_len`` tensor; with ``READS_DRAFTS``, ``draft_pos`` and ``drafts``) do not clash in the
+    ``cols`` dict ``transform`` gets."""
     if not isinstance(columns, tuple) or not all(isinstance(c, Column) for c in columns):
         raise ConfigError(
             f"{owner}.COLUMNS must be a tuple of Column (FloatColumn(...), ...), got {columns!r}",
             field="columns",
         )
-    seen: set[str] = set()
+    seen: set[str] = {"draft_pos", "drafts"} if reads_drafts else set()
     for c in columns:
         keys = [c.name] + ([c.name + "_len"] if c.kind == "tokens" else [])
         for key in keys:

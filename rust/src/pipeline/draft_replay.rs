@@ -119,7 +119,7 @@ impl Drafts {
     }
 
     /// The drafts of the `k`-th drafted slot.
-    fn of(&self, k: usize) -> &[i64] {
+    pub(super) fn of(&self, k: usize) -> &[i64] {
         &self.tokens[self.offsets[k]..self.offsets[k + 1]]
     }
 }

@@ -165,6 +165,8 @@ impl HasBuffers for Tables {
         }
         if let Some(r) = &mut self.rows {
             f("rows.row_to_slot", &mut r.row_to_slot);
+            f("rows.draft_pos", &mut r.draft_pos);
+            f("rows.drafts", &mut r.drafts_before);
         }
         for &k in &self.layout {
             self.list[k].visit_late_buffers(f);
@@ -324,7 +326,7 @@ impl<S: HistorySource> Pipeline<S> {
         let mut layout: Vec<usize> = (0..list.len()).collect();
         layout.sort_by_key(|&k| ranks[k]);
         let rows = row_space
-            .then(|| RowSpace::try_new(rows_cap.max(1)))
+            .then(|| RowSpace::try_new(rows_cap.max(1), max_draft_pos(spec, row_factor)))
             .transpose()?;
         let mut tables = Tables {
             list,

@@ -11,6 +11,11 @@ use crate::history::HistorySource;
 /// The stable slots' row map: the exported row → slot buffer and this step's map.
 pub(super) struct RowSpace {
     pub(super) row_to_slot: HostBuffer<i64>,
+    /// Each row's draft position, and the drafts before it (`max_pos` per row, −1 padded):
+    /// what a column processor that reads drafts gets (`rows.draft_pos`, `rows.drafts`).
+    pub(super) draft_pos: HostBuffer<i64>,
+    pub(super) drafts_before: HostBuffer<i64>,
+    pub(super) max_pos: usize,
     pub(super) rows: usize,
     pub(super) map: Vec<usize>,
     /// This step's draft layout, if it has one (kept for a re-map after a re-step).
@@ -18,13 +23,45 @@ pub(super) struct RowSpace {
 }
 
 impl RowSpace {
-    pub(super) fn try_new(rows: usize) -> Result<Self> {
+    pub(super) fn try_new(rows: usize, max_pos: usize) -> Result<Self> {
         Ok(RowSpace {
             row_to_slot: HostBuffer::try_new(rows, 0, "row_to_slot")?,
+            draft_pos: HostBuffer::try_new(rows, 0, "max_rows")?,
+            drafts_before: HostBuffer::try_new(rows.saturating_mul(max_pos), -1, "max_rows")?,
+            max_pos,
             rows: 0,
             map: Vec::new(),
             drafts: None,
         })
+    }
+
+    /// Writes each row's draft position and the drafts before it (only what changed).
+    fn write_drafts(&mut self) {
+        let w = self.max_pos;
+        // Each slot's place among the drafted ones (one pass, not a search per row).
+        let mut drafted = vec![usize::MAX; self.map.iter().max().map_or(0, |&s| s + 1)];
+        if let Some(d) = &self.drafts {
+            for (k, &s) in d.slots.iter().enumerate() {
+                if s < drafted.len() {
+                    drafted[s] = k;
+                }
+            }
+        }
+        for r in 0..self.map.len() {
+            let (p, before): (usize, &[i64]) = match &self.drafts {
+                Some(d) if d.pos[r] > 0 => (d.pos[r], &d.of(drafted[self.map[r]])[..d.pos[r]]),
+                _ => (0, &[]),
+            };
+            if self.draft_pos.get(r) != p as i64 {
+                self.draft_pos.set(r, p as i64);
+            }
+            for j in 0..w {
+                let t = before.get(j).copied().unwrap_or(-1);
+                if self.drafts_before.get(r * w + j) != t {
+                    self.drafts_before.set(r * w + j, t);
+                }
+            }
+        }
     }
 }
 
@@ -170,6 +207,7 @@ impl<S: HistorySource> Pipeline<S> {
         rs.map.clear();
         rs.map.extend_from_slice(row_to_slot);
         rs.drafts = drafts.filter(Drafts::has_drafts);
+        rs.write_drafts();
         let replay = replay && rs.drafts.is_some();
         let map = &rs.map;
         for (t, &history) in self.tables.list.iter_mut().zip(&self.tables.history) {
