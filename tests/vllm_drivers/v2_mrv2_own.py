@@ -31,8 +31,10 @@ semantics (ours) and MRV2's differ by design (``thinking_comparable``; counted).
 pos >= 1 are compared too and their mismatches reported per set (``draft_mismatch``); with MODE
 ``strict`` they must match as well (ours needs per-position drafts for that). MODE ``nodrafts``
 runs the same churn with no drafts (every row strict). MODE ``selfcheck``: ours is run with the
-draft tokens hidden (``input_ids`` zeroed) on ``penalties``/``bad_words``... and the check of
-draft rows must FAIL (prints ``SELFCHECK caught``), proving the comparison can fail.
+draft tokens hidden (``input_ids`` zeroed) and the draft rows of ``penalties``/``bad_words`` must
+differ from MRV2's (prints ``SELFCHECK caught N draft rows``), proving the comparison can fail
+there whether or not ours reads drafts; MODE ``no_feed`` (a bridge that never feeds the
+committed tokens) must fail the strict local-pos-0 check (``ours differs from MRV2's own``).
 
 Prints one ``RESULT {json}`` line.
 """
@@ -182,7 +184,9 @@ def occurrences(seq: list[int], pat: list[int]) -> list[int]:
     return [i for i in range(len(seq) - k + 1) if seq[i : i + k] == pat]
 
 
-def thinking_comparable(history: list[int], prompt_len: int, budget: int | None) -> bool:
+def thinking_comparable(
+    history: list[int], prompt_len: int, budget: int | None, multi: bool
+) -> bool:
     """Whether vLLM 0.25.1's thinking state machine (ours) and MRV2's stateless scan must agree
     on the row after ``history`` (prompt + committed output) -- see docs/vllm-v2.md:
 
@@ -196,10 +200,14 @@ def thinking_comparable(history: list[int], prompt_len: int, budget: int | None)
       it); MRV2 re-derives the next end token from the tail. A history whose start marker is
       followed by an end-sequence token (other than one complete natural/forced end) is not
       comparable;
+    * ``multi``: a step committed several tokens (accepted drafts) once the history held a start
+      marker: 0.25.1's (non-speculative) walk counts engine steps, not tokens;
     * ``thinking_token_budget = -1``: MRV2 treats it as untracked (as 0.25.1 does).
     """
     if budget is None or budget < 0:
         return True
+    if multi:
+        return False
     starts = occurrences(history, START)
     if len(starts) > 1:
         return False
@@ -256,20 +264,21 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
     used: set[int] = set()
     stats: dict[str, Any] = dict.fromkeys(
         ("steps", "rows", "draft_rows", "recycled", "resumed", "accepted", "forced",
-         "thinking_masked"), 0
+         "thinking_masked", "thinking_masked_differs"), 0
     )
     strict_checked = dict.fromkeys(SETS, 0)
     changed = dict.fromkeys(SETS, 0)
     draft_mismatch = dict.fromkeys(SETS, 0)
     draft_compared = dict.fromkeys(SETS, 0)
     first_bad: dict[str, str] = {}
+    skipped = dict.fromkeys(SETS, 0)  # consecutive steps whose apply MRV2's sampler skipped
     use_drafts = mode != "nodrafts" and max_drafts > 0
 
     def add(prompt: list[int], output: list[int], sp: SamplingParams) -> None:
         slot = rs.add_request(prompt, output)
         stats["recycled"] += slot in used
         used.add(slot)
-        live[slot] = {"prompt": prompt, "output": list(output), "sp": sp}
+        live[slot] = {"prompt": prompt, "output": list(output), "sp": sp, "multi": False}
         mp = mrv2_params(sp)
         for k, st in mrv2.items():
             mrv2_acts[k][slot] = bool(st.add_request(slot, mp))
@@ -318,10 +327,17 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
         for name, keys in MRV2_SETS.items():
             mrv2_out[name] = mrv2_apply(mrv2, mrv2_acts, keys, logits, ctx)
         ours_ctx = hide_drafts(ctx) if mode == "selfcheck" else ctx
-        ours_out = {
-            name: h.sample_apply(procs, ours_needs[name], logits, ours_ctx)
-            for name, procs in ours.items()
-        }
+        ours_out = {}
+        for name, procs in ours.items():
+            try:
+                ours_out[name] = h.sample_apply(procs, ours_needs[name], logits, ours_ctx)
+            except Exception as e:
+                raise RuntimeError(
+                    f"ours ({name}) raised at step {step}: {len(slots)} requests, {rows} rows, "
+                    f"skipped steps {skipped[name]}; known {procs[0]._group.known[slots].tolist()}, "
+                    f"total_len {rs.total_len.gpu[slots].tolist()}"
+                ) from e
+            skipped[name] = 0 if np.any(ours_needs[name][ctx.idx_mapping_np]) else skipped[name] + 1
 
         # Which rows are strictly compared: local pos 0, minus the thinking rows outside the
         # cases where 0.25.1's and MRV2's semantics agree.
@@ -330,14 +346,18 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
             req = live[row_slot[r]]
             hist = req["prompt"] + req["output"]
             comparable.append(
-                thinking_comparable(hist, len(req["prompt"]), req["sp"].thinking_token_budget)
+                thinking_comparable(
+                    hist, len(req["prompt"]), req["sp"].thinking_token_budget, req["multi"]
+                )
             )
         for name in SETS:
             a, b = mrv2_out[name], ours_out[name]
             thinking = name in ("thinking", "all")
             for r in range(rows):
                 if thinking and not comparable[r]:
-                    stats["thinking_masked"] += name == "thinking"
+                    if name == "thinking" and local[r] == 0:
+                        stats["thinking_masked"] += 1
+                        stats["thinking_masked_differs"] += not torch.equal(a[r], b[r])
                     continue
                 same = torch.equal(a[r], b[r])
                 changed[name] += not torch.equal(a[r], logits[r])
@@ -380,6 +400,8 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
             sampled[k, : len(taken)] = torch.tensor(taken, dtype=torch.int32)
             num_sampled[k] = len(taken)
             live[s]["output"].extend(taken)
+            if len(taken) > 1 and START[0] in live[s]["prompt"] + live[s]["output"]:
+                live[s]["multi"] = True
             r0 += 1 + len(d)
         commit(
             rs, ctx.idx_mapping, num_computed, last_sampled, mrv2["pen"].output_bin_counts,
@@ -497,4 +519,8 @@ def commit(rs, idx_mapping, num_computed, last_sampled, bin_counts, sampled, num
 if __name__ == "__main__":
     args = sys.argv[1:]
     mode = args[5] if len(args) > 5 else "default"
+    if mode == "no_feed":  # a bridge that drops the committed tokens: row 0 must differ
+        from logitsproc_rs.vllm import v2
+
+        v2._Group.committed = lambda self, slots: (None, None, None)
     main(*map(int, args[:5]), mode)
