@@ -51,22 +51,23 @@ from types import SimpleNamespace
 from typing import Any
 
 os.environ["TRITON_INTERPRET"] = "1"
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-import triton.language.extra.libdevice as tldevice  # noqa: E402
-import vllm  # noqa: E402, F401
+import triton
+import triton.language as tl
+import triton.language.extra.libdevice as tldevice
+import vllm
 
 _shim = types.ModuleType("vllm.triton_utils")
 _shim.triton, _shim.tl, _shim.tldevice = triton, tl, tldevice  # type: ignore[attr-defined]
 _shim.HAS_TRITON = True  # type: ignore[attr-defined]  (vllm.config, via vllm.sampling_params)
 sys.modules["vllm.triton_utils"] = _shim
-# vLLM's own CPU patches for MRV2 (what its CPU model runner imports): host "UVA" buffers,
-# a CPU async_tensor_h2d, no pinned memory, PENALTIES_BLOCK_SIZE = 1024.
-import vllm.v1.worker.cpu.shm  # noqa: E402, F401
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import v2_harness as h  # noqa: E402
+
+# vLLM's own CPU patches for MRV2 (what its CPU model runner imports): host "UVA" buffers,
+# a CPU async_tensor_h2d, no pinned memory, PENALTIES_BLOCK_SIZE = 1024.
+import vllm.v1.worker.cpu.shm  # noqa: E402, F401
 from test_differential import HOT_IDS, random_logits  # noqa: E402
 from vllm.v1.worker.gpu.sample.bad_words import BadWordsState  # noqa: E402
 from vllm.v1.worker.gpu.sample.logit_bias import LogitBiasState  # noqa: E402
@@ -77,7 +78,7 @@ from vllm.v1.worker.gpu.sample.thinking_budget import ThinkingBudgetState  # noq
 from logitsproc_rs import EngineConfig, SamplingParams  # noqa: E402
 
 try:  # MRV2's own commit kernel (model_runner.postprocess_sampled -> post_update)
-    from vllm.v1.worker.gpu.input_batch import post_update  # noqa: E402
+    from vllm.v1.worker.gpu.input_batch import post_update
 except ImportError:  # pragma: no cover - replicated exactly below
     post_update = None
 
@@ -163,6 +164,14 @@ def make_params(rng: random.Random, vocab: int) -> SamplingParams:
     return SamplingParams(**kw)
 
 
+def token(rng: random.Random, vocab: int, hot: float) -> int:
+    """A hot id with probability ``hot`` (the start marker only a tenth of those: a history
+    with one thinking section is the comparable case), else any token."""
+    if rng.random() < hot:
+        return START[0] if rng.random() < 0.1 else rng.choice(HOT_IDS[1:])
+    return rng.randrange(vocab)
+
+
 def mrv2_params(sp: SamplingParams) -> Any:
     """What MRV2's states read of vLLM's SamplingParams (vLLM's names and meanings)."""
     return SimpleNamespace(
@@ -185,7 +194,7 @@ def occurrences(seq: list[int], pat: list[int]) -> list[int]:
 
 
 def thinking_comparable(
-    history: list[int], prompt_len: int, budget: int | None, multi: bool
+    history: list[int], prompt_len: int, budget: int | None, multi: bool, forced: set[int]
 ) -> bool:
     """Whether vLLM 0.25.1's thinking state machine (ours) and MRV2's stateless scan must agree
     on the row after ``history`` (prompt + committed output) -- see docs/vllm-v2.md:
@@ -198,8 +207,9 @@ def thinking_comparable(
     * 0.25.1 walks a forced end one token per step whatever was emitted (several tokens
       committed in one step -- accepted drafts -- or a forced token not taken desynchronise
       it); MRV2 re-derives the next end token from the tail. A history whose start marker is
-      followed by an end-sequence token (other than one complete natural/forced end) is not
-      comparable;
+      followed by an end-sequence token (other than one complete natural/forced end, or the
+      forced walk's own tokens: ``forced`` holds the history positions taken from a forced
+      row) is not comparable;
     * ``multi``: a step committed several tokens (accepted drafts) once the history held a start
       marker: 0.25.1's (non-speculative) walk counts engine steps, not tokens;
     * ``thinking_token_budget = -1``: MRV2 treats it as untracked (as 0.25.1 does).
@@ -212,18 +222,22 @@ def thinking_comparable(
     if len(starts) > 1:
         return False
     if not starts:
-        return not any(t in END for t in history[prompt_len:])
-    after = history[starts[0] + len(START) :]
-    ends = occurrences(after, END)
-    stray = [t for t in after if t in END]
+        return True  # never inside thinking, in both
+    if occurrences(history[prompt_len : starts[0]], END):
+        return False  # 0.25.1 records an end seen before the start and misses a later one
+    first = starts[0] + len(START)
+    ends = [first + e for e in occurrences(history[first:], END)]
     if ends:
-        # one complete end and nothing after it of either marker
-        return len(ends) == 1 and len(stray) == len(END) and after[ends[0] :][: len(END)] == END
-    # inside thinking: only the forced walk's own tokens may appear, as a tail prefix
-    if not stray:
-        return True
-    n = len(stray)
-    return n < len(END) and after[-n:] == END[:n]
+        # after the first complete end: outside thinking in both, if 0.25.1 saw that end --
+        # all of it in the output, and all forced or all the model's own (a walk the model
+        # left, or an end begun in the prompt, is an end to MRV2 and not to 0.25.1)
+        at = range(ends[0], ends[0] + len(END))
+        n_forced = sum(i in forced for i in at)
+        return ends[0] >= prompt_len and n_forced in (0, len(END))
+    # inside thinking: MRV2 forces the end token after the longest end prefix that ends the
+    # history, 0.25.1 walks from the first: the same only if that prefix is the walk's own
+    k = max((n for n in range(1, len(END)) if history[-n:] == END[:n]), default=0)
+    return all(i in forced for i in range(len(history) - k, len(history)))
 
 
 def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, mode: str):
@@ -257,14 +271,26 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
         reasoning_end_token_ids=END,
         num_speculative_tokens=max_drafts or None,
     )
-    ours = {name: h.build(cfg, _StateView(rs), [V2 + n for n in procs]) for name, procs in SETS.items()}
+    ours = {
+        name: h.build(cfg, _StateView(rs), [V2 + n for n in procs]) for name, procs in SETS.items()
+    }
     ours_needs = {name: np.zeros(max_num_seqs, dtype=bool) for name in SETS}
 
     live: dict[int, dict[str, Any]] = {}  # slot -> request
     used: set[int] = set()
     stats: dict[str, Any] = dict.fromkeys(
-        ("steps", "rows", "draft_rows", "recycled", "resumed", "accepted", "forced",
-         "thinking_masked", "thinking_masked_differs"), 0
+        (
+            "steps",
+            "rows",
+            "draft_rows",
+            "recycled",
+            "resumed",
+            "accepted",
+            "forced",
+            "thinking_masked",
+            "thinking_masked_differs",
+        ),
+        0,
     )
     strict_checked = dict.fromkeys(SETS, 0)
     changed = dict.fromkeys(SETS, 0)
@@ -278,7 +304,13 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
         slot = rs.add_request(prompt, output)
         stats["recycled"] += slot in used
         used.add(slot)
-        live[slot] = {"prompt": prompt, "output": list(output), "sp": sp, "multi": False}
+        live[slot] = {
+            "prompt": prompt,
+            "output": list(output),
+            "sp": sp,
+            "multi": False,
+            "forced": set(),
+        }
         mp = mrv2_params(sp)
         for k, st in mrv2.items():
             mrv2_acts[k][slot] = bool(st.add_request(slot, mp))
@@ -296,10 +328,7 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
                     add(req["prompt"], req["output"], req["sp"])
                     stats["resumed"] += 1
         while rs.free_indices and rng.random() < 0.6:
-            prompt = [
-                rng.choice(HOT_IDS) if rng.random() < 0.3 else rng.randrange(vocab)
-                for _ in range(rng.randint(1, 12))
-            ]
+            prompt = [token(rng, vocab, 0.3) for _ in range(rng.randint(1, 12))]
             add(prompt, [], make_params(rng, vocab))
         for st in mrv2.values():
             st.apply_staged_writes()
@@ -312,7 +341,7 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
         rng.shuffle(slots)
         drafts = {
             s: [
-                rng.choice(HOT_IDS) if rng.random() < 0.6 else rng.randrange(vocab)
+                token(rng, vocab, 0.6)
                 for _ in range(rng.randint(0, max_drafts) if use_drafts else 0)
             ]
             for s in slots
@@ -334,21 +363,24 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
             except Exception as e:
                 raise RuntimeError(
                     f"ours ({name}) raised at step {step}: {len(slots)} requests, {rows} rows, "
-                    f"skipped steps {skipped[name]}; known {procs[0]._group.known[slots].tolist()}, "
-                    f"total_len {rs.total_len.gpu[slots].tolist()}"
+                    f"skipped steps {skipped[name]}; known "
+                    f"{procs[0]._group.known[slots].tolist()}, total_len "
+                    f"{rs.total_len.gpu[slots].tolist()}"
                 ) from e
             skipped[name] = 0 if np.any(ours_needs[name][ctx.idx_mapping_np]) else skipped[name] + 1
 
         # Which rows are strictly compared: local pos 0, minus the thinking rows outside the
         # cases where 0.25.1's and MRV2's semantics agree.
+        # A draft row is judged on the history it sees (+ the preceding drafts), as if those
+        # drafts had been committed in one step.
         comparable = []
         for r in range(rows):
-            req = live[row_slot[r]]
-            hist = req["prompt"] + req["output"]
+            req, j = live[row_slot[r]], local[r]
+            hist = req["prompt"] + req["output"] + drafts[row_slot[r]][:j]
+            multi = req["multi"] or (j > 0 and START[0] in hist)
+            budget = req["sp"].thinking_token_budget
             comparable.append(
-                thinking_comparable(
-                    hist, len(req["prompt"]), req["sp"].thinking_token_budget, req["multi"]
-                )
+                thinking_comparable(hist, len(req["prompt"]), budget, multi, req["forced"])
             )
         for name in SETS:
             a, b = mrv2_out[name], ours_out[name]
@@ -392,6 +424,8 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
                 t = pick(rng, row, vocab, d[j] if j < len(d) else None)
                 if row.max() >= 1e9:
                     stats["forced"] += 1
+                    req = live[s]
+                    req["forced"].add(len(req["prompt"]) + len(req["output"]) + len(taken))
                 taken.append(t)
                 if j < len(d) and t == d[j]:
                     stats["accepted"] += 1
@@ -404,8 +438,13 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
                 live[s]["multi"] = True
             r0 += 1 + len(d)
         commit(
-            rs, ctx.idx_mapping, num_computed, last_sampled, mrv2["pen"].output_bin_counts,
-            sampled, num_sampled,
+            rs,
+            ctx.idx_mapping,
+            num_computed,
+            last_sampled,
+            mrv2["pen"].output_bin_counts,
+            sampled,
+            num_sampled,
         )
         stats["steps"] += 1
         stats["rows"] += len(slots)
@@ -482,7 +521,7 @@ def pick(rng: random.Random, row: torch.Tensor, vocab: int, draft: int | None) -
     if draft is not None and bool(finite[draft]) and rng.random() < 0.6:
         return draft
     for _ in range(4):
-        t = rng.choice(HOT_IDS) if rng.random() < 0.5 else rng.randrange(vocab)
+        t = token(rng, vocab, 0.5)
         if bool(finite[t]):
             return t
     ok = torch.nonzero(finite).flatten().tolist()
