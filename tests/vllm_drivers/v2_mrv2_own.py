@@ -3,7 +3,8 @@
 Usage: ``v2_mrv2_own.py SEED MAX_NUM_SEQS VOCAB STEPS MAX_DRAFTS [MODE]`` (run by
 tests/test_vllm_v2_drafts.py in a subprocess, with ``TRITON_INTERPRET=1``: MRV2's Triton kernels
 run on the CPU in Triton's interpreter; ``vllm.triton_utils`` is replaced by the real ``triton``
-modules as in v2_min_p.py).
+modules as in v2_min_p.py, and vLLM's own CPU patches for MRV2, ``vllm/v1/worker/cpu/shm.py``,
+are imported).
 
 MRV2's own states (``PenaltiesState``, ``BadWordsState``, ``LogitBiasState`` -- logit bias,
 allowed ids, min-tokens -- and ``ThinkingBudgetState``) and ours (the bridged built-ins of
@@ -29,7 +30,8 @@ and are committed with vLLM's own ``post_update`` (``input_batch.py``), which al
 Checked exactly: every row at local pos 0, except the thinking rows where vLLM 0.25.1's
 semantics (ours) and MRV2's differ by design (``thinking_comparable``; counted). Rows at local
 pos >= 1 are compared too and their mismatches reported per set (``draft_mismatch``); with MODE
-``strict`` they must match as well (ours needs per-position drafts for that). MODE ``nodrafts``
+``strict`` they must match as well (ours needs per-position drafts for that). MODE ``rare``: each
+feature on few requests, so that whole batches skip a processor. MODE ``nodrafts``
 runs the same churn with no drafts (every row strict). MODE ``selfcheck``: ours is run with the
 draft tokens hidden (``input_ids`` zeroed) and the draft rows of ``penalties``/``bad_words`` must
 differ from MRV2's (prints ``SELFCHECK caught N draft rows``), proving the comparison can fail
@@ -134,9 +136,10 @@ class _StateView:
         return getattr(self._rs, name)
 
 
-def make_params(rng: random.Random, vocab: int) -> SamplingParams:
+def make_params(rng: random.Random, vocab: int, rare: float = 1.0) -> SamplingParams:
     """A request using a random subset of what the compared processors read; token ids from
-    the hot ids (thinking markers, bad words) half the time."""
+    the hot ids (thinking markers, bad words) half the time. ``rare`` scales the odds of each
+    feature (MODE ``rare``: MRV2's sampler then often skips a group's apply)."""
 
     def tok() -> int:
         return rng.choice(HOT_IDS) if rng.random() < 0.5 else rng.randrange(vocab)
@@ -144,22 +147,22 @@ def make_params(rng: random.Random, vocab: int) -> SamplingParams:
     kw: dict[str, Any] = dict(
         max_tokens=None, eos_token_id=rng.choice((None, 1, 2)), ignore_eos=rng.random() < 0.1
     )
-    if rng.random() < 0.5:
+    if rng.random() < 0.5 * rare:
         kw["repetition_penalty"] = rng.choice((0.5, 0.75, 1.0, 1.25, 1.5, 2.0))
         kw["frequency_penalty"] = rng.choice((-1.0, 0.0, 0.25, 0.5, 1.0))
         kw["presence_penalty"] = rng.choice((-0.5, 0.0, 0.5, 2.0))
-    if rng.random() < 0.5:
+    if rng.random() < 0.5 * rare:
         kw["bad_words_token_ids"] = [
             [tok() for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(1, 4))
         ]
-    if rng.random() < 0.4:
+    if rng.random() < 0.4 * rare:
         kw["logit_bias"] = {tok(): rng.choice((-100.0, -2.5, 0.5, 3.0)) for _ in range(4)}
-    if rng.random() < 0.2:
+    if rng.random() < 0.2 * rare:
         kw["allowed_token_ids"] = sorted({tok() for _ in range(rng.randint(1, 12))})
-    if rng.random() < 0.4:
+    if rng.random() < 0.4 * rare:
         kw["min_tokens"] = rng.randint(1, 8)
         kw["stop_token_ids"] = [tok() for _ in range(rng.randint(0, 3))]
-    if rng.random() < 0.5:
+    if rng.random() < 0.5 * rare:
         kw["thinking_token_budget"] = rng.choice((0, 1, 2, 4, 8))
     return SamplingParams(**kw)
 
@@ -329,7 +332,7 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
                     stats["resumed"] += 1
         while rs.free_indices and rng.random() < 0.6:
             prompt = [token(rng, vocab, 0.3) for _ in range(rng.randint(1, 12))]
-            add(prompt, [], make_params(rng, vocab))
+            add(prompt, [], make_params(rng, vocab, 0.15 if mode == "rare" else 1.0))
         for st in mrv2.values():
             st.apply_staged_writes()
         for procs in ours.values():
