@@ -242,6 +242,10 @@ class _Group(Group):
         no apply follows); the first does the work."""
         if member is not self.members[0]:
             return
+        # A new step: a slot installed at an earlier one is no longer fresh, even when no
+        # apply came in between (MRV2 skips it when no request of the batch needs one), so
+        # what it committed since is fed.
+        self.fresh.clear()
         self.install_pending()
         self.prefetch()
 
@@ -326,6 +330,17 @@ class _Group(Group):
             row_to_slot, drafts["local_pos"], drafts["input_ids"] = _host_layout(ctx)
         self.row_slots = row_to_slot
         tokens, feed_slots, known = self.committed(slots_np)
+        most = pipe.core.max_rows
+        if tokens is not None and len(tokens) > most:
+            # More tokens than one feed holds (applies skipped for a while: MRV2's sampler
+            # skips them when no request of the batch needs processing): all but the last
+            # feed's worth go in first, in order, read by this step as one feed.
+            cut = len(tokens) - most
+            for k in range(0, cut, most):
+                end = min(k + most, cut)
+                pipe.core.feed_slots(tokens[k:end], feed_slots[k:end])
+                np.add.at(self.known, feed_slots[k:end], 1)  # fed, whatever the step does
+            tokens, feed_slots = tokens[cut:], feed_slots[cut:]
         pipe.step_slots(row_to_slot, tokens, feed_slots, **drafts)
         if known is not None:
             self.known[known[0]] = known[1]  # only once the step was accepted

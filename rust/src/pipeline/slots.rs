@@ -97,6 +97,17 @@ impl<S: HistorySource> Pipeline<S> {
         Ok(())
     }
 
+    /// Stable slots: tokens committed by slot (`tokens[k]` for `slots[k]`), appended without
+    /// a step; the next step's tables read them with that step's own feed. For an engine
+    /// that committed more tokens since the last step than one feed holds (`max_rows`).
+    /// Checked first: a refused feed appends nothing.
+    pub fn feed_slots(&mut self, tokens: &[i64], slots: &[usize]) -> Result<()> {
+        self.check_row_map(&[])?;
+        self.check_feed(tokens, Some(slots))?;
+        self.push_feed(tokens, Some(slots));
+        Ok(())
+    }
+
     /// Forgets a pending change of `slot` (a later change of the same slot replaces it).
     pub(super) fn drop_pending(&mut self, slot: usize) {
         if let Some(k) = self.pending.iter().position(|(s, _)| *s == slot) {

@@ -412,6 +412,17 @@ impl Pipeline {
         Ok(self.inner.add_request(slot, p)?)
     }
 
+    /// Stable slots: committed tokens by slot, appended without a step (read by the next).
+    fn feed_slots(
+        &mut self,
+        sampled_token_ids: &Bound<'_, PyAny>,
+        slots: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let tokens = host_ints(sampled_token_ids, "sampled_token_ids", self.max_rows())?;
+        let slots = host_slots(slots, "slots", self.max_rows())?;
+        Ok(self.inner.feed_slots(&tokens, &slots)?)
+    }
+
     /// Stable slots: `slot` is free.
     fn remove_request(&mut self, slot: &Bound<'_, PyAny>) -> PyResult<()> {
         Ok(self
