@@ -108,6 +108,29 @@ def test_a_step_whose_ctx_holds_a_slot_that_is_not_a_slot(slots: dict[str, Any],
     assert "apply" in r["message"]
 
 
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [
+        ("float_pos", "expanded_local_pos"),
+        ("short_input_ids", "input_ids"),
+        ("2-d_input_ids", "input_ids"),
+        ("skipped_pos", "local_pos"),
+        ("second_run", "local_pos"),
+        ("draft_past_vocab", "input_ids"),
+        ("negative_draft", "input_ids"),
+    ],
+)
+def test_a_draft_step_whose_layout_is_not_one_is_refused(
+    slots: dict[str, Any], name: str, field: str
+) -> None:
+    """A typed ValueError naming the field; the step changes nothing (a twin that never saw
+    it gives the same next steps)."""
+    r = slots[f"drafts[{name}]"]
+    assert "ValueError" in r["mro"] and "LogitsprocError" in r["mro"], r
+    assert r["field"] == field, r
+    assert r["same_state"] and r["same_next"] and r["same_after"], r
+
+
 PARAM_CASES = [
     "min_p=100000000000",
     "min_p=True",

@@ -178,6 +178,27 @@ def slot_cases() -> dict[str, Any]:
         "str": lambda w: "12",
     }.items():
         out[f"ctx.idx_mapping_np[{name}]"] = case(ctx_with(mapping))
+
+    # A draft step (one draft per request: four rows) whose layout is not one.
+    def drafts_with(change: Any) -> Any:
+        def bad(w: World) -> None:
+            h.apply_staged_writes(w.procs)
+            ctx = h.context(w.rs, w.slots, [1, 1], [[3], [4]])
+            ctx = dataclasses.replace(ctx, **change(ctx))
+            w.procs[0].apply(torch.zeros(4, V), ctx)
+
+        return bad
+
+    for name, change in {
+        "float_pos": lambda c: {"expanded_local_pos": c.expanded_local_pos.float()},
+        "short_input_ids": lambda c: {"input_ids": c.input_ids[:3]},
+        "2-d_input_ids": lambda c: {"input_ids": c.input_ids[None]},
+        "skipped_pos": lambda c: {"expanded_local_pos": torch.tensor([0, 2, 0, 1])},
+        "second_run": lambda c: {"expanded_local_pos": torch.tensor([0, 0, 0, 1])},
+        "draft_past_vocab": lambda c: {"input_ids": torch.tensor([1, V, 2, 4])},
+        "negative_draft": lambda c: {"input_ids": torch.tensor([1, -1, 2, 4])},
+    }.items():
+        out[f"drafts[{name}]"] = case(drafts_with(change))
     return out
 
 
