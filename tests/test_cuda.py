@@ -636,3 +636,16 @@ def test_spec_decode_draft_rows_on_cuda_match_cpu(seed: int) -> None:
                 o.append(t)
             for p in by_name.values():
                 p.update_state(None)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_draft_rows_per_position_on_cuda_match_the_reference(seed: int) -> None:
+    """Draft rows per position on the GPU (the stable slots' and V1's draft layouts, every
+    processor, penalties through the device count matrix and Triton): the CPU test's churn
+    and reference (tests/test_draft_rows.py), on CUDA logits."""
+    import test_draft_rows as drafts
+
+    c = drafts.Churn(seed, slots=4, vocab=24, device="cuda")
+    for _ in range(30):
+        c.step(drafts=True)
+    drafts.v1_churn(seed, device="cuda")
