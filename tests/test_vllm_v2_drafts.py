@@ -39,7 +39,7 @@ def test_mrv2_own_without_drafts(vllm_dir):  # noqa: F811
     assert st["thinking_masked_differs"] > 0, st
 
 
-@pytest.mark.parametrize("seed", [1, 3])
+@pytest.mark.parametrize("seed", [1])  # seeds 3 and 4 also pass (about 30 s each)
 def test_mrv2_own_draft_rows(vllm_dir, seed):  # noqa: F811
     """Up to 3 drafts per request, some accepted: every row, draft rows included, equals
     MRV2's own (its penalties, bad words, min-tokens and thinking budget see the committed
