@@ -560,6 +560,15 @@ def commit(rs, idx_mapping, num_computed, last_sampled, bin_counts, sampled, num
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args and args[0] == "batch":
+        # Several runs in one process (the imports once): each "SEED,N,VOCAB,STEPS,K,MODE"
+        # prints "RUN <its spec>" and then its own RESULT line (no_feed not allowed here).
+        for spec in args[1:]:
+            *ints, run_mode = spec.split(",")
+            assert run_mode != "no_feed", "no_feed patches the bridge: a run of its own"
+            print(f"RUN {spec}", flush=True)
+            main(*map(int, ints), run_mode)
+        sys.exit(0)
     mode = args[5] if len(args) > 5 else "default"
     if mode == "no_feed":  # a bridge that drops the committed tokens: row 0 must differ
         from logitsproc_rs.vllm import v2
