@@ -1,7 +1,8 @@
-//! Draft rows by position (speculative decoding on the stable-slot front-end, vLLM's Model
-//! Runner V2 layout): a request owns a run of consecutive logits rows, and the row at draft
-//! position `j` of the run scores the token after its committed history followed by the
-//! drafts `d_0 .. d_{j-1}`. Every table that reads histories must see that prefix.
+//! Draft rows by position (speculative decoding, on the row space: the stable slots' row map
+//! in vLLM Model Runner V2's layout, or a V1 pipeline's draft rows): a request owns several
+//! logits rows, and its row at draft position `j` scores the token after its committed
+//! history followed by the drafts `d_0 .. d_{j-1}`. Every table that reads histories must
+//! see that prefix.
 //!
 //! One mechanism serves every such table: the drafts are replayed through the histories.
 //! Position by position, each drafted slot's history is extended by its next draft, the
@@ -9,10 +10,11 @@
 //! at that position into their row-space copy; then the histories are cut back to what was
 //! committed and the tables return to the committed state: by one more step, which follows
 //! the histories back (the path an engine that drops rejected drafts from its output lists
-//! takes), or, for a table whose step changes a request for good (MinTokens drops a request
-//! that reached its length, the thinking budget ends), from the states it saved before the
-//! replay (`Table::draft_save` / `draft_restore`). A table that would rather compute its
-//! draft rows from the drafts alone says so (`Table::replays_drafts`).
+//! takes), or through `Table::draft_save` / `draft_restore`: from the states a table saved
+//! before the replay (MinTokens drops a request that reached its length for good; the
+//! thinking budget counts steps), or by undoing the pushed tokens (DRY and no-repeat-ngram,
+//! whose shrink path would index the whole window again). A table that would rather compute
+//! its draft rows from the drafts alone says so (`Table::replays_drafts`: the penalties).
 
 use super::Pipeline;
 use crate::error::{Error, Result};
@@ -246,7 +248,11 @@ impl<S: HistorySource> Pipeline<S> {
     /// draft layout (checked): see the module docs.
     pub(super) fn replay_drafts(&mut self) {
         // Taken out while the tables change, put back at the end (no copy per step).
-        let rs = self.tables.rows.as_mut().expect("a stable-slot pipeline");
+        let rs = self
+            .tables
+            .rows
+            .as_mut()
+            .expect("a pipeline with a row space");
         let d = rs.drafts.take().expect("a draft layout");
         let map = std::mem::take(&mut rs.map);
         let max_pos = d.pos.iter().copied().max().unwrap_or(0);
@@ -340,7 +346,11 @@ impl<S: HistorySource> Pipeline<S> {
             }
             t.draft_finish();
         }
-        let rs = self.tables.rows.as_mut().expect("a stable-slot pipeline");
+        let rs = self
+            .tables
+            .rows
+            .as_mut()
+            .expect("a pipeline with a row space");
         rs.map = map;
         rs.drafts = Some(d);
     }
