@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +39,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report_measure import Clock, Samples, median_us, progress, rotated
-from report_tables import ROOT, env_line, fmt_us, markdown_table, median_p90_cell, status
+from report_tables import (
+    ROOT,
+    env_line,
+    fmt_us,
+    markdown_table,
+    median_p90_cell,
+    status,
+    write_section,
+)
 
 from logitsproc_rs import BatchUpdateBuilder, EngineConfig, SamplingParams, build_logitsprocs
 from logitsproc_rs.builtin import (
@@ -517,17 +524,6 @@ def targets(run: Run, chosen: Sequence[Case]) -> list[list[str]]:
     return out
 
 
-def write_section(report: Path, text: str) -> None:
-    """Replace section 7 in the report (in place), or append it."""
-    old = report.read_text() if report.exists() else ""
-    pattern = re.escape(HEADING) + r".*?(?=\n## |\Z)"
-    if re.search(pattern, old, flags=re.S):
-        new = re.sub(pattern, lambda _: text.rstrip("\n") + "\n", old, count=1, flags=re.S)
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    report.write_text(new)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer steps and repeats (< 60 s)")
@@ -559,7 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = section(run, chosen, dev, args.quick)
     print(text)
     if not args.no_write:
-        write_section(args.report, text)
+        write_section(args.report, HEADING, text)
         progress(f"wrote section 7 of {args.report} ({run.seconds:.0f} s)")
     return 0
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import copy
 import random
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -44,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from report_measure import Clock, Samples, median_us, progress, rotated
-from report_tables import ROOT, env_line, fmt_us, markdown_table, median_p90_cell
+from report_tables import ROOT, env_line, fmt_us, markdown_table, median_p90_cell, write_section
 
 from logitsproc_rs import BatchUpdate, EngineConfig, SamplingParams, build_logitsprocs
 from logitsproc_rs.builtin import (
@@ -411,17 +410,6 @@ def section(run: Run, quick: bool) -> str:
     return "\n".join(md) + "\n"
 
 
-def write_section(report: Path, text: str) -> None:
-    """Replace section 8 in the report (in place), or append it."""
-    old = report.read_text() if report.exists() else ""
-    pattern = re.escape(HEADING) + r".*?(?=\n## |\Z)"
-    if re.search(pattern, old, flags=re.S):
-        new = re.sub(pattern, lambda _: text.rstrip("\n") + "\n", old, count=1, flags=re.S)
-    else:
-        new = old.rstrip("\n") + "\n\n" + text
-    report.write_text(new)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer steps (< 60 s)")
@@ -454,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = section(run, args.quick)
     print(text)
     if not args.no_write:
-        write_section(args.report, text)
+        write_section(args.report, HEADING, text)
         progress(f"wrote section 8 of {args.report} ({run.seconds:.0f} s)")
     return 0
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
+
+from report_tables import write_section
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path.home() / ".cache" / "logitsproc_rs"
@@ -115,13 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     base = profile(args.baseline / "python") if args.baseline else None
     text = section(ours, base, args.label)
     print(text)
-    report = args.report.read_text() if args.report.exists() else ""
-    pattern = re.escape(HEADING) + r".*?(?=\n## |\Z)"
-    if re.search(pattern, report, flags=re.S):  # in place: section 7 may follow
-        report = re.sub(pattern, lambda _: text.rstrip("\n") + "\n", report, count=1, flags=re.S)
-        args.report.write_text(report)
-    else:
-        args.report.write_text(report.rstrip("\n") + "\n\n" + text)
+    write_section(args.report, HEADING, text)  # in place: sections 7 and 8 may follow
     return 0
 
 

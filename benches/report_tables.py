@@ -10,6 +10,7 @@ import datetime
 import math
 import os
 import platform
+import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,18 @@ T_PIPE_FEED_256 = 8.0  # µs, the same with the token feed
 T_SCALE_1024 = 4.0  # B=1024 figure <= 4x the B=256 figure
 T_TRIO_VS_VLLM = 40.0  # trio update_state: vLLM's three / ours >= 40x
 T_UNCHANGED = 1.0  # µs, unchanged step
+
+
+def write_section(report: Path, heading: str, text: str) -> None:
+    """Replaces the section that starts with ``heading`` in ``report`` (up to the next ``## ``
+    heading) by ``text``, in place; or appends ``text`` when the report has no such section."""
+    old = report.read_text() if report.exists() else ""
+    pattern = re.escape(heading) + r".*?(?=\n## |\Z)"
+    if re.search(pattern, old, flags=re.S):
+        new = re.sub(pattern, lambda _: text.rstrip("\n") + "\n", old, count=1, flags=re.S)
+    else:
+        new = old.rstrip("\n") + "\n\n" + text
+    report.write_text(new)
 
 
 def fmt_us(us: float) -> str:
