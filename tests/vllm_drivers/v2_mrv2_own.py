@@ -73,7 +73,6 @@ import vllm.v1.worker.cpu.shm  # noqa: E402, F401
 from test_differential import HOT_IDS, random_logits  # noqa: E402
 from vllm.v1.worker.gpu.sample.bad_words import BadWordsState  # noqa: E402
 from vllm.v1.worker.gpu.sample.logit_bias import LogitBiasState  # noqa: E402
-from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext  # noqa: E402
 from vllm.v1.worker.gpu.sample.penalties import PenaltiesState  # noqa: E402
 from vllm.v1.worker.gpu.sample.thinking_budget import ThinkingBudgetState  # noqa: E402
 
@@ -349,7 +348,7 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
             ]
             for s in slots
         }
-        ctx = make_ctx(rs, slots, drafts)
+        ctx = h.context(rs, slots, [len(drafts[s]) for s in slots], [drafts[s] for s in slots])
         rows = int(ctx.expanded_idx_mapping.shape[0])
         logits = random_logits(rng, g, rows, vocab)
         local = ctx.expanded_local_pos.tolist()
@@ -466,31 +465,6 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
         seconds=round(time.time() - t0, 1),
     )
     h.report(stats)
-
-
-def make_ctx(rs: h.RunnerState, slots: list[int], drafts: dict[int, list[int]]) -> Any:
-    """MRV2's layout: request k owns 1 + len(drafts) consecutive rows; input_ids at local pos
-    0 is the last committed token, at j >= 1 draft j-1; pos is that input token's position."""
-    expanded, local, pos, inputs, bound = [], [], [], [], []
-    for s in slots:
-        total = int(rs.total_len.gpu[s])
-        d = drafts[s]
-        for j in range(1 + len(d)):
-            expanded.append(s)
-            local.append(j)
-            pos.append(total - 1 + j)
-            inputs.append(int(rs.all_token_ids.gpu[s, total - 1]) if j == 0 else d[j - 1])
-        bound.append(total + len(d))
-    idx = np.asarray(slots, dtype=np.int32)
-    return LogitsContext(
-        expanded_idx_mapping=torch.tensor(expanded, dtype=torch.int32),
-        idx_mapping=torch.from_numpy(idx.copy()),
-        idx_mapping_np=idx,
-        expanded_local_pos=torch.tensor(local, dtype=torch.int32),
-        input_ids=torch.tensor(inputs, dtype=torch.int32),
-        pos=torch.tensor(pos, dtype=torch.int64),
-        seq_lens_upper_bound_np=np.asarray(bound, dtype=np.int32),
-    )
 
 
 def hide_drafts(ctx: Any) -> Any:

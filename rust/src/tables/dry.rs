@@ -115,10 +115,9 @@ pub struct Entry<H> {
     spare: Vec<(usize, u32)>,
     /// The most recent breaker occurrence: its head's position and its longest tail.
     breaker: Option<(usize, usize)>,
-    /// The draft replay's undo records, one per token pushed while it is on (`None`: off).
+    /// The draft replay's undo records, one per token pushed while it is on (`None`: off;
+    /// a rebuild drops them, and the state then follows the history back by itself).
     journal: Option<Vec<Pushed>>,
-    /// A rebuild happened while the journal was on: the records no longer apply.
-    journal_broken: bool,
 }
 
 /// What one pushed token changed, to take it back (the draft replay).
@@ -157,7 +156,6 @@ impl<H> Entry<H> {
             spare: Vec::new(),
             breaker: None,
             journal: None,
-            journal_broken: false,
         };
         e.rebuild(e.seq.len());
         e
@@ -172,9 +170,7 @@ impl<H> Entry<H> {
     /// Drops the sequence back to `keep` tokens and indexes its window again (a new request,
     /// or the engine shrank or rewrote an output: rare).
     fn rebuild(&mut self, keep: usize) {
-        if self.journal.take().is_some() {
-            self.journal_broken = true;
-        }
+        self.journal = None; // its records no longer apply
         self.seq.truncate(keep);
         self.origin = keep.saturating_sub(self.p.window);
         self.lo = self.origin;
@@ -203,10 +199,10 @@ impl<H> Entry<H> {
 
     /// Takes back the tokens pushed since the journal was turned on, newest first (O(their
     /// candidates), where a rebuild would index the whole window again), and turns it off.
-    /// Returns false when a rebuild came in between (the state then follows the history).
-    fn undo_pushes(&mut self) -> bool {
+    /// Nothing when a rebuild came in between (the state then follows the history back).
+    fn undo_pushes(&mut self) {
         let Some(mut journal) = self.journal.take() else {
-            return !std::mem::take(&mut self.journal_broken);
+            return;
         };
         let a = self.p.allowed;
         while let Some(u) = journal.pop() {
@@ -233,7 +229,6 @@ impl<H> Entry<H> {
             self.lo = u.lo;
             self.seq.pop();
         }
-        true
     }
 
     /// Takes the token at position `last` (the sequence's last one when called from `push`;

@@ -90,9 +90,8 @@ pub struct Entry<H> {
     grams: HashMap<u64, Vec<Gram>, BuildHasherDefault<IdHasher>>,
     /// The draft replay's undo records, one per token pushed while it is on (`None`: off):
     /// the window's start before the token, and whether its n-gram was a new gram.
+    /// A truncation drops them (the state then follows the history back by itself).
     journal: Option<Vec<(usize, bool)>>,
-    /// A truncation happened while the journal was on: the records no longer apply.
-    journal_broken: bool,
 }
 
 impl<H> Entry<H> {
@@ -107,7 +106,6 @@ impl<H> Entry<H> {
             lo: 0,
             grams: HashMap::default(),
             journal: None,
-            journal_broken: false,
         };
         for t in prompt {
             e.push(t, window);
@@ -178,7 +176,6 @@ impl<H> Entry<H> {
     /// token, where a truncation counts the whole window again), and turns it off.
     fn undo_pushes(&mut self) {
         let Some(mut journal) = self.journal.take() else {
-            self.journal_broken = false;
             return;
         };
         let n = self.n;
@@ -208,9 +205,7 @@ impl<H> Entry<H> {
     /// Drops the sequence back to `keep` tokens and counts its window again (the engine
     /// shrank or rewrote an output: rare).
     fn truncate(&mut self, keep: usize, window: usize) {
-        if self.journal.take().is_some() {
-            self.journal_broken = true;
-        }
+        self.journal = None; // its records no longer apply
         let tokens: Vec<i64> = self.seq.drain(..keep).collect();
         self.seq.clear();
         self.lo = 0;
