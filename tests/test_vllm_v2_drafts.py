@@ -99,7 +99,8 @@ def test_mrv2_own_comparison_can_fail(runs, vllm_dir):  # noqa: F811
 
 def test_mrv2_own_after_skipped_applies(runs):
     """MODE rare: each feature on few requests, so a group's apply is skipped for whole
-    steps (no request of the batch acts on it) while its requests commit tokens (seed 0: the
-    penalties group raised SizeError at step 9 before the bridge fed such a backlog, and the
-    rows of slots installed before a skipped step were short of their tokens)."""
+    steps (no request of the batch acts on it) while its requests commit tokens: the slots
+    installed before a skipped step get every token they committed, and a backlog larger than
+    one feed (seed 0, step 9: the penalties group) goes in whole. The driver checks every row
+    (it fails the run on a mismatch)."""
     assert runs["rare"][0]["rows"] > 0

@@ -184,7 +184,7 @@ impl<S: HistorySource> Pipeline<S> {
                 .find(|(_, &t)| t < 0 || t as u64 >= self.vocab_size as u64)
             {
                 return Err(Error::invalid(
-                    k,
+                    s, // the slot: on the V1 front-end, the request
                     "input_ids",
                     format!(
                         "slot {s}'s draft {i} is token {t}, not a token id in [0, {})",
