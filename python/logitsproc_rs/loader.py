@@ -197,11 +197,12 @@ def build_logitsprocs(
     elif getattr(vllm_config, "speculative_config", None):
         # Per-position draft rows: every processor of ours applies on draft rows; a vLLM
         # V1-style processor only if it says it may (it sees no drafts: APPLIES_TO_DRAFT_ROWS).
-        named = [c for c in _load_by_names(custom) if not _draft_ready(c)]
-        if named:
-            logger.error("%s Rejected: %s", STR_SPEC_DEC_REJECTS_LOGITSPROCS, named)
+        named = _load_by_names(custom)
+        refused = [c for c in named if not _draft_ready(c)]
+        if refused:
+            logger.error("%s Rejected: %s", STR_SPEC_DEC_REJECTS_LOGITSPROCS, refused)
             raise ValueError(
-                f"{STR_SPEC_DEC_REJECTS_LOGITSPROCS} (draft rows: {', '.join(map(_name, named))} "
+                f"{STR_SPEC_DEC_REJECTS_LOGITSPROCS} (draft rows: {', '.join(map(_name, refused))} "
                 "neither a logitsproc_rs PipelineView nor APPLIES_TO_DRAFT_ROWS = True)"
             )
         plugins = []
@@ -214,7 +215,7 @@ def build_logitsprocs(
             *before,
             *BUILTIN_LOGITS_PROCESSORS,
             *plugins,
-            *_load_by_names(custom),
+            *named,
             *after,
         ]
     else:
