@@ -33,17 +33,11 @@ from logitsproc_rs import (
     SamplingParams,
     build_logitsprocs,
 )
-from logitsproc_rs.builtin import (
-    DryLogitsProcessor,
-    MinPLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    TopNSigmaLogitsProcessor,
-    TypicalPLogitsProcessor,
-)
+from logitsproc_rs.builtin import OPT_IN_PROCESSORS, MinPLogitsProcessor, XTCLogitsProcessor
 from logitsproc_rs.reference import reference_of
 
-OPT_IN = [NoRepeatNGramLogitsProcessor, DryLogitsProcessor, TopNSigmaLogitsProcessor,
-          TypicalPLogitsProcessor]  # fmt: skip
+# Every opt-in processor but XTC (its draws are per request and step, not per reference).
+OPT_IN = [c for c in OPT_IN_PROCESSORS if c is not XTCLogitsProcessor]
 K = 3  # most drafts per request
 
 
@@ -82,6 +76,10 @@ def random_params(rng: random.Random, vocab: int, start: list[int], end: list[in
         p["top_n_sigma"] = rng.choice((0.5, 2.0))
     if on() < 0.2:
         p["typical_p"] = rng.choice((0.5, 0.9))
+    if on() < 0.2:
+        p["epsilon_cutoff"] = rng.choice((0.01, 0.1))
+    if on() < 0.2:
+        p["eta_cutoff"] = rng.choice((0.01, 0.2))
     return SamplingParams(temperature=rng.choice((0.0, 0.8, 1.0)), **p)
 
 
