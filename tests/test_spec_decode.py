@@ -202,6 +202,9 @@ def test_apply_drafts_refuses_a_bad_layout_and_changes_nothing():
         n = len(rows) if rows is not None else len(drafts[0]) + 1
         with pytest.raises(ValueError):
             procs.apply_drafts(views, torch.zeros(n, VOCAB), drafts, rows, pos)
+    for rows, pos in ((5, [0, 1]), ([0, 0], "01"), ([0, True], [0, 1])):  # not int sequences
+        with pytest.raises(ValueError):
+            procs.apply_drafts(views, torch.zeros(2, VOCAB), [[3, 1]], rows, pos)
     again = procs.apply_drafts(views, torch.zeros(3, VOCAB), [[3, 1]])
     assert torch.equal(again, good)
     # The committed state is untouched: a step without drafts sees none of them.

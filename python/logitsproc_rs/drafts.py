@@ -34,7 +34,7 @@ def draft_layout(
     """The row map, each row's draft position and each request's drafts as lists of ints
     (checked: ints, not bools; the core checks ranges). Both of ``row_to_request`` and
     ``positions``, or neither (then each request's ``k + 1`` rows at ``0 .. k``)."""
-    drafts = [_ints(d, r) for r, d in enumerate(spec_token_ids)]
+    drafts = [_int_list(d, "spec_token_ids", r) for r, d in enumerate(spec_token_ids)]
     if (row_to_request is None) != (positions is None):
         detail = "row_to_request and positions go together (each row's request and position)"
         raise RequestError(f"field 'positions': {detail}", field="positions", detail=detail)
@@ -43,37 +43,25 @@ def draft_layout(
         pos = [j for d in drafts for j in range(len(d) + 1)]
         return rows, pos, drafts
     assert positions is not None
-    return _plain(row_to_request, "row_to_request"), _plain(positions, "positions"), drafts
+    rows = _int_list(row_to_request, "row_to_request")
+    return rows, _int_list(positions, "positions"), drafts
 
 
-def _ints(seq: Any, request: int) -> list[int]:
-    """A request's drafts as ints (numpy's too); a bool or a non-int names the request."""
+def _int_list(seq: Any, field: str, request: int | None = None) -> list[int]:
+    """A sequence of ints (numpy's too, a 1-D tensor's); anything else, a bool or a non-int
+    item is a ``RequestError`` naming ``field`` and the request (or the item's position)."""
     if isinstance(seq, (str, bytes)) or not isinstance(seq, Iterable):
-        detail = f"expected a sequence of token ids, got {type(seq).__name__}"
-        raise RequestError.located(request, "spec_token_ids", detail)
+        detail = f"expected a sequence of ints, got {type(seq).__name__}"
+        raise RequestError.located(0 if request is None else request, field, detail)
     out = []
-    for i, t in enumerate(seq.tolist() if isinstance(seq, torch.Tensor) else seq):
-        if isinstance(t, bool):
-            raise RequestError.located(request, "spec_token_ids", f"draft {i} is a bool")
-        try:
-            out.append(operator.index(t))
-        except TypeError:
-            detail = f"draft {i} is not a token id: {t!r}"
-            raise RequestError.located(request, "spec_token_ids", detail) from None
-    return out
-
-
-def _plain(seq: Any, field: str) -> list[int]:
-    if isinstance(seq, torch.Tensor):
-        seq = seq.tolist()
-    out = []
-    for i, v in enumerate(seq):
+    for i, v in enumerate(seq.tolist() if isinstance(seq, torch.Tensor) else seq):
+        at = i if request is None else request
         if isinstance(v, bool):
-            raise RequestError.located(i, field, "a bool is not an index")
+            raise RequestError.located(at, field, f"item {i} is a bool, not an int")
         try:
             out.append(operator.index(v))
         except TypeError:
-            raise RequestError.located(i, field, f"not an int: {v!r}") from None
+            raise RequestError.located(at, field, f"item {i} is not an int: {v!r}") from None
     return out
 
 
