@@ -82,6 +82,14 @@ def test_v2_plain_fields_match_v1_under_churn(vllm_dir):
     assert st["pipelines"] == 1 and st["rows"] > 150 and st["bad_params"] >= 1
 
 
+def test_v2_wire_fields_match_v1_under_churn(vllm_dir):
+    """The same fields in the wire form (flat ``"logitsproc_rs.<field>"`` keys, JSON text for
+    nested values: what ``vllm_xargs`` carries over HTTP), drafts and bad params included."""
+    proc = run(vllm_dir, "v2_churn.py", 5, 16, 96, 150, 1, 1, fields="wire")
+    st = result(proc)
+    assert st["pipelines"] == 1 and st["rows"] > 150 and st["bad_params"] >= 1
+
+
 @pytest.mark.parametrize("route", ["no_prefetch", "half_prefetch"])
 def test_v2_without_prefetch(vllm_dir, route):
     """The committed tokens read in apply (what a step falls back to for the requests the

@@ -84,7 +84,7 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
     fields = {k: getattr(cfg, k) for k in EngineConfig.__dataclass_fields__}
     v2_cfg = EngineConfig(**{**fields, "num_speculative_tokens": max_drafts or None})
     rs = h.RunnerState(max_num_seqs, 4096, vocab)
-    if h.FIELDS == "namespace":  # the module's classes, as a user loads them by name
+    if h.FIELDS != "plain":  # the module's classes, as a user loads them by name
         names = [bridge(Boost) if n == "Boost" else f"logitsproc_rs.vllm.v2:{n}" for n in order]
     else:  # bridges reading the ordinary fields
         names = [

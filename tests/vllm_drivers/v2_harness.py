@@ -142,7 +142,9 @@ def lp_state(rs: RunnerState) -> Any:
 
 
 # Where the bridged built-ins read their fields: "namespace" (the default, what a request
-# sends to ours under vLLM) or "plain" (bridges built with namespace=None).
+# sends to ours under vLLM: the Python form, a dict), "wire" (the same fields as flat
+# "logitsproc_rs.<field>" keys, what arrives over HTTP in vllm_xargs) or "plain" (bridges
+# built with namespace=None).
 FIELDS = os.environ.get("LOGITSPROC_V2_FIELDS", "namespace")
 
 # Our SamplingParams fields that the namespace carries (vLLM's names).
@@ -169,7 +171,11 @@ def namespaced(sp: Any) -> Any:
     plain = SamplingParams()
     ns = {f: getattr(sp, f) for f in _ROUTED if getattr(sp, f) != getattr(plain, f)}
     extra = dict(sp.extra_args or {})
-    if ns:
+    if ns and FIELDS == "wire":
+        from logitsproc_rs.vllm._fields import to_wire
+
+        extra.update(to_wire(ns))
+    elif ns:
         extra["logitsproc_rs"] = ns
     return SamplingParams(
         temperature=sp.temperature,
@@ -181,7 +187,7 @@ def namespaced(sp: Any) -> Any:
 
 
 def v2_params(sp: Any) -> Any:
-    return namespaced(sp) if FIELDS == "namespace" else sp
+    return sp if FIELDS == "plain" else namespaced(sp)
 
 
 def add_to_sampler(procs: list[Any], needs: np.ndarray, slot: int, params: Any) -> None:

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, TypeVar
 from ..pipeline import Pipeline
 from ..views import PipelineView
 from . import _guard
-from ._fields import NAMESPACE, Routed, routed_params
+from ._fields import NAMESPACE, Routed, read_namespace, routed_params
 
 G = TypeVar("G", bound="Group")
 
@@ -197,8 +197,8 @@ class Bridge:
         processor's own. Token ids against the vocabulary are checked in the worker (vLLM
         gives this check no vocabulary), which fails such a request closed."""
         if cls.NAMESPACE and cls.VIEW.TABLES:
-            ours = routed_params(None, sampling_params, cls.NAMESPACE)
-            _guard.check_caps("request", ours, sampling_params, cls.VIEW.TABLES)
+            ours, label = read_namespace(None, sampling_params, cls.NAMESPACE)
+            _guard.check_caps("request", ours, sampling_params, cls.VIEW.TABLES, label)
         cls.VIEW.validate_params(sampling_params)
 
     @property

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -27,19 +27,25 @@ import torch
 from ..errors import LogitsprocError, RequestError
 from ..params import SamplingParams
 from ..registry import CAP_DEFAULTS
-from ._fields import FIELD_TABLE
+from ._fields import FIELD_TABLE, dict_label
 
 logger = logging.getLogger("logitsproc_rs")
 
 _NEUTRAL = SamplingParams(max_tokens=None)
 
 
-def check_caps(where: str, ours: SamplingParams, request: Any, tables: Iterable[str]) -> None:
-    """The per-request caps of ``tables``, at the front end (``RequestError`` naming the field).
-    The min-tokens count is what the worker's table holds: the stop ids the request names
-    (its own and the namespace's) plus EOS."""
+def check_caps(
+    where: str,
+    ours: SamplingParams,
+    request: Any,
+    tables: Iterable[str],
+    label: Callable[[str], str] = dict_label(),
+) -> None:
+    """The per-request caps of ``tables``, at the front end (``RequestError`` naming the field
+    as ``label(name)``, the form the request used: ``_fields.read_namespace``). The min-tokens
+    count is what the worker's table holds: the stop ids the request names (its own and the
+    namespace's) plus EOS."""
     tables = set(tables)
-    field = "extra_args['logitsproc_rs']"
 
     def over(name: str, count: int, cap: int, what: str = "entries") -> None:
         if count > cap:
@@ -47,7 +53,7 @@ def check_caps(where: str, ours: SamplingParams, request: Any, tables: Iterable[
                 None,
                 name,
                 f"{count} {what} exceed the per-request cap of {cap}",
-                label=f"{field}[{name!r}]",
+                label=label(name),
                 where=where,
             )
 
@@ -83,7 +89,7 @@ def check_caps(where: str, ours: SamplingParams, request: Any, tables: Iterable[
                 None,
                 name,
                 f"{value} is above the per-request cap of {CAP_DEFAULTS[cap]} ({cap})",
-                label=f"{field}[{name!r}]",
+                label=label(name),
                 where=where,
             )
 

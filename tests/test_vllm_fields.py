@@ -1,0 +1,178 @@
+"""Where the vLLM bridges read our fields (``logitsproc_rs.vllm._fields``), without vLLM: the
+Python form (``extra_args["logitsproc_rs"] = {...}``) and the wire form that vLLM's HTTP
+schema for ``vllm_xargs`` accepts (flat ``"logitsproc_rs.<field>"`` keys, JSON text for
+nested values) read the same for every field, and a bad wire value is a ``RequestError``
+naming the field as the request wrote it. The real server: ``tests/test_vllm_engine.py``."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from logitsproc_rs.errors import RequestError
+from logitsproc_rs.vllm import _guard
+from logitsproc_rs.vllm._fields import NAMESPACE_FIELDS, read_namespace, to_wire
+
+NS = "logitsproc_rs"
+
+# A valid value, not the neutral one, for every field a request may put in the namespace.
+VALUES: dict[str, Any] = {
+    "min_p": 0.1,
+    "logit_bias": {42: -5.0, 7: 2.5},
+    "min_tokens": 8,
+    "stop_token_ids": [2, 13],
+    "repetition_penalty": 1.1,
+    "frequency_penalty": 0.5,
+    "presence_penalty": -0.5,
+    "penalty_last_n": 64,
+    "bad_words_token_ids": [[5], [6, 7]],
+    "allowed_token_ids": [2, 5, 6, 7, 13, 42],
+    "no_repeat_ngram_size": 3,
+    "no_repeat_ngram_window": 128,
+    "no_repeat_ngram_output_only": True,
+    "no_repeat_ngram_whitelist": [1, 2],
+    "dry_multiplier": 0.8,
+    "dry_base": 1.5,
+    "dry_allowed_length": 3,
+    "dry_penalty_last_n": 256,
+    "dry_sequence_breakers": [[13], [5, 6]],
+    "thinking_token_budget": 16,
+    "top_n_sigma": 1.0,
+    "typical_p": 0.9,
+    "epsilon_cutoff": 3e-4,
+    "eta_cutoff": 1e-3,
+    "xtc_probability": 0.5,
+    "xtc_threshold": 0.2,
+}
+
+
+def read(extra: Any, namespace: str = NS):
+    return read_namespace(3, SimpleNamespace(extra_args=extra), namespace)
+
+
+def same(a: Any, b: Any) -> None:
+    for name in NAMESPACE_FIELDS:
+        assert getattr(a, name) == getattr(b, name), name
+
+
+def test_every_field_has_a_value_here() -> None:
+    """A new field must be added above, so that both forms are checked for it."""
+    assert set(VALUES) == NAMESPACE_FIELDS
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_each_field_reads_the_same_in_both_forms(name: str) -> None:
+    fields = {name: VALUES[name]}
+    if name == "stop_token_ids":
+        fields["min_tokens"] = 2
+    python_form = read({NS: fields}).params
+    wire_form = read(to_wire(fields)).params
+    same(wire_form, python_form)
+    assert getattr(wire_form, name) != getattr(read(None).params, name)  # it is set
+
+
+def test_all_fields_together_and_beside_other_extra_args() -> None:
+    python_form = read({NS: VALUES, "logit_margin": 1.5}).params
+    wire_form = read({**to_wire(VALUES), "logit_margin": 1.5}).params
+    same(wire_form, python_form)
+
+
+def test_the_wire_form_fits_vllms_schema() -> None:
+    """``dict[str, str | int | float | list[str | int | float]]`` (vLLM's ``vllm_xargs``):
+    numbers and flat lists of numbers as themselves, the rest (bools too, which vLLM's
+    schema would turn into 1) as JSON text."""
+
+    def scalar(v: Any) -> bool:
+        return isinstance(v, (str, int, float)) and not isinstance(v, bool)
+
+    wire = to_wire(VALUES)
+    assert set(wire) == {f"{NS}.{k}" for k in VALUES}
+    for key, value in wire.items():
+        assert scalar(value) or (isinstance(value, list) and all(map(scalar, value))), key
+    assert wire[f"{NS}.min_p"] == 0.1 and wire[f"{NS}.allowed_token_ids"] == [2, 5, 6, 7, 13, 42]
+    assert json.loads(wire[f"{NS}.dry_sequence_breakers"]) == [[13], [5, 6]]
+    assert wire[f"{NS}.no_repeat_ngram_output_only"] == "true"
+
+
+def test_the_wire_form_by_hand() -> None:
+    """What the docs show a user writing in JSON: numbers as numbers, nested values and
+    booleans as JSON text (token ids as object keys are strings there)."""
+    ours = read(
+        {
+            f"{NS}.min_p": 0.1,
+            f"{NS}.logit_bias": '{"42": -5.0}',
+            f"{NS}.dry_multiplier": 0.8,
+            f"{NS}.dry_sequence_breakers": "[[13]]",
+            f"{NS}.no_repeat_ngram_size": "2",
+            f"{NS}.no_repeat_ngram_output_only": "true",
+            f"{NS}.penalty_last_n": "null",
+        }
+    ).params
+    expected = read(
+        {
+            NS: {
+                "min_p": 0.1,
+                "logit_bias": {"42": -5.0},
+                "dry_multiplier": 0.8,
+                "dry_sequence_breakers": [[13]],
+                "no_repeat_ngram_size": 2,
+                "no_repeat_ngram_output_only": True,
+            }
+        }
+    ).params
+    same(ours, expected)
+
+
+@pytest.mark.parametrize(("sent", "read_as"), [(True, True), (1, True), (0, False), ("true", True)])
+def test_a_bool_as_vllms_schema_delivers_it(sent: Any, read_as: bool) -> None:
+    """vLLM's ``vllm_xargs`` schema turns a JSON ``true`` into the int 1: a bool field of
+    the wire form reads 0 and 1 as the bools they were (and nothing else)."""
+    ours = read({f"{NS}.no_repeat_ngram_output_only": sent, f"{NS}.no_repeat_ngram_size": 2})
+    assert ours.params.no_repeat_ngram_output_only is read_as
+
+
+def test_another_namespace_reads_its_own_keys() -> None:
+    extra = {"mine.min_p": 0.3, f"{NS}.min_p": 0.1, f"{NS}x.min_p": 0.2}
+    assert read(extra, "mine").params.min_p == 0.3
+    assert read(extra).params.min_p == 0.1
+
+
+@pytest.mark.parametrize(
+    ("extra", "label", "words"),
+    [
+        ({f"{NS}.logit_bias": "{42: -5}"}, f"extra_args['{NS}.logit_bias']", "is JSON text"),
+        ({f"{NS}.min_p": "high"}, f"extra_args['{NS}.min_p']", "is JSON text"),
+        ({f"{NS}.bad_words_token_ids": "[" * 100_000}, "bad_words_token_ids", "too deeply"),
+        ({f"{NS}.min_p": 1.5}, f"extra_args['{NS}.min_p']", "min_p"),
+        ({f"{NS}.min_p": "1.5"}, f"extra_args['{NS}.min_p']", "min_p"),
+        ({f"{NS}.dry_sequence_breakers": "[[]]"}, f"{NS}.dry_sequence_breakers", "breaker"),
+        ({f"{NS}.no_repeat_ngram_output_only": 2}, f"{NS}.no_repeat_ngram_output_only", "bool"),
+        ({f"{NS}.no_repeat_ngram_output_only": 1.0}, f"{NS}.no_repeat_ngram_output_only", ""),
+        ({f"{NS}.min_pp": 0.1}, f"extra_args['{NS}.min_pp']", "unknown field(s) ['min_pp']"),
+        ({f"{NS}.": 0.1}, f"extra_args['{NS}.']", "unknown field(s) ['']"),
+        ({NS: {"min_p": 0.1}, f"{NS}.top_n_sigma": 1.0}, f"extra_args['{NS}']", "not both"),
+        ({NS: '{"min_p": 0.1}'}, f"extra_args['{NS}']", f"'{NS}.<field>' keys"),
+    ],
+)
+def test_a_bad_wire_value_names_the_field(extra: Any, label: str, words: str) -> None:
+    with pytest.raises(RequestError) as e:
+        read(extra)
+    assert str(e.value).startswith("request at index 3: field '"), e.value
+    assert label in str(e.value) and words in str(e.value), e.value
+    assert e.value.index == 3
+
+
+def test_caps_name_the_field_as_the_request_wrote_it() -> None:
+    request = SimpleNamespace(extra_args=to_wire({"logit_bias": {i: 1.0 for i in range(1025)}}))
+    ours, label = read_namespace(None, request, NS)
+    with pytest.raises(RequestError, match=r"field 'extra_args\['logitsproc_rs.logit_bias'\]'"):
+        _guard.check_caps("request", ours, request, {"logit_bias"}, label)
+    request = SimpleNamespace(extra_args={NS: {"logit_bias": {i: 1.0 for i in range(1025)}}})
+    ours, label = read_namespace(None, request, NS)
+    with pytest.raises(
+        RequestError, match=r"field 'extra_args\['logitsproc_rs'\]\['logit_bias'\]'"
+    ):
+        _guard.check_caps("request", ours, request, {"logit_bias"}, label)
