@@ -39,13 +39,14 @@ def check_caps(
     ours: SamplingParams,
     request: Any,
     tables: Iterable[str],
-    label: Callable[[str], str] = dict_label(),
+    label: Callable[[str], str] | None = None,
 ) -> None:
     """The per-request caps of ``tables``, at the front end (``RequestError`` naming the field
     as ``label(name)``, the form the request used: ``_fields.read_namespace``). The min-tokens
     count is what the worker's table holds: the stop ids the request names (its own and the
-    namespace's) plus EOS."""
+    namespace's) plus EOS. ``label`` defaults to the Python form's."""
     tables = set(tables)
+    label = label or dict_label()
 
     def over(name: str, count: int, cap: int, what: str = "entries") -> None:
         if count > cap:
