@@ -30,8 +30,14 @@ def _needs_transformers(code: str) -> bool:
     return re.search(r"^\s*(from|import) transformers\b", code, flags=re.M) is not None
 
 
+def _needs_a_server(code: str) -> bool:
+    """An ``openai`` client's request to ``vllm serve``: run against a real server, as written,
+    by ``tests/test_vllm_engine.py`` (``tests/vllm_engine/readme_requests.py``)."""
+    return re.search(r"^\s*(from|import) openai\b", code, flags=re.M) is not None
+
+
 def _plain(page: Path) -> list[str]:
-    return [b for b in _blocks(page) if not _needs_transformers(b)]
+    return [b for b in _blocks(page) if not (_needs_transformers(b) or _needs_a_server(b))]
 
 
 def _run(page: Path, blocks: list[str], namespace: dict[str, object], kind: str) -> None:

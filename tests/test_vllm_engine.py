@@ -2,7 +2,11 @@
 random Llama: the namespaced fields give the tokens vLLM's own fields give, greedy and seeded,
 under churn; each transform has its effect; bad input is refused at the front end or failed
 closed in the worker while the engine keeps serving; the classes load as FQCN strings and as
-(pickled) class objects; and what our processors cost per engine step, idle and busy.
+(pickled) class objects; what our processors cost per engine step, idle and busy; and over
+HTTP (``served``: vLLM's OpenAI-compatible server with our processors loaded by name, driven by
+the ``openai`` client, our fields in ``vllm_xargs``' wire form) the same requests give the same
+tokens, bad fields are HTTP 400s naming the field, streaming works, and the README's ``curl``
+and client requests run as written.
 
 ``tests/vllm_engine/driver.py`` runs each scenario (one engine start each, ~10-45 s) in the
 engine's python and prints its results as JSON; each scenario runs once per session, and the
@@ -30,7 +34,7 @@ CACHE = Path.home() / ".cache" / "logitsproc_rs"
 ENGINE_PY = CACHE / "vllm-engine-0.32.0" / "bin" / "python"
 MODEL = CACHE / "tiny-llama"
 COST_FILE = REPO / "benches" / "engine-cost.json"
-TIMEOUT = {"ours": 600, "plain": 300, "pickled": 300}
+TIMEOUT = {"ours": 600, "plain": 300, "pickled": 300, "served": 420}
 sys.path.insert(0, str(ENGINE_DIR))
 
 import driver  # noqa: E402  (request data only: imports no vLLM)
@@ -116,6 +120,11 @@ def plain(engine_python, model) -> dict:
 @pytest.fixture(scope="module")
 def pickled(engine_python, model) -> dict:
     return _run_scenario(engine_python, model, "pickled")
+
+
+@pytest.fixture(scope="module")
+def served(engine_python, model) -> dict:
+    return _run_scenario(engine_python, model, "served")
 
 
 def part(results: dict, name: str):
@@ -524,3 +533,101 @@ def test_cost_profile(ours):
         )
     assert prof["idle"]["steps"] >= 300 and prof["busy"]["steps"] >= 300, prof
     assert prof["idle"]["median_us"] < prof["busy"]["median_us"], "idle should cost less"
+
+
+# --- over HTTP: vLLM's OpenAI-compatible server and the openai client -----------------------
+
+
+def test_served_starts_with_our_processors_by_name(served):
+    """The server started with every processor of ``ours`` loaded by FQCN and was still up
+    after every request below."""
+    assert served.get("start_s") is not None, served.get("start_error") or served["_stderr"]
+    assert served.get("alive") is True, f"the server died; its log: {served.get('log')}"
+
+
+def test_served_fields_give_the_tokens_of_llm_generate(served, ours):
+    """The shared requests, their fields in ``vllm_xargs`` (the wire form), each its own HTTP
+    request: the tokens and finish reasons of the same fields through ``LLM.generate``
+    (which ``test_namespaced_fields_give_vllms_tokens`` ties to vLLM's own fields), greedy and
+    seeded."""
+    got, want = part(served, "shared_ns"), part(ours, "shared_ns")
+    assert set(got) == set(want)
+    bad = [f"{k}: HTTP {got[k]} vs generate {want[k]}" for k in want if got[k] != want[k]]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", ["effects", "beyond"])
+def test_served_effects_equal_llm_generates(served, ours, name):
+    """Every effect request of ``ours`` (logit bias, allowed ids, bad words, min-tokens,
+    penalties, min_p, the column's margin; DRY, no-repeat-ngram and DeepSeek-OCR's mode, XTC,
+    top-n-sigma, typical-p, penalty_last_n), sent over HTTP: the same outputs, so each effect
+    the tests above check on ``ours`` holds for a request sent to ``vllm serve``."""
+    got, want = part(served, name), part(ours, name)
+    assert set(got) == set(want)
+    bad = [f"{k}: HTTP {got[k]} vs generate {want[k]}" for k in want if got[k] != want[k]]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", list(driver.FRONT_END_BAD))
+def test_served_refuses_a_bad_field_with_400_naming_it(served, name):
+    """Each bad field of ``test_front_end_refuses_bad_field``, in the wire form: HTTP 400 with
+    our message naming the field, and the next request is served as before."""
+    r = part(served, "bad_input")["front"][name]
+    assert r["raised"] == "Refused", f"{name}: {r}"  # served.Refused: an HTTP 400
+    extra = driver.FRONT_END_BAD[name]
+    ns = extra.get(driver.NS)
+    names = list(ns) if isinstance(ns, dict) else list(extra)
+    if driver.NS in extra:  # ours; a column's own validate_params words its message itself
+        assert "request: field '" in r["message"], r["message"]
+    assert any(n in r["message"] for n in names), (names, r["message"])
+    assert r["after_ok"] is True, f"the reference request afterwards: {r['after_ok']}"
+
+
+@pytest.mark.parametrize("case", WORKER_CASES)
+def test_served_fails_an_out_of_vocabulary_request_closed(served, ours, case):
+    """A token id outside the vocabulary, sent over HTTP: the request fails closed as it does
+    through ``LLM.generate`` (the same output: only its stop tokens), the requests sent with
+    it are unaffected, and the server serves the next one as before (the ERROR is in the
+    server's log)."""
+    r = part(served, "bad_input")["worker"][case]
+    assert "raised" not in r, f"the request raised: {r.get('raised')}"
+    assert r["output"] == part(ours, "bad_input")["worker"][case]["output"], r
+    assert r["goods_ok"], f"batched requests changed: {r['goods']}"
+    assert r["after_ok"] is True, f"the reference request afterwards: {r['after_ok']}"
+
+
+def test_served_streaming_with_our_fields(served):
+    """A request with DRY, a logit bias and a no-repeat-ngram ban, streamed: the chunks add up
+    to the tokens and text of the same request unstreamed."""
+    st = part(served, "stream")
+    assert st["stream"]["chunks"] > 1, st
+    assert st["stream"]["t"] == st["whole"]["t"] and st["stream"]["text"] == st["text"], st
+    assert st["stream"]["f"] == st["whole"]["f"], st
+
+
+def _repeated_bigrams(prompt: list[int], out: list[int]) -> list[int]:
+    """Positions of ``out`` whose bigram (with the token before it) came earlier."""
+    seq, start = prompt + out, len(prompt)
+    seen = {tuple(seq[i - 1 : i + 1]): i for i in range(1, start)}
+    found = []
+    for i in range(max(start, 1), len(seq)):
+        if tuple(seq[i - 1 : i + 1]) in seen:
+            found.append(i - start)
+        seen.setdefault(tuple(seq[i - 1 : i + 1]), i)
+    return found
+
+
+def test_the_readmes_http_requests_as_written(served):
+    """The README's ``curl`` command and ``openai`` snippet, as written (only the address and
+    model replaced), reach the engine; the same body with the token ids returned shows what
+    the README says: no bigram repeats, token 42 never comes, and the tokens differ from the
+    same request without our fields. Every class its ``vllm serve`` line names is one the
+    server loaded."""
+    r = part(served, "readme")
+    assert r["classes"] and set(r["classes"]) <= set(driver.SERVED_PROCESSORS), r["classes"]
+    assert r["curl_rc"] == 0 and r["curl_text"] == r["text"] == r["openai_text"], r
+    assert r["openai_printed"].strip() == r["text"].strip(), r
+    assert 42 not in r["ids"], r["ids"]
+    assert not _repeated_bigrams(r["prompt_ids"], r["ids"]), r["ids"]
+    assert _repeated_bigrams(r["prompt_ids"], r["plain_ids"]), "the plain request repeats"
+    assert r["ids"] != r["plain_ids"]

@@ -7,6 +7,7 @@ naming the field as the request wrote it. The real server: ``tests/test_vllm_eng
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -176,3 +177,20 @@ def test_caps_name_the_field_as_the_request_wrote_it() -> None:
         RequestError, match=r"field 'extra_args\['logitsproc_rs'\]\['logit_bias'\]'"
     ):
         _guard.check_caps("request", ours, request, {"logit_bias"}, label)
+
+
+def test_the_docs_table_of_the_wire_form_reads() -> None:
+    """``docs/vllm-v1.md`` gives the wire form of each field: one row per field, and every
+    row's example reads through the bridges' reader and sets its field."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "vllm-v1.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \| [^|]+ \| `(\"logitsproc_rs\.\w+\": .*)` \|$", page, re.M)
+    assert sorted(name for name, _ in rows) == sorted(NAMESPACE_FIELDS)
+    for name, example in rows:
+        extra = json.loads("{" + example + "}")
+        assert list(extra) == [f"{NS}.{name}"], example
+        if name == "stop_token_ids":
+            extra[f"{NS}.min_tokens"] = 2
+        params = read(extra).params
+        assert getattr(params, name) != getattr(read(None).params, name), example

@@ -11,6 +11,10 @@ scenario is one engine start:
   a churn run, bad input, and the idle/busy cost of our processors.
 - ``plain``: in-process, no custom processors: the shared requests and the churn run with
   vLLM's ordinary fields, which ``ours`` must reproduce token for token from its namespace.
+- ``served``: vLLM's OpenAI-compatible server (``served.py``) with ``ours``'s processors by
+  FQCN, on a loopback port: ``ours``'s shared, effect and bad requests over HTTP through the
+  ``openai`` client (our fields in the wire form), a streamed request, and the README's
+  ``curl`` and client requests as written (``readme_requests.py``).
 - ``pickled``: the default multiprocess engine, processes spawned, so the processor classes
   travel pickled: a bridged column class object, the same column bridged at module level
   (``engine_columns:LogitMargin``), a class object and an FQCN string.
@@ -121,6 +125,9 @@ def params(s: dict, form: str):
 
 
 def run(llm, specs: list[dict], form: str = "ns") -> list[dict]:
+    """The specs through ``llm``: a ``vllm.LLM``, or a server (``served.Served``, over HTTP)."""
+    if hasattr(llm, "base_url"):
+        return llm.run(specs, form)
     outs = llm.generate(
         [{"prompt_token_ids": s["p"]} for s in specs],
         [params(s, form) for s in specs],
@@ -364,7 +371,7 @@ def validation_error(e: Exception) -> bool:
     """A ValueError, or vLLM's VLLMValidationError (in 0.32 not a ValueError subclass)."""
     from vllm.exceptions import VLLMValidationError
 
-    return isinstance(e, (ValueError, VLLMValidationError))
+    return isinstance(e, (ValueError, VLLMValidationError))  # served.Refused: an HTTP 400
 
 
 class Captured(logging.Handler):
@@ -875,14 +882,98 @@ def pickled(model: str) -> None:
     llm.llm_engine.engine_core.shutdown()
 
 
+# What ``served`` loads, by FQCN as a ``vllm serve`` command line does: ``ours``'s processors,
+# in its order, so that the same requests give the same tokens.
+SERVED_PROCESSORS = [
+    *(
+        f"logitsproc_rs.vllm.v1:{name}"
+        for name in (
+            "AllowedTokenIdsLogitsProcessor",
+            "BadWordsLogitsProcessor",
+            "MinTokensLogitsProcessor",
+            "LogitBiasLogitsProcessor",
+            "PenaltiesLogitsProcessor",
+            "ThinkingBudgetLogitsProcessor",
+            "MinPLogitsProcessor",
+        )
+    ),
+    "engine_columns:LogitMargin",
+    *(
+        f"logitsproc_rs.vllm.v1:{name}"
+        for name in (
+            "NoRepeatNGramLogitsProcessor",
+            "DryLogitsProcessor",
+            "TopNSigmaLogitsProcessor",
+            "TypicalPLogitsProcessor",
+            "XTCLogitsProcessor",
+        )
+    ),
+]
+
+
+def served(model: str) -> None:
+    """``vllm serve`` with our processors by FQCN, through the openai client: ``ours``'s
+    requests (shared, effects, beyond, bad input) over HTTP, a streamed request, and the
+    README's own ``curl`` and ``openai`` requests."""
+    import tempfile
+
+    from served import Served
+
+    fd, log = tempfile.mkstemp(prefix="vllm-serve-", suffix=".log")
+    os.close(fd)
+    RESULTS["log"] = log
+    try:
+        server = Served(model, SERVED_PROCESSORS, log)
+    except Exception as e:
+        RESULTS["start_error"] = f"{type(e).__name__}: {str(e)[-3000:]}"
+        return
+    RESULTS["start_s"] = server.start_s
+    try:
+        served_sections(server)
+        RESULTS["alive"] = server.alive()
+    finally:
+        server.stop()
+
+
+def served_sections(server) -> None:
+    @section("shared_ns")
+    def _():
+        return shared(server, "ns")
+
+    @section("effects")
+    def _():
+        return effects(server)
+
+    @section("beyond")
+    def _():
+        return beyond(server)
+
+    @section("bad_input")
+    def _():
+        return bad_input(server, Captured())  # the worker's log is the server's: not read
+
+    @section("stream")
+    def _():
+        s = spec(PROMPTS[0], n=16, ns={**DRY, "logit_bias": {77: 3.0}, "no_repeat_ngram_size": 2})
+        return {"whole": run(server, [s])[0], "text": server.text(s), "stream": server.stream(s)}
+
+    @section("readme")
+    def _():
+        import readme_requests
+
+        return readme_requests.run(server)
+
+
 def main() -> None:
     scenario, model = sys.argv[1], sys.argv[2]
     if scenario in ("ours", "plain"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    elif scenario == "served":
+        pass  # the server is another process, with vLLM's defaults
     else:
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # the processors travel pickled
     RESULTS["scenario"] = scenario
-    {"ours": ours, "plain": plain, "pickled": pickled}[scenario](model)
+    {"ours": ours, "plain": plain, "pickled": pickled, "served": served}[scenario](model)
     emit()
 
 

@@ -7,3 +7,7 @@
 
 Importing either submodule imports vLLM; importing this package does not.
 """
+
+from ._fields import NAMESPACE, to_wire
+
+__all__ = ["NAMESPACE", "to_wire"]
