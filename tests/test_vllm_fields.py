@@ -82,20 +82,24 @@ def test_all_fields_together_and_beside_other_extra_args() -> None:
 
 
 def test_the_wire_form_fits_vllms_schema() -> None:
-    """``dict[str, str | int | float | list[str | int | float]]`` (vLLM's ``vllm_xargs``):
-    numbers and flat lists of numbers as themselves, the rest (bools too, which vLLM's
-    schema would turn into 1) as JSON text."""
-
-    def scalar(v: Any) -> bool:
-        return isinstance(v, (str, int, float)) and not isinstance(v, bool)
-
+    """``dict[str, str | int | float]`` (vLLM 0.25.1's ``vllm_xargs``; 0.32 also takes flat
+    lists): numbers as themselves, the rest (lists, bools, which vLLM's schema would turn into
+    1) as JSON text."""
     wire = to_wire(VALUES)
     assert set(wire) == {f"{NS}.{k}" for k in VALUES}
     for key, value in wire.items():
-        assert scalar(value) or (isinstance(value, list) and all(map(scalar, value))), key
-    assert wire[f"{NS}.min_p"] == 0.1 and wire[f"{NS}.allowed_token_ids"] == [2, 5, 6, 7, 13, 42]
+        assert isinstance(value, (str, int, float)) and not isinstance(value, bool), key
+    assert wire[f"{NS}.min_p"] == 0.1 and wire[f"{NS}.min_tokens"] == 8
+    assert json.loads(wire[f"{NS}.allowed_token_ids"]) == [2, 5, 6, 7, 13, 42]
     assert json.loads(wire[f"{NS}.dry_sequence_breakers"]) == [[13], [5, 6]]
     assert wire[f"{NS}.no_repeat_ngram_output_only"] == "true"
+
+
+def test_a_flat_list_of_numbers_as_itself() -> None:
+    """What vLLM 0.32's schema also carries: a flat list of ids as a JSON list."""
+    ours = read({f"{NS}.allowed_token_ids": [2, 5], f"{NS}.no_repeat_ngram_whitelist": [1]})
+    assert ours.params.allowed_token_ids == [2, 5]
+    assert ours.params.no_repeat_ngram_whitelist == [1]
 
 
 def test_the_wire_form_by_hand() -> None:

@@ -124,8 +124,32 @@ def params(s: dict, form: str):
     return SamplingParams(**kw, extra_args=extra or None)
 
 
+def seeds_need_a_batch_of_their_own() -> bool:
+    """vLLM 0.25.1's CPU sampler honours per-request seeds only in a batch where every row has
+    one (``vllm/v1/sample/ops/topk_topp_sampler.py`` line 195, ``forward_cpu``: ``if
+    len(generators) != logits.shape[0]`` it draws the whole batch from the global generator);
+    0.32's always does. So on 0.25.1 the seeded requests go to the engine in a batch of their
+    own, and every seeded comparison compares what 0.25.1 can reproduce."""
+    from vllm import __version__
+
+    return __version__.startswith("0.25.")
+
+
 def run(llm, specs: list[dict], form: str = "ns") -> list[dict]:
-    """The specs through ``llm``: a ``vllm.LLM``, or a server (``served.Served``, over HTTP)."""
+    """The specs through ``llm``: a ``vllm.LLM``, or a server (``served.Served``, over HTTP);
+    on vLLM 0.25.1 the seeded sampled ones first, as a batch of their own."""
+    seeded = [i for i, s in enumerate(specs) if s["T"] > 0 and s["seed"] is not None]
+    if 0 < len(seeded) < len(specs) and seeds_need_a_batch_of_their_own():
+        rest = [i for i in range(len(specs)) if i not in set(seeded)]
+        out: list[dict] = [{} for _ in specs]
+        for group in (seeded, rest):
+            for i, o in zip(group, _run(llm, [specs[i] for i in group], form), strict=True):
+                out[i] = o
+        return out
+    return _run(llm, specs, form)
+
+
+def _run(llm, specs: list[dict], form: str) -> list[dict]:
     if hasattr(llm, "base_url"):
         return llm.run(specs, form)
     outs = llm.generate(
@@ -388,7 +412,9 @@ class Captured(logging.Handler):
 # --- engines ---------------------------------------------------------------------------------
 
 
-def engine(model: str, processors: list | None):
+def engine(model: str, processors: list | None, **options: Any):
+    """An in-process (or spawned) ``vllm.LLM`` on the tiny model; ``options``: more of
+    ``LLM``'s arguments (``speculative_config``)."""
     from vllm import LLM
     from vllm.config import ReasoningConfig
 
@@ -410,6 +436,7 @@ def engine(model: str, processors: list | None):
         ),
         logits_processors=processors,
         **kw,
+        **options,
     )
 
 
@@ -964,16 +991,212 @@ def served_sections(server) -> None:
         return readme_requests.run(server)
 
 
+# --- Model Runner V2 (vLLM's GPU runner; here on the CPU through Triton's interpreter) ------
+
+# Ours on MRV2: the V2 bridges under the V1 names, in ``ours``'s order (MRV2 applies custom
+# processors in the order given, all before its temperature; the bridges take care of what V1
+# applies after it), the column bridged for V2, and the processors beyond vLLM.
+V2_NAMES = [
+    "AllowedTokenIdsLogitsProcessor",
+    "BadWordsLogitsProcessor",
+    "MinTokensLogitsProcessor",
+    "LogitBiasLogitsProcessor",
+    "PenaltiesLogitsProcessor",
+    "ThinkingBudgetLogitsProcessor",
+    "MinPLogitsProcessor",
+]
+V2_BEYOND = [
+    "NoRepeatNGramLogitsProcessor",
+    "DryLogitsProcessor",
+    "TopNSigmaLogitsProcessor",
+    "TypicalPLogitsProcessor",
+    "XTCLogitsProcessor",
+]
+# The ngram (prompt-lookup) speculator: no draft model.
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
+
+
+def v2_processors() -> list:
+    from logit_margin import LogitMarginLogitsProcessor
+
+    from logitsproc_rs.vllm import v2
+
+    return [
+        *(f"logitsproc_rs.vllm.v2:{n}" for n in V2_NAMES),
+        v2.bridge(LogitMarginLogitsProcessor),
+        *(f"logitsproc_rs.vllm.v2:{n}" for n in V2_BEYOND),
+    ]
+
+
+# History-reading fields (penalties, bad words, min-tokens, DRY, no-repeat-ngram, the thinking
+# budget) on prompts that end in the model's own greedy loop, where the ngram speculator's
+# drafts get accepted: what speculation must not change.
+SPEC_FIELDS: dict[str, dict] = {
+    "none": {},
+    "repetition": {"repetition_penalty": 1.5},
+    "presence_frequency": {"presence_penalty": 0.8, "frequency_penalty": 0.5},
+    "penalty_window": {"repetition_penalty": 2.0, "penalty_last_n": 4},
+    "min_tokens": {"min_tokens": 10, "logit_bias": {EOS: 8.0}},
+    "dry": DRY,
+    "no_repeat": {"no_repeat_ngram_size": 2},
+    "thinking": {"thinking_token_budget": 3},
+    "min_p_bias": {"min_p": 0.1, "logit_bias": {20: 3.0, 21: -2.0}},
+}
+# The ones vLLM has fields of its own for (sent through those, with no processor of ours).
+SPEC_ORDINARY = ("none", "repetition", "presence_frequency", "min_tokens", "thinking", "min_p_bias")
+
+
+def spec_specs(llm) -> dict[str, dict]:
+    """The speculation requests by name (``<fields>/<prompt>/<mode>``): greedy on loop prompts
+    and thinking prompts; seeded at T=1 for the acceptance statistics."""
+    base = [o["t"] for o in run(llm, [spec(q, n=16) for q in PROMPTS[:3]], "ordinary")]
+    loops = [q + b for q, b in zip(PROMPTS, base, strict=False)]
+    out: dict[str, dict] = {}
+    for name, ns in SPEC_FIELDS.items():
+        prompts = [THINK_PROMPT, THINK_PROMPT + base[0]] if name == "thinking" else loops
+        for i, p in enumerate(prompts):
+            out[f"{name}/{i}/greedy"] = spec(p, n=24, ns=ns)
+        out[f"{name}/0/sampled"] = spec(prompts[0], n=24, temperature=1.0, seed=7, ns=ns)
+    return out
+
+
+def spec_outputs(llm, specs: dict[str, dict]) -> dict:
+    """``specs`` in our namespace, and (those vLLM has fields for) through vLLM's own."""
+    ours = run_named(llm, specs, "ns")
+    own = {k: s for k, s in specs.items() if k.split("/")[0] in SPEC_ORDINARY}
+    return {"ns": ours, "ordinary": run_named(llm, own, "ordinary")}
+
+
+def spec_metrics(llm) -> dict:
+    """vLLM's speculative-decoding counters (drafts, accepted tokens), where it keeps them."""
+    out: dict[str, float] = {}
+    try:
+        for m in llm.get_metrics():
+            if "spec_decode" in m.name and hasattr(m, "value"):
+                out[m.name] = out.get(m.name, 0) + float(m.value)
+    except Exception as e:  # metrics are a report, not a check
+        out["error"] = float("nan")
+        RESULTS["metrics_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def mrv2(model: str) -> None:
+    """Ours on MRV2 (in-process, Triton's interpreter): ``ours``'s sections, and the
+    speculation requests without speculation, for ``mrv2_spec`` to compare with."""
+    captured = Captured()
+    logging.getLogger("logitsproc_rs").addHandler(captured)
+    llm = _mrv2_engine(model, v2_processors())
+    if llm is None:
+        return
+
+    @section("shared_ns")
+    def _():
+        return shared(llm, "ns")
+
+    @section("shared_ordinary")
+    def _():
+        return shared(llm, "ordinary")
+
+    @section("effects")
+    def _():
+        return effects(llm)
+
+    @section("beyond")
+    def _():
+        return beyond(llm)
+
+    @section("churn")
+    def _():
+        specs = churn_specs()
+        return {"first": run(llm, specs), "reversed": run(llm, specs[::-1])[::-1]}
+
+    @section("bad_input")
+    def _():
+        return bad_input(llm, captured)
+
+    @section("spec_reference")
+    def _():
+        return spec_outputs(llm, spec_specs(llm))
+
+
+def mrv2_plain(model: str) -> None:
+    """MRV2 without custom processors: vLLM's own fields, for ``mrv2`` to reproduce."""
+    llm = _mrv2_engine(model, None)
+    if llm is None:
+        return
+
+    @section("shared_ordinary")
+    def _():
+        return shared(llm, "ordinary")
+
+    @section("churn")
+    def _():
+        return {"first": run(llm, churn_specs(), "ordinary")}
+
+
+def mrv2_spec(model: str) -> None:
+    """Ours on MRV2 with the ngram speculator: the speculation requests, in our namespace and
+    through vLLM's own fields."""
+    llm = _mrv2_engine(model, v2_processors(), speculative_config=NGRAM)
+    if llm is None:
+        return
+
+    @section("spec")
+    def _():
+        return spec_outputs(llm, spec_specs(llm))
+
+    @section("metrics")
+    def _():
+        return spec_metrics(llm)
+
+
+def _mrv2_engine(model: str, processors: list | None, **options: Any):
+    """An MRV2 engine, or ``None`` with why in the results."""
+    t0 = time.perf_counter()
+    try:
+        llm = engine(model, processors, **options)
+    except Exception as e:
+        RESULTS["start_error"] = f"{type(e).__name__}: {str(e)[:1000]}"
+        RESULTS["start_tb"] = traceback.format_exc()[-4000:]
+        return None
+    RESULTS["start_s"] = round(time.perf_counter() - t0, 1)
+    RESULTS["runner"] = _runner(llm)
+    return llm
+
+
+def _runner(llm) -> str:
+    """The module of the engine's model runner (in-process engines only): MRV2's lives in
+    ``vllm.v1.worker.cpu.model_runner`` on the CPU, V1's in ``vllm.v1.worker.cpu_model_runner``."""
+    try:
+        core = llm.llm_engine.engine_core.engine_core
+        return str(type(core.model_executor.driver_worker.worker.model_runner).__module__)
+    except AttributeError as e:
+        return f"unknown ({e})"
+
+
+MRV2 = {"mrv2": mrv2, "mrv2_plain": mrv2_plain, "mrv2_spec": mrv2_spec}
+
+
 def main() -> None:
     scenario, model = sys.argv[1], sys.argv[2]
-    if scenario in ("ours", "plain"):
+    if scenario in MRV2:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+        import triton_standin  # noqa: F401  (before vLLM: MRV2 needs Triton, interpreted here)
+    elif scenario in ("ours", "plain"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     elif scenario == "served":
         pass  # the server is another process, with vLLM's defaults
     else:
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # the processors travel pickled
     RESULTS["scenario"] = scenario
-    {"ours": ours, "plain": plain, "pickled": pickled, "served": served}[scenario](model)
+    scenarios = {"ours": ours, "plain": plain, "pickled": pickled, "served": served, **MRV2}
+    scenarios[scenario](model)
     emit()
 
 

@@ -72,20 +72,15 @@ def wire_key(namespace: str, name: str) -> str:
 
 
 def to_wire(fields: Mapping[str, Any], namespace: str = NAMESPACE) -> dict[str, Any]:
-    """``fields`` (the Python form's dict: vLLM's names) in the wire form, for
-    ``vllm_xargs`` over HTTP: a flat key per field, each value as itself where vLLM's schema
-    (``str | int | float | list[str | int | float]``) carries it unchanged (a number, a flat
-    list of numbers), else as JSON text (a bool, ``logit_bias``, lists of lists, ``None``)."""
+    """``fields`` (the Python form's dict: vLLM's names) in the wire form, for ``vllm_xargs``
+    over HTTP: a flat key per field, a number as itself, anything else (a list, ``logit_bias``,
+    a bool, ``None``) as JSON text. vLLM's schema for ``vllm_xargs`` is ``str | int | float``
+    in 0.25.1 (``| list[str | int | float]`` in 0.32), so this form passes both."""
 
     def plain(v: Any) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
 
-    return {
-        wire_key(namespace, k): v
-        if plain(v) or (isinstance(v, list) and all(map(plain, v)))
-        else json.dumps(v)
-        for k, v in fields.items()
-    }
+    return {wire_key(namespace, k): v if plain(v) else json.dumps(v) for k, v in fields.items()}
 
 
 def dict_label(namespace: str = NAMESPACE) -> Callable[[str], str]:
