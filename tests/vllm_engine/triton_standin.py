@@ -17,10 +17,10 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
-from triton.backends import Backend, backends  # noqa: E402
-from triton.backends.compiler import BaseBackend, GPUTarget  # noqa: E402
-from triton.backends.driver import DriverBase  # noqa: E402
+import torch
+from triton.backends import Backend, backends
+from triton.backends.compiler import BaseBackend, GPUTarget
+from triton.backends.driver import DriverBase
 
 TARGET = GPUTarget("cpu", 0, 0)
 
@@ -41,7 +41,7 @@ class StandInDriver(DriverBase):
     def get_active_torch_device(self) -> torch.device:
         return torch.device("cpu")
 
-    def get_benchmarker(self):  # noqa: ANN201
+    def get_benchmarker(self):
         raise NotImplementedError("the stand-in backend only interprets")
 
     def get_current_device(self) -> int:
@@ -53,7 +53,7 @@ class StandInDriver(DriverBase):
     def set_current_device(self, device: int) -> None:
         pass
 
-    def get_device_interface(self):  # noqa: ANN201
+    def get_device_interface(self):
         return torch.cpu
 
     def get_empty_cache_for_benchmark(self) -> torch.Tensor:
