@@ -6,6 +6,7 @@ an abort or a panic)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -298,6 +299,19 @@ def test_a_huge_num_speculative_tokens_names_itself(spec: int) -> None:
             EngineConfig(max_num_seqs=4, vocab_size=V, num_speculative_tokens=spec), "cpu", False
         )
     assert getattr(e.value, "field", None) == "num_speculative_tokens", str(e.value)
+
+
+@pytest.mark.parametrize("spec", [1023, 1024, 2000])
+def test_a_too_large_num_speculative_tokens_states_the_largest_that_fits(spec: int) -> None:
+    """With max_num_seqs=256 it said "1024 is outside the supported range [1, 1024]" (and
+    k = 1023: "[1, 256]"), one more than fits. (``the_stated_draft_bound_is_the_largest_that_fits``
+    in ``rust/src/tables/mod.rs`` builds at the bound.)"""
+    cfg = EngineConfig(max_num_seqs=256, vocab_size=V, num_speculative_tokens=spec)
+    with pytest.raises(ValueError, match=r"supported range \[1, (\d+)\]") as e:
+        build_logitsprocs(cfg, "cpu", False)
+    assert e.value.field == "num_speculative_tokens"
+    bound = int(re.search(r"\[1, (\d+)\]", str(e.value)).group(1))
+    assert bound < spec, str(e.value)
 
 
 @pytest.mark.parametrize("max_rows", [2**40, 2**64 + 1])
