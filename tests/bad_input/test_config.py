@@ -332,3 +332,13 @@ def test_bad_reasoning_ids_in_a_duck_typed_config_name_the_field(ids: object) ->
     with pytest.raises(ValueError, match="reasoning_end_token_ids") as e:
         build_logitsprocs(cfg, "cpu", False)
     assert isinstance(e.value, ConfigError)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:99", "nodevice", 3.5])
+def test_a_device_this_machine_has_not_is_a_config_error(device: object) -> None:
+    """A CUDA device on a machine without CUDA raised torch's RuntimeError."""
+    if torch.cuda.is_available() and device in ("cuda", "cuda:0"):
+        pytest.skip("this machine has that device")
+    with pytest.raises(ConfigError, match="device") as e:
+        build_logitsprocs(CFG, device, False)  # type: ignore[arg-type]
+    assert e.value.field == "device"
