@@ -149,9 +149,14 @@ def _by_row(e: ValueError) -> ValueError:
     return e
 
 
+def _refuse_call(field: str, detail: str) -> RequestError:
+    return RequestError(f"HFLogitsProcessor: {field} {detail}", field=field, detail=detail)
+
+
 def _check_call(input_ids: Any, scores: Any) -> None:
     """``generate``'s arguments: ``input_ids`` a 2-d integer tensor (a float id is no token:
-    it was truncated), ``scores`` a 2-d floating-point tensor of as many rows."""
+    it was truncated) with data (not on the meta device), ``scores`` a 2-d floating-point
+    tensor of as many rows; else a ``RequestError`` naming the argument."""
     if (
         not isinstance(input_ids, torch.Tensor)
         or input_ids.dim() != 2
@@ -164,19 +169,19 @@ def _check_call(input_ids: Any, scores: Any) -> None:
             if isinstance(input_ids, torch.Tensor)
             else type(input_ids).__name__
         )
-        raise ValueError(
-            f"HFLogitsProcessor: input_ids must be a 2-d integer tensor [rows, length], got {what}"
-        )
+        raise _refuse_call("input_ids", f"must be a 2-d integer tensor [rows, length], got {what}")
     if not isinstance(scores, torch.Tensor) or scores.dim() != 2 or not scores.is_floating_point():
         what = (
             f"a {scores.dim()}-d {scores.dtype} tensor"
             if isinstance(scores, torch.Tensor)
             else type(scores).__name__
         )
-        raise ValueError(
-            f"HFLogitsProcessor: scores must be a 2-d floating-point tensor [rows, vocab], "
-            f"got {what}"
+        raise _refuse_call(
+            "scores", f"must be a 2-d floating-point tensor [rows, vocab], got {what}"
         )
+    for field, t in (("input_ids", input_ids), ("scores", scores)):
+        if t.device.type == "meta":
+            raise _refuse_call(field, "is on the meta device: a tensor without data")
 
 
 class HFLogitsProcessor:

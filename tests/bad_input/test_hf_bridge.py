@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from logitsproc_rs import SamplingParams
+from logitsproc_rs import RequestError, SamplingParams
 from logitsproc_rs.hf import HFLogitsProcessor
 
 V = 16
@@ -82,6 +82,16 @@ def test_input_ids_that_are_not_token_ids_are_refused(dtype: torch.dtype) -> Non
     if dtype.is_floating_point:
         bad = bad + 0.7
     check_refused_then_retry(bad, scores(2), "input_ids")
+
+
+def test_meta_tensors_are_refused() -> None:
+    """Meta input ids (no data) raised NotImplementedError; meta scores were taken."""
+    check_refused_then_retry(NEXT.to("meta"), scores(2), "input_ids")
+    check_refused_then_retry(NEXT, scores(2).to("meta"), "scores")
+    p = HFLogitsProcessor(PARAMS)
+    with pytest.raises(RequestError, match="input_ids") as e:
+        p(PROMPT.to("meta"), scores(0))
+    assert e.value.field == "input_ids"
 
 
 @pytest.mark.parametrize("shape", [(5,), (1, 2, 5), ()])
