@@ -5,7 +5,10 @@
 
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyInt, PyList, PyString};
+use pyo3::types::{
+    PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PyMapping, PySet,
+    PyString,
+};
 
 use super::errors::{
     bad_column, bad_declaration, bad_value, is_interrupt, out_of_memory, unless_interrupt,
@@ -461,7 +464,8 @@ fn integer(index: usize, name: &str, item: Option<usize>, v: &Bound<'_, PyAny>) 
 
 /// Reads at most `max` items of a sequence value (never trusting `__len__`: an endless or
 /// lying iterable ends in an error after `max + 1` items), each through `item`; `bound` names
-/// `max` in the error ("width", "cap").
+/// `max` in the error ("width", "cap"). No str or bytes, no mapping (a dict would be read by
+/// its keys) or set (no order), and no value whose `__len__` raises (a broken sequence).
 fn bounded_items<T>(
     index: usize,
     name: &str,
@@ -481,6 +485,25 @@ fn bounded_items<T>(
         return Err(refused(index, name, None, &expected, v));
     }
     let py = v.py();
+    let unordered = v.is_instance_of::<PyDict>()
+        || v.is_instance_of::<PySet>()
+        || v.is_instance_of::<PyFrozenSet>()
+        || v.cast::<PyMapping>().is_ok();
+    if unordered {
+        let expected = format!("a sequence of {what} in order, not a mapping or a set");
+        return Err(refused(index, name, None, &expected, v));
+    }
+    let has_len = v
+        .get_type()
+        .hasattr(pyo3::intern!(py, "__len__"))
+        .unwrap_or(false);
+    if has_len {
+        if let Err(e) = v.len() {
+            return Err(unless_interrupt(e, |e| {
+                bad_column(index, name, format!("its __len__ raised {e}"))
+            }));
+        }
+    }
     let iter = v.try_iter().map_err(|e| {
         unless_interrupt(e, |e| {
             if e.is_instance_of::<PyTypeError>(py) {
