@@ -26,7 +26,6 @@ import torch
 
 from .errors import RequestError
 
-
 # Most items read from one list of a layout (an endless iterable ends in an error); the core
 # refuses more rows or drafts than the configuration holds long before.
 _MAX_DRAFTS = 1 << 22
