@@ -118,3 +118,27 @@ def short(v: Any) -> str:
     if isinstance(v, torch.Tensor):
         return f"tensor0d-{v.dtype}".replace("torch.", "")
     return repr(v)[:24]
+
+
+def bad_layouts(drafts: list[list[int]]) -> list[tuple[Any, Any, Any]]:
+    """Draft layouts (``spec_token_ids``, ``row_to_request``, ``positions``) that are not those
+    of a batch whose requests have ``drafts`` (one entry each, in batch order): each must be
+    refused naming its field, with nothing changed (``LogitsProcessors.apply_drafts``)."""
+    batch = len(drafts)
+    rows = [r for r, d in enumerate(drafts) for _ in range(len(d) + 1)]
+    pos = [j for d in drafts for j in range(len(d) + 1)]
+    out: list[tuple[Any, Any, Any]] = [
+        ([*drafts, []], None, None),  # one entry too many
+        (Endless([]), None, None),
+        (RaisingIter(), None, None),
+        (None, None, None),
+        (batch, None, None),
+        ({tuple(d) for d in drafts}, None, None),  # no order
+        (dict(enumerate(drafts)), None, None),
+        (drafts, [*rows[:-1], batch], pos),  # a row of a request past the batch
+        (drafts, [*rows[:-1], -1], pos),
+        (drafts, rows, None),  # a row map without positions
+    ]
+    if batch:
+        out.append((drafts[:-1], None, None))  # one entry short
+    return out
