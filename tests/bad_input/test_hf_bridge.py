@@ -12,6 +12,7 @@ import torch
 
 from logitsproc_rs import RequestError, SamplingParams
 from logitsproc_rs.hf import HFLogitsProcessor
+from logitsproc_rs.registry import TABLES
 
 V = 16
 PARAMS = [
@@ -125,3 +126,16 @@ def test_a_refused_first_step_leaves_nothing_behind() -> None:
     assert torch.equal(p(PROMPT, scores(0)), twin(PROMPT, scores(0)))
     assert torch.equal(p(IDS, scores(1)), twin(IDS, scores(1)))
     assert_same(state(twin), state(p))
+
+
+@pytest.mark.parametrize(
+    "field",
+    list(dict.fromkeys(f.attr for t in TABLES.values() for f in t.fields if f.kind == "float")),
+)
+def test_a_dict_params_float_field_too_large_for_a_float_names_the_row_and_field(
+    field: str,
+) -> None:
+    """The new float fields raised OverflowError out of HF's dict params."""
+    with pytest.raises(RequestError, match=rf"row 1: {field}\b") as e:
+        HFLogitsProcessor([{}, {field: 10**400}])
+    assert e.value.field == field
