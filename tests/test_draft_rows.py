@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from bad_input._junk import bad_layouts
 from test_differential import random_logits
 from test_pipeline import config, make_sim
 from test_property import HOT, machine_config
@@ -34,6 +35,7 @@ from logitsproc_rs import (
     build_logitsprocs,
 )
 from logitsproc_rs.builtin import OPT_IN_PROCESSORS, MinPLogitsProcessor, XTCLogitsProcessor
+from logitsproc_rs.errors import RequestError
 from logitsproc_rs.reference import reference_of
 
 # Every opt-in processor but XTC (its draws are per request and step, not per reference).
@@ -307,6 +309,12 @@ def v1_churn(seed: int, emulate: bool = False, device: str = "cpu") -> None:
         drafted += len(row_map) - len(rows)
         x = random_logits(rng, g, len(row_map), vocab)
         chained = procs.apply_drafts(views, x.clone().to(device), drafts).cpu()
+        # A layout that is not this batch's is refused and changes nothing (the rows below
+        # are applied through the good layout's map).
+        spec, bad_rows, bad_pos = rng.choice(bad_layouts(drafts))
+        n = len(row_map) if bad_rows is None else len(bad_rows)
+        with pytest.raises(RequestError):
+            procs.apply_drafts(views, x[:n].clone().to(device), spec, bad_rows, bad_pos)
         outputs = {r: req.output_token_ids for r, req in enumerate(rows)}
         y = x
         for p, ref in zip(views, refs, strict=True):

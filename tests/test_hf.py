@@ -17,6 +17,7 @@ from _extras import import_extra
 
 from logitsproc_rs import (
     BatchUpdate,
+    ConfigError,
     EngineConfig,
     Sampler,
     SamplingMetadata,
@@ -293,6 +294,22 @@ def test_beam_search_and_bad_params_are_rejected(model) -> None:
         HFLogitsProcessor([SamplingParams(thinking_token_budget=3)])
     with pytest.raises(ValueError, match="row 1: expected SamplingParams"):
         HFLogitsProcessor([params[0], 0.5])
+
+
+def test_an_engine_config_mapping_is_taken_as_an_engine_config(model) -> None:
+    """A plain mapping was stored as it was, and the first call raised TypeError from
+    ``dataclasses.replace``; anything but an EngineConfig or a mapping is refused at once."""
+    ids = prompts(2, 4, seed=9)
+    params = [SamplingParams(temperature=0.0, thinking_token_budget=1)] * 2
+    fields = {"reasoning_start_token_ids": THINK_START, "reasoning_end_token_ids": THINK_END}
+    got = hf_generate(model, ids, HFLogitsProcessor(params, engine_config=fields))
+    want = hf_generate(model, ids, HFLogitsProcessor(params, engine_config=CFG))
+    assert torch.equal(got, want)
+    with pytest.raises(ConfigError, match="unknown field"):
+        HFLogitsProcessor(params, engine_config={"max_bad_wrods": 3})
+    with pytest.raises(ConfigError, match="engine_config") as ei:
+        HFLogitsProcessor(params, engine_config=[("max_bad_words", 3)])
+    assert ei.value.field == "engine_config"
 
 
 def test_neutral_kwargs_turn_off_hfs_own_processors(model) -> None:

@@ -33,6 +33,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from bad_input._junk import registry_junk
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -215,14 +216,29 @@ class RaisingParams:
         return getattr(self._base, name)
 
 
-def draw_bad_params(data: Any, vocab: int) -> Any:
+def registry_bad_values(tables: Any) -> list[tuple[str, Any]]:
+    """(attribute, value) for every field the core's registry lists for ``tables`` and every
+    value of its kind no request may hold (``bad_input._junk``: huge ints, bools and 0-d
+    tensors in disguise, endless and raising iterables): a new field inherits them."""
+    return [
+        ("_all_stop_token_ids" if f.attr == "all_stop_token_ids" else f.attr, v)
+        for f, v in registry_junk(tables)
+    ]
+
+
+def draw_bad_params(data: Any, vocab: int, tables: Any = None) -> Any:
+    """A request with one bad field: ``bad_param_values``, or (``tables``: the tables the
+    pipeline holds) one of the registry's values for them."""
     base = draw_params(data, vocab)
     if data.draw(st.integers(0, 9)) == 0:
         field = data.draw(
             st.sampled_from(("min_p", "logit_bias", "min_tokens", "allowed_token_ids"))
         )
         return RaisingParams(base, field, RuntimeError("boom"))
-    field, value = data.draw(st.sampled_from(bad_param_values(vocab)))
+    bad = bad_param_values(vocab)
+    if tables is not None and data.draw(st.booleans()):
+        bad = registry_bad_values(tables)
+    field, value = data.draw(st.sampled_from(bad))
     # Stop ids are only read while min_tokens is pending; make sure they are.
     object.__setattr__(base, "min_tokens", 3 if field == "_all_stop_token_ids" else base.min_tokens)
     object.__setattr__(base, field, value)
@@ -514,7 +530,7 @@ class PipelineMachine(RuleBasedStateMachine):
         # No free slot: an add over an occupied slot (vLLM's replacement).
         slot = free[0] if free else data.draw(st.integers(0, self.B - 1))
         n = max(n, slot + 1)
-        r = self.new_request(data, params=draw_bad_params(data, self.V))
+        r = self.new_request(data, params=draw_bad_params(data, self.V, self.ours.pipeline.tables))
         added.append((slot, r.params, r.prompt_token_ids, r.output_token_ids))
         update = BatchUpdate(n, [], added, moved)
         desc = vars(r.params) if isinstance(r.params, SamplingParams) else r.params._field

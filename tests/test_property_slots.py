@@ -523,7 +523,7 @@ class SlotMachine(RuleBasedStateMachine):
         req = self.new_request(data)
         params, prompt, output = req.params, req.prompt_token_ids, req.output_token_ids
         if kind == "field":
-            params = draw_bad_params(data, self.V)
+            params = draw_bad_params(data, self.V, self.pipe.tables)
         elif kind == "opt_in":
             field, value = data.draw(st.sampled_from(BAD_OPT_IN))
             object.__setattr__(params, field, value)

@@ -6,6 +6,7 @@ position: below, and tests/test_draft_rows.py."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -183,7 +184,8 @@ def test_apply_drafts_refuses_a_bad_layout_and_changes_nothing():
     cfg = _cfg(2, draft_rows="per_position")
     procs = L.build_logitsprocs(cfg, "cpu", False)
     words = L.SamplingParams(bad_words_token_ids=[[3, 4]], max_tokens=None)
-    procs.update_state(L.BatchUpdate(2, [], [(0, words, [5], [])], []))
+    # (A batch of one: spec_token_ids holds one entry per request of the batch.)
+    procs.update_state(L.BatchUpdate(1, [], [(0, words, [5], [])], []))
     views = list(procs.non_argmax_invariant)
     good = procs.apply_drafts(views, torch.zeros(3, VOCAB), [[3, 1]])
     assert good[1, 4] == float("-inf") and good[0, 4] == 0 and good[2, 4] == 0
@@ -210,3 +212,62 @@ def test_apply_drafts_refuses_a_bad_layout_and_changes_nothing():
     # The committed state is untouched: a step without drafts sees none of them.
     plain = procs.apply_drafts(views, torch.zeros(1, VOCAB), [[]])
     assert plain[0, 4] == 0
+
+
+class _Endless:
+    def __iter__(self):
+        return itertools.repeat([1])
+
+
+class _Raising:
+    def __iter__(self):
+        raise RuntimeError("boom")
+
+
+def _two_requests(cfg: L.EngineConfig):
+    procs = L.build_logitsprocs(cfg, "cpu", False)
+    words = L.SamplingParams(bad_words_token_ids=[[3, 4]], min_tokens=2, stop_token_ids=[5])
+    procs.update_state(L.BatchUpdate(2, [], [(0, words, [5], []), (1, words, [6], [])], []))
+    return procs
+
+
+@pytest.mark.parametrize(
+    ("spec_ids", "rows", "pos", "field"),
+    [
+        ([[3, 1]], None, None, "spec_token_ids"),  # shorter than the batch: request 1 had none
+        ([[3], [1], [2]], None, None, "spec_token_ids"),  # longer than the batch
+        ([[3]] * 10**6, None, None, "spec_token_ids"),
+        (_Endless(), None, None, "spec_token_ids"),
+        (_Raising(), None, None, "spec_token_ids"),
+        ({(3,), (1,)}, None, None, "spec_token_ids"),  # a set has no order
+        ({0: [3], 1: [1]}, None, None, "spec_token_ids"),
+        (None, None, None, "spec_token_ids"),  # was a TypeError
+        (5, None, None, "spec_token_ids"),
+        ("31", None, None, "spec_token_ids"),
+        ([[3], []], [0, 0, 2], [0, 1, 0], "row_to_request"),  # a request past the batch
+        ([[3], []], [0, 0, -1], [0, 1, 0], "row_to_request"),
+        ([[3], []], [0, 0, 1], 7, "positions"),
+    ],
+    ids=lambda v: repr(v)[:20],
+)
+def test_apply_drafts_refuses_a_layout_that_is_not_the_batchs(spec_ids, rows, pos, field):
+    """Each was taken (a short list gave request 1 no row and request 0's draft row its
+    place; a row of a request past the batch read a free slot) or escaped as a TypeError."""
+    procs, twin = _two_requests(_cfg(4, "per_position")), _two_requests(_cfg(4, "per_position"))
+    views = list(procs.non_argmax_invariant)
+    n = 3 if rows is None else len(rows)
+    with pytest.raises(L.RequestError) as e:
+        procs.apply_drafts(views, torch.zeros(n, VOCAB), spec_ids, rows, pos)
+    assert e.value.field == field, str(e.value)
+    good = [[3, 4], []]
+    assert torch.equal(
+        procs.apply_drafts(views, torch.zeros(4, VOCAB), good),
+        twin.apply_drafts(list(twin.non_argmax_invariant), torch.zeros(4, VOCAB), good),
+    )
+
+
+def test_apply_drafts_before_any_update_state_is_refused():
+    procs = L.build_logitsprocs(_cfg(4, "per_position"), "cpu", False)
+    with pytest.raises(L.RequestError, match="before any update_state") as e:
+        procs.apply_drafts(list(procs.non_argmax_invariant), torch.zeros(1, VOCAB), [[]])
+    assert e.value.field == "spec_token_ids"

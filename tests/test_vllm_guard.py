@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from logitsproc_rs import EngineConfig, SamplingParams
+from logitsproc_rs import EngineConfig, RequestError, SamplingParams
 from logitsproc_rs.pipeline import Pipeline
+from logitsproc_rs.registry import INT_FIELD_RANGE, TABLES
 from logitsproc_rs.vllm import _guard
 from logitsproc_rs.vllm._fields import Routed, routed_params
 
@@ -143,3 +144,23 @@ def test_thinking_budget_without_reasoning_ids_names_the_config(config, words) -
     with pytest.raises(ValueError, match="ThinkingBudgetLogitsProcessor needs reasoning") as e:
         Pipeline(config, "cpu", False, tables={"thinking"})
     assert words in str(e.value)
+
+
+_INT_FIELDS = list(
+    dict.fromkeys(f.attr for t in TABLES.values() for f in t.fields if f.kind in ("int", "opt_int"))
+)
+
+
+@pytest.mark.parametrize("value", [2**70, INT_FIELD_RANGE[1] + 1, INT_FIELD_RANGE[0] - 1])
+@pytest.mark.parametrize("field", _INT_FIELDS)
+def test_an_int_field_beyond_what_the_core_reads_is_refused_at_the_front_end(
+    field: str, value: int
+) -> None:
+    """penalty_last_n and dry_allowed_length of 2**70 passed validate_params and the worker
+    refused them (the request failed closed instead of being refused). The bound is the core's
+    (``INT_FIELD_RANGE``), for every int field of the registry."""
+    request = SimpleNamespace(extra_args={"logitsproc_rs": {field: value}})
+    with pytest.raises(RequestError) as e:
+        routed_params(None, request, "logitsproc_rs")
+    assert e.value.field == field and e.value.index is None
+    assert f"['{field}']" in str(e.value)

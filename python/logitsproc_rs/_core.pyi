@@ -15,6 +15,7 @@ from typing import Any, final
 from typing_extensions import CapsuleType
 
 __all__ = [
+    "INT_FIELD_RANGE",
     "PAGE_SIZE",
     "SECTION_ALIGN",
     "HostBufferView",
@@ -39,6 +40,8 @@ def registry() -> list[
 
 PAGE_SIZE: int
 SECTION_ALIGN: int
+#: The range of an int request field's value, both ends included (the core reads int64).
+INT_FIELD_RANGE: tuple[int, int]
 
 @final
 class HostBufferView:

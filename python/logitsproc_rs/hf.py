@@ -48,10 +48,10 @@ from typing import Any
 import torch
 
 from .builtin import asked_for
-from .errors import RequestError, with_context
+from .errors import ConfigError, RequestError, with_context
 from .interface import AddedRequest, BatchUpdate
 from .loader import build_logitsprocs, validate_sampling_params
-from .params import _SAMPLING_EPS, EngineConfig, SamplingParams
+from .params import _SAMPLING_EPS, EngineConfig, SamplingParams, as_engine_config
 from .sampler import Sampler, SamplingMetadata
 from .state import LogitsProcessors
 
@@ -122,6 +122,22 @@ def _row_params(i: int, p: Any) -> Any:
     return p
 
 
+def _engine_config(config: Any) -> EngineConfig:
+    """The ``engine_config`` argument as an ``EngineConfig``: ``None`` is the default one, a
+    mapping of its fields is taken as one (``as_engine_config``); anything else is a
+    ``ConfigError`` (the processor rebuilds it per generation, with the batch's sizes)."""
+    if config is None:
+        return EngineConfig()
+    config = as_engine_config(config)
+    if not isinstance(config, EngineConfig):
+        raise ConfigError(
+            "HFLogitsProcessor: engine_config must be an EngineConfig or a mapping of its "
+            f"fields, got {type(config).__name__}",
+            field="engine_config",
+        )
+    return config
+
+
 def _by_row(e: ValueError) -> ValueError:
     """A core error about a request, named by its row (the core names it by its batch index,
     which is the row here)."""
@@ -133,9 +149,14 @@ def _by_row(e: ValueError) -> ValueError:
     return e
 
 
+def _refuse_call(field: str, detail: str) -> RequestError:
+    return RequestError(f"HFLogitsProcessor: {field} {detail}", field=field, detail=detail)
+
+
 def _check_call(input_ids: Any, scores: Any) -> None:
     """``generate``'s arguments: ``input_ids`` a 2-d integer tensor (a float id is no token:
-    it was truncated), ``scores`` a 2-d floating-point tensor of as many rows."""
+    it was truncated) with data (not on the meta device), ``scores`` a 2-d floating-point
+    tensor of as many rows; else a ``RequestError`` naming the argument."""
     if (
         not isinstance(input_ids, torch.Tensor)
         or input_ids.dim() != 2
@@ -148,19 +169,19 @@ def _check_call(input_ids: Any, scores: Any) -> None:
             if isinstance(input_ids, torch.Tensor)
             else type(input_ids).__name__
         )
-        raise ValueError(
-            f"HFLogitsProcessor: input_ids must be a 2-d integer tensor [rows, length], got {what}"
-        )
+        raise _refuse_call("input_ids", f"must be a 2-d integer tensor [rows, length], got {what}")
     if not isinstance(scores, torch.Tensor) or scores.dim() != 2 or not scores.is_floating_point():
         what = (
             f"a {scores.dim()}-d {scores.dtype} tensor"
             if isinstance(scores, torch.Tensor)
             else type(scores).__name__
         )
-        raise ValueError(
-            f"HFLogitsProcessor: scores must be a 2-d floating-point tensor [rows, vocab], "
-            f"got {what}"
+        raise _refuse_call(
+            "scores", f"must be a 2-d floating-point tensor [rows, vocab], got {what}"
         )
+    for field, t in (("input_ids", input_ids), ("scores", scores)):
+        if t.device.type == "meta":
+            raise _refuse_call(field, "is on the meta device: a tensor without data")
 
 
 class HFLogitsProcessor:
@@ -168,8 +189,9 @@ class HFLogitsProcessor:
 
     ``params``: one entry per row of ``input_ids`` (``SamplingParams``, vLLM's own, a dict of
     fields, or ``None`` for plain greedy). ``attention_mask``: the mask given to ``generate``,
-    so that left padding is not taken as prompt. ``engine_config``: an ``EngineConfig`` for the
-    reasoning markers (``reasoning_start_token_ids`` / ``reasoning_end_token_ids``, needed by
+    so that left padding is not taken as prompt. ``engine_config``: an ``EngineConfig`` (or a
+    mapping of its fields, taken as one) for the reasoning markers
+    (``reasoning_start_token_ids`` / ``reasoning_end_token_ids``, needed by
     ``thinking_token_budget``) and the per-request caps; its ``max_num_seqs`` and
     ``vocab_size`` are ignored (the batch and the logits give them).
     """
@@ -186,12 +208,12 @@ class HFLogitsProcessor:
         params: Sequence[Any],
         *,
         attention_mask: torch.Tensor | None = None,
-        engine_config: EngineConfig | None = None,
+        engine_config: EngineConfig | Mapping[str, Any] | None = None,
     ) -> None:
         self.params = [_row_params(i, p) for i, p in enumerate(params)]
         if not self.params:
             raise ValueError("params must have one entry per batch row, got none")
-        self.engine_config = engine_config if engine_config is not None else EngineConfig()
+        self.engine_config = _engine_config(engine_config)
         for i, p in enumerate(self.params):
             try:
                 validate_sampling_params(self.engine_config, p)

@@ -23,7 +23,7 @@ from .builtin import (
 from .errors import BatchUpdateError
 from .interface import LogitsProcessor, direction_name
 from .params import as_engine_config, config_vllm_drafts
-from .pipeline import Pipeline
+from .pipeline import Pipeline, resolve_device
 from .state import LogitsProcessors
 from .views import PipelineView
 
@@ -179,7 +179,7 @@ def build_logitsprocs(
     """
     vllm_config = as_engine_config(vllm_config)
     custom = tuple(custom_logitsprocs)
-    device = torch.device(device)
+    device = resolve_device(device)
     if is_pooling_model:
         if custom:
             raise ValueError(STR_POOLING_REJECTS_LOGITSPROCS)

@@ -16,10 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import ConfigError, LogitsprocError, RequestError, SizeError
-from .registry import CAP_DEFAULTS, NEUTRAL
+from .registry import CAP_DEFAULTS, INT_FIELD_RANGE, NEUTRAL, TABLES
 
 # A request with this repetition penalty (and zero frequency and presence penalties) has
 # none: the one neutral value every Python reader compares with.
@@ -42,7 +42,7 @@ class SamplingType(IntEnum):
     RANDOM_SEED = 2
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -70,6 +70,45 @@ def _show(v: Any) -> str:
         if isinstance(v, int):
             return f"an int of {v.bit_length()} bits"
         return f"a {type(v).__name__}"
+
+
+def _real(name: str, v: Any) -> float:
+    """The one reader of a float request field: an int or a float (not a bool), as a float
+    that is no NaN. Anything else, an int too large for a float (``float(10**400)`` raises
+    ``OverflowError``, no ``ValueError``) or NaN is a ``RequestError`` naming the field; the
+    caller checks the range."""
+    if not _is_number(v):
+        raise RequestError(f"{name} must be a number, got {_show(v)}", field=name)
+    x = _as_float(v)
+    if x is None:
+        raise RequestError(f"{name} must be a number, got an int too large for a float", field=name)
+    if math.isnan(x):
+        raise RequestError(f"{name} must be a number, got nan", field=name)
+    return x
+
+
+def _in_range(
+    name: str,
+    x: float,
+    lo: float,
+    hi: float,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    note: str = "",
+) -> None:
+    """``x`` (read by ``_real``) within ``lo .. hi`` (open ends as asked), else a
+    ``RequestError`` naming the field (``note``: after the range in the message)."""
+    if (x <= lo if lo_open else x < lo) or (x >= hi if hi_open else x > hi):
+        lo_b, hi_b = "(" if lo_open else "[", ")" if hi_open else "]"
+        raise RequestError(f"{name} must be in {lo_b}{lo}, {hi}{hi_b}{note}, got {x}", field=name)
+
+
+# The request fields the core's tables read, by kind: every one is read through the one reader
+# of its kind (``SamplingParams._read_registry_fields``), so a new field inherits it.
+_FIELDS_OF_KIND: dict[str, tuple[str, ...]] = {
+    kind: tuple(dict.fromkeys(f.attr for t in TABLES.values() for f in t.fields if f.kind == kind))
+    for kind in ("float", "int", "opt_int")
+}
 
 
 _MAX_SIZE = 2**62
@@ -119,10 +158,25 @@ def _items(name: str, ids: Any, what: str, error: type[LogitsprocError]) -> list
 def _token_ids(name: str, ids: Any, error: type[LogitsprocError] = RequestError) -> list[int]:
     out = _items(name, ids, "a list of token ids", error)
     for t in out:
-        if not _is_int(t) or t < 0:
+        if not _is_int(t) or not 0 <= t <= INT_FIELD_RANGE[1]:
             raise error(
-                f"{name} must contain non-negative int token ids, got {_show(t)}", field=name
+                f"{name} must contain token ids (ints in [0, {INT_FIELD_RANGE[1]}]), "
+                f"got {_show(t)}",
+                field=name,
             )
+    return out
+
+
+def _id_lists(name: str, lists: Any, what: str) -> list[list[int]]:
+    """A list of non-empty token-id lists (bad words, DRY's breakers): the outer list and each
+    inner one read by ``_items`` (bounded, a raising iteration refused), every id by
+    ``_token_ids``; an empty inner list is refused (``what``: what one is called)."""
+    out = []
+    for ids in _items(name, lists, "a list of token-id lists", RequestError):
+        ids = _token_ids(name, ids)
+        if not ids:
+            raise RequestError(f"{name} must not contain an empty {what}", field=name)
+        out.append(ids)
     return out
 
 
@@ -230,106 +284,91 @@ class SamplingParams:
             # vLLM adds EOS to the stop set even with ignore_eos.
             self._all_stop_token_ids.add(self.eos_token_id)
 
+    def _read_registry_fields(self) -> None:
+        """Every float and int field the core's tables read (the registry), through the one
+        reader of its kind, before any field's own range: a float field by ``_real`` (None is
+        the neutral value, set by the field's own check), an int field an int (not a bool)
+        within the core's range (``INT_FIELD_RANGE``; None only for an optional one)."""
+        for name in _FIELDS_OF_KIND["float"]:
+            v = getattr(self, name, None)
+            if v is not None:
+                _real(name, v)
+        lo, hi = INT_FIELD_RANGE
+        for kind in ("int", "opt_int"):
+            for name in _FIELDS_OF_KIND[kind]:
+                v = getattr(self, name, None)
+                if v is None and (kind == "opt_int" or not hasattr(self, name)):
+                    continue
+                if not _is_int(v):
+                    raise RequestError(f"{name} must be an int, got {_show(v)}", field=name)
+                if not lo <= v <= hi:
+                    raise RequestError(
+                        f"{name} must be in [{lo}, {hi}] (what the core reads), got {_show(v)}",
+                        field=name,
+                    )
+
     def _verify_truncations(self) -> None:
         """top_n_sigma, typical_p, epsilon_cutoff, eta_cutoff: the ranges the core checks
         (``rust/src/tables/{top_n_sigma,typical_p,epsilon_cutoff,eta_cutoff}.rs``); None and
         top_n_sigma <= 0 become the neutral value."""
-        for name, neutral in (
-            ("top_n_sigma", 0.0),
-            ("typical_p", 1.0),
-            ("epsilon_cutoff", 0.0),
-            ("eta_cutoff", 0.0),
-        ):
+        for name in ("top_n_sigma", "typical_p", "epsilon_cutoff", "eta_cutoff"):
             v = getattr(self, name)
             if v is None:
-                setattr(self, name, neutral)
+                setattr(self, name, NEUTRAL[name])
                 continue
-            if not _is_number(v) or math.isnan(v):
-                raise RequestError(f"{name} must be a number, got {v!r}", field=name)
+            x = _real(name, v)
             if name == "top_n_sigma":
-                if not math.isfinite(v) or v > _F32_MAX:
+                if not math.isfinite(x) or x > _F32_MAX:
                     raise RequestError(
-                        f"top_n_sigma must be a finite number (<= 0: off), got {v}", field=name
+                        f"top_n_sigma must be a finite number (<= 0: off), got {x}", field=name
                     )
-                if v <= 0:
+                if x <= 0:
                     self.top_n_sigma = 0.0
             elif name == "typical_p":
-                if not 0.0 < v <= 1.0:
-                    raise RequestError(f"typical_p must be in (0, 1] (1: off), got {v}", field=name)
-            elif not 0.0 <= v < 1.0:
-                raise RequestError(f"{name} must be in [0, 1) (0: off), got {v}", field=name)
+                _in_range(name, x, 0, 1, lo_open=True, note=" (1: off)")
+            else:
+                _in_range(name, x, 0, 1, hi_open=True, note=" (0: off)")
 
     def _verify_xtc(self) -> None:
         """xtc_probability in [0, 1], xtc_threshold in (0, 1]: the ranges the core checks
         (``rust/src/tables/xtc.rs``); None becomes the neutral value."""
-        if self.xtc_probability is None:
-            self.xtc_probability = 0.0
-        if self.xtc_threshold is None:
-            self.xtc_threshold = 0.1
-        p, t = self.xtc_probability, self.xtc_threshold
-        if not _is_number(p) or math.isnan(p) or not 0.0 <= p <= 1.0:
-            raise RequestError(
-                f"xtc_probability must be in [0, 1] (0: off), got {p!r}", field="xtc_probability"
-            )
-        if not _is_number(t) or math.isnan(t) or not 0.0 < t <= 1.0:
-            raise RequestError(
-                f"xtc_threshold must be in (0, 1] (> 0.5: off), got {t!r}", field="xtc_threshold"
-            )
+        for name, lo_open, note in (
+            ("xtc_probability", False, " (0: off)"),
+            ("xtc_threshold", True, " (> 0.5: off)"),
+        ):
+            if getattr(self, name) is None:
+                setattr(self, name, NEUTRAL[name])
+            x = _real(name, getattr(self, name))
+            _in_range(name, x, 0, 1, lo_open=lo_open, note=note)
 
     def _verify_dry(self) -> None:
         """The DRY fields: the ranges the core checks (``rust/src/tables/dry.rs``); the window's
         and the breakers' caps are the engine's, checked by the core."""
         for name, lo in (("dry_multiplier", 0.0), ("dry_base", 1.0)):
-            v = getattr(self, name)
-            if not _is_number(v) or math.isnan(v) or not lo <= v <= _F32_MAX:
-                raise RequestError(
-                    f"{name} must be a finite number >= {lo:g}, got {v!r}", field=name
-                )
-        if not _is_int(self.dry_allowed_length) or self.dry_allowed_length < 1:
+            x = _real(name, getattr(self, name))
+            if not lo <= x <= _F32_MAX:
+                raise RequestError(f"{name} must be a finite number >= {lo:g}, got {x}", field=name)
+        if self.dry_allowed_length < 1:
             raise RequestError(
                 f"dry_allowed_length must be an int >= 1, got {self.dry_allowed_length!r}",
                 field="dry_allowed_length",
             )
-        if not _is_int(self.dry_penalty_last_n) or self.dry_penalty_last_n < -1:
+        if self.dry_penalty_last_n < -1:
             raise RequestError(
                 "dry_penalty_last_n must be -1 (whole sequence), 0 (off) or a positive int, "
                 f"got {self.dry_penalty_last_n!r}",
                 field="dry_penalty_last_n",
             )
         if self.dry_sequence_breakers is not None:
-            breakers = []
-            if isinstance(self.dry_sequence_breakers, (str, bytes)) or not hasattr(
-                self.dry_sequence_breakers, "__iter__"
-            ):
-                raise RequestError(
-                    "dry_sequence_breakers must be a list of token-id lists, "
-                    f"got {self.dry_sequence_breakers!r}",
-                    field="dry_sequence_breakers",
-                )
-            for b in self.dry_sequence_breakers:
-                b = _token_ids("dry_sequence_breakers", b)
-                if not b:
-                    raise RequestError(
-                        "dry_sequence_breakers must not contain an empty sequence",
-                        field="dry_sequence_breakers",
-                    )
-                breakers.append(b)
-            self.dry_sequence_breakers = breakers
+            self.dry_sequence_breakers = _id_lists(
+                "dry_sequence_breakers", self.dry_sequence_breakers, "sequence"
+            )
 
     def _verify(self) -> None:
+        self._read_registry_fields()
+
         def number(name: str, lo: float, hi: float, lo_open: bool = False) -> None:
-            v = getattr(self, name)
-            if _is_number(v) and _as_float(v) is None:
-                raise RequestError(
-                    f"{name} must be in {'(' if lo_open else '['}{lo}, {hi}], got an int too "
-                    "large for a float",
-                    field=name,
-                )
-            if _as_float(v) is None or math.isnan(v):
-                raise RequestError(f"{name} must be a number, got {_show(v)}", field=name)
-            if (v <= lo if lo_open else v < lo) or v > hi:
-                lo_b = "(" if lo_open else "["
-                raise RequestError(f"{name} must be in {lo_b}{lo}, {hi}], got {v}", field=name)
+            _in_range(name, _real(name, getattr(self, name)), lo, hi, lo_open=lo_open)
 
         if not _is_int(self.n) or self.n < 1:
             raise RequestError(f"n must be an int >= 1, got {_show(self.n)}", field="n")
@@ -419,7 +458,7 @@ class SamplingParams:
             clean: dict[int, float] = {}
             for k, v in self.logit_bias.items():
                 tok = int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k
-                if not _is_int(tok) or tok < 0:
+                if not _is_int(tok) or not 0 <= tok <= INT_FIELD_RANGE[1]:
                     raise RequestError(
                         f"logit_bias keys must be non-negative token ids, got {_show(k)}",
                         field="logit_bias",
@@ -443,22 +482,9 @@ class SamplingParams:
             if not self.allowed_token_ids:
                 raise RequestError("allowed_token_ids must not be empty", field="allowed_token_ids")
         if self.bad_words_token_ids is not None:
-            words = []
-            lists = _items(
-                "bad_words_token_ids",
-                self.bad_words_token_ids,
-                "a list of token-id lists",
-                RequestError,
+            self.bad_words_token_ids = _id_lists(
+                "bad_words_token_ids", self.bad_words_token_ids, "word"
             )
-            for w in lists:
-                w = _token_ids("bad_words_token_ids", w)
-                if not w:
-                    raise RequestError(
-                        "bad_words_token_ids must not contain an empty word",
-                        field="bad_words_token_ids",
-                    )
-                words.append(w)
-            self.bad_words_token_ids = words
 
     @property
     def all_stop_token_ids(self) -> set[int]:

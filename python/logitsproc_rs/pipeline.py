@@ -25,7 +25,7 @@ import torch
 from . import _core
 from . import kernels as _kernels
 from ._arena import DeviceArena
-from .errors import ConfigError, ProtocolError
+from .errors import ConfigError, ProtocolError, RequestError
 from .host_ints import host_ints
 from .interface import BatchUpdate
 from .logits_check import checked_logits
@@ -100,9 +100,7 @@ class Pipeline(StableSlots):
         kernels: str | None = None,
     ) -> None:
         vllm_config = as_engine_config(vllm_config)
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = resolve_device(device)
         tables = set(tables)
         unknown = tables - TABLES.keys()
         if unknown:
@@ -216,9 +214,12 @@ class Pipeline(StableSlots):
         step that can change nothing; a ``ValueError`` for tokens this pipeline cannot take."""
         if sampled_token_ids is not None:
             if not self.token_feed:
-                raise ValueError(
-                    "sampled_token_ids given to a pipeline that reads the engine's output "
-                    "lists; build it with token_feed=True"
+                detail = (
+                    "given to a pipeline that reads the engine's output lists (the list feed); "
+                    "build it with token_feed=True"
+                )
+                raise RequestError(
+                    f"field 'sampled_token_ids': {detail}", field="sampled_token_ids", detail=detail
                 )
             return host_ints(sampled_token_ids, "sampled_token_ids")
         if batch_update is None and self.token_feed and not self._pending_restep:
@@ -478,6 +479,32 @@ def _config_int(read: Any, config: Any, field: str, least: int = 1) -> int:
     except Exception as e:
         raise ConfigError(f"config field '{field}': could not be read ({e})", field=field) from e
     return config_size(value, field, least)
+
+
+def resolve_device(device: Any) -> torch.device:
+    """The device the tables live on (CUDA's current one for a bare ``"cuda"``). One torch
+    cannot name, or a CUDA device this machine does not have, is a ``ConfigError`` naming
+    ``device`` (torch's own error was a ``RuntimeError``)."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ConfigError(
+            f"device: {device!r} is not a device torch knows ({e})", field="device"
+        ) from e
+    if d.type != "cuda":
+        return d
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not count:
+        raise ConfigError(
+            f"device: {d} asked for, but CUDA is not available on this machine "
+            "(torch.cuda.is_available() is False)",
+            field="device",
+        )
+    if d.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if not 0 <= d.index < count:
+        raise ConfigError(f"device: {d} asked for, but this machine has {count}", field="device")
+    return d
 
 
 def _max_rows(max_rows: Any) -> int | None:

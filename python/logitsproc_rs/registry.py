@@ -66,6 +66,10 @@ FIELD_TABLE: dict[str, str] = {
 #: Every field's neutral value, by the field's name.
 NEUTRAL: dict[str, Any] = {f.name: f.neutral for t in TABLES.values() for f in t.fields}
 
+#: The range of an int request field's value (``int`` and ``opt_int`` kinds), both ends
+#: included: what the core reads them as.
+INT_FIELD_RANGE: tuple[int, int] = tuple(_core.INT_FIELD_RANGE)  # type: ignore[assignment]
+
 #: The tables whose requests' output histories are read every step.
 HISTORY_TABLES: frozenset[str] = frozenset(t.name for t in TABLES.values() if t.history)
 

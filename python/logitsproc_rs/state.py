@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from .errors import ProtocolError, with_context
+from .errors import ProtocolError, RequestError, with_context
 from .interface import AddedRequest, BatchUpdate, LogitsProcessor, MovedRequest
 
 
@@ -182,10 +182,21 @@ class LogitsProcessors:
         ``spec_token_ids[r]``; logits row ``i`` belongs to request ``row_to_request[i]`` at
         draft position ``positions[i]`` and gets its transforms over the request's output
         followed by its first ``positions[i]`` drafts. By default each request owns ``k + 1``
-        consecutive rows at positions ``0 .. k``. A layout the core refuses changes nothing."""
+        consecutive rows at positions ``0 .. k``. A layout that is not the batch's (one entry
+        of ``spec_token_ids`` per request of this step's batch, rows of its requests) or that
+        the core refuses is a ``ValueError`` and changes nothing."""
         from .drafts import apply_by_position, draft_layout
 
-        rows, pos, drafts = draft_layout(spec_token_ids, row_to_request, positions)
+        batch_size = None
+        if self._pipelines:
+            pipe = self._pipelines[0]
+            if not pipe.protocol.epoch:
+                detail = "apply_drafts before any update_state: no batch to lay the drafts over"
+                raise RequestError(
+                    f"field 'spec_token_ids': {detail}", field="spec_token_ids", detail=detail
+                )
+            batch_size = pipe.count("batch_size")
+        rows, pos, drafts = draft_layout(spec_token_ids, row_to_request, positions, batch_size)
         for pipe in self._pipelines:
             pipe.map_drafts(rows, pos, drafts)
         others = self._other_ids

@@ -62,12 +62,19 @@ impl FieldSpec {
     }
 }
 
+/// What an `Int` or `OptInt` field holds: a value outside its range is refused where the field
+/// is read (the front ends refuse it too: the bindings export the range).
+pub type IntValue = i64;
+
+/// The range of an `Int` or `OptInt` field's value, both ends included.
+pub const INT_RANGE: (IntValue, IntValue) = (IntValue::MIN, IntValue::MAX);
+
 /// A field's value as read.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
     Float(f64),
-    Int(i64),
-    OptInt(Option<i64>),
+    Int(IntValue),
+    OptInt(Option<IntValue>),
     Bool(bool),
     Ids(Option<Vec<i64>>),
     IdLists(Vec<Vec<i64>>),

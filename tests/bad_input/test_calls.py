@@ -21,6 +21,7 @@ from logitsproc_rs import (
     SamplingParams,
     build_logitsprocs,
 )
+from logitsproc_rs.errors import LogitsprocError
 
 from ._checks import SMALL_CFG as CFG
 from ._checks import SMALL_V as V
@@ -144,8 +145,10 @@ def test_removed_append_after_read_is_runtime_error(read: str) -> None:
 
 def test_get_min_p_by_index_out_of_range_is_both_index_and_value_error() -> None:
     p = MinPLogitsProcessor(EngineConfig(max_num_seqs=2, vocab_size=8), "cpu", False)
-    for bad in (-1, 2, True, "0"):
+    # 2**64 and beyond raised OverflowError (the core's index is a usize).
+    for bad in (-1, 2, True, "0", 2**63, 2**64, -(2**64), 10**400):
         with pytest.raises(IndexError):
             p.get_min_p_by_index(bad)  # type: ignore[arg-type]
-        with pytest.raises(ValueError):
+        with pytest.raises(LogitsprocError, match="index") as e:
             p.get_min_p_by_index(bad)  # type: ignore[arg-type]
+        assert isinstance(e.value, ValueError) and e.value.field == "index"

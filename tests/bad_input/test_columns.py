@@ -239,7 +239,15 @@ def short_then_raise() -> Iterator[int]:
     [
         ("a", [1.0] * 4, "than the width of 3"),
         ("a", [1.0] * 2, "expected 3 values, got 2"),
-        ("a", RaisingLen(), None),  # a __len__ that raises is not needed: read by iteration
+        # A __len__ that raises is a broken sequence: refused (it was read by iteration), as
+        # are a dict (read by its keys) and a set (no order).
+        ("a", RaisingLen(), "len boom"),
+        ("t", RaisingLen(), "len boom"),
+        ("a", {1.0: 0, 2.0: 0, 3.0: 0}, "not a mapping or a set"),
+        ("a", {1.0, 2.0, 3.0}, "not a mapping or a set"),
+        ("a", frozenset({1.0, 2.0, 3.0}), "not a mapping or a set"),
+        ("t", {1: 0, 2: 0}, "not a mapping or a set"),
+        ("t", {1, 2}, "not a mapping or a set"),
         ("a", RaisingIter(), "iter boom"),
         ("a", "short_then_raise", "mid-iteration boom"),
         ("t", RaisingIter(), "iter boom"),

@@ -6,6 +6,7 @@ an abort or a panic)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -300,6 +301,19 @@ def test_a_huge_num_speculative_tokens_names_itself(spec: int) -> None:
     assert getattr(e.value, "field", None) == "num_speculative_tokens", str(e.value)
 
 
+@pytest.mark.parametrize("spec", [1023, 1024, 2000])
+def test_a_too_large_num_speculative_tokens_states_the_largest_that_fits(spec: int) -> None:
+    """With max_num_seqs=256 it said "1024 is outside the supported range [1, 1024]" (and
+    k = 1023: "[1, 256]"), one more than fits. (``the_stated_draft_bound_is_the_largest_that_fits``
+    in ``rust/src/tables/mod.rs`` builds at the bound.)"""
+    cfg = EngineConfig(max_num_seqs=256, vocab_size=V, num_speculative_tokens=spec)
+    with pytest.raises(ValueError, match=r"supported range \[1, (\d+)\]") as e:
+        build_logitsprocs(cfg, "cpu", False)
+    assert e.value.field == "num_speculative_tokens"
+    bound = int(re.search(r"\[1, (\d+)\]", str(e.value)).group(1))
+    assert bound < spec, str(e.value)
+
+
 @pytest.mark.parametrize("max_rows", [2**40, 2**64 + 1])
 def test_a_huge_max_rows_names_itself(max_rows: int) -> None:
     with pytest.raises(ValueError) as e:
@@ -318,3 +332,13 @@ def test_bad_reasoning_ids_in_a_duck_typed_config_name_the_field(ids: object) ->
     with pytest.raises(ValueError, match="reasoning_end_token_ids") as e:
         build_logitsprocs(cfg, "cpu", False)
     assert isinstance(e.value, ConfigError)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "cuda:99", "nodevice", 3.5])
+def test_a_device_this_machine_has_not_is_a_config_error(device: object) -> None:
+    """A CUDA device on a machine without CUDA raised torch's RuntimeError."""
+    if torch.cuda.is_available() and device in ("cuda", "cuda:0"):
+        pytest.skip("this machine has that device")
+    with pytest.raises(ConfigError, match="device") as e:
+        build_logitsprocs(CFG, device, False)  # type: ignore[arg-type]
+    assert e.value.field == "device"

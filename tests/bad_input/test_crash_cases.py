@@ -524,10 +524,10 @@ def case():
     )
 
 
-def test_cuda_device_without_cuda_is_an_ordinary_exception() -> None:
-    """Building for CUDA on a machine without it (or with it): an ordinary exception from torch
-    or a working pipeline; never an abort."""
-    run_case(
+def test_cuda_device_without_cuda_is_a_config_error() -> None:
+    """Building for CUDA on a machine without it: a ConfigError naming the device (it was
+    torch's RuntimeError); with it, a working pipeline; never an abort."""
+    line = run_case(
         """
 def case():
     cfg = EngineConfig(max_num_seqs=2, vocab_size=50)
@@ -535,8 +535,27 @@ def case():
     procs.update_state(BatchUpdate(1, [], [(0, SamplingParams(min_p=0.5), None, [])], []))
     return "built"
 """,
-        ANY_EXCEPTION,
+        EITHER,
     )
+    if line.startswith("RAISED"):
+        assert line.startswith("RAISED ConfigError device:"), line
+
+
+def test_an_emulated_device_arena_torch_cannot_allocate_is_an_allocation_error() -> None:
+    """The core's host buffers fit the memory limit, the emulated device's arena (a torch
+    tensor as large) does not: an AllocationError (a MemoryError) naming the arena; it was
+    torch's RuntimeError."""
+    line = run_case(
+        """
+def case():
+    cfg = EngineConfig(max_num_seqs=1024, vocab_size=50, max_allowed_token_ids=2**18)
+    build_logitsprocs(cfg, "cpu", False, emulate_device=True)
+    return "built"
+""",
+        RAISED,
+        extra_gib=5,
+    )
+    assert line.startswith("RAISED AllocationError could not allocate the"), line
 
 
 def test_cuda_looking_duck_typed_logits() -> None:

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import torch
 
-from logitsproc_rs import SamplingParams
+from logitsproc_rs import RequestError, SamplingParams
 from logitsproc_rs.hf import HFLogitsProcessor
+from logitsproc_rs.registry import TABLES
 
 V = 16
 PARAMS = [
@@ -84,6 +85,16 @@ def test_input_ids_that_are_not_token_ids_are_refused(dtype: torch.dtype) -> Non
     check_refused_then_retry(bad, scores(2), "input_ids")
 
 
+def test_meta_tensors_are_refused() -> None:
+    """Meta input ids (no data) raised NotImplementedError; meta scores were taken."""
+    check_refused_then_retry(NEXT.to("meta"), scores(2), "input_ids")
+    check_refused_then_retry(NEXT, scores(2).to("meta"), "scores")
+    p = HFLogitsProcessor(PARAMS)
+    with pytest.raises(RequestError, match="input_ids") as e:
+        p(PROMPT.to("meta"), scores(0))
+    assert e.value.field == "input_ids"
+
+
 @pytest.mark.parametrize("shape", [(5,), (1, 2, 5), ()])
 def test_input_ids_of_the_wrong_rank_are_refused(shape: tuple[int, ...]) -> None:
     bad = torch.ones(shape, dtype=torch.int64)
@@ -115,3 +126,16 @@ def test_a_refused_first_step_leaves_nothing_behind() -> None:
     assert torch.equal(p(PROMPT, scores(0)), twin(PROMPT, scores(0)))
     assert torch.equal(p(IDS, scores(1)), twin(IDS, scores(1)))
     assert_same(state(twin), state(p))
+
+
+@pytest.mark.parametrize(
+    "field",
+    list(dict.fromkeys(f.attr for t in TABLES.values() for f in t.fields if f.kind == "float")),
+)
+def test_a_dict_params_float_field_too_large_for_a_float_names_the_row_and_field(
+    field: str,
+) -> None:
+    """The new float fields raised OverflowError out of HF's dict params."""
+    with pytest.raises(RequestError, match=rf"row 1: {field}\b") as e:
+        HFLogitsProcessor([{}, {field: 10**400}])
+    assert e.value.field == field

@@ -22,6 +22,7 @@ from logitsproc_rs import (
 )
 from logitsproc_rs.errors import RequestError
 from logitsproc_rs.interface import direction_name
+from logitsproc_rs.registry import Field
 
 from ._checks import (
     ALL,
@@ -38,6 +39,7 @@ from ._checks import (
     snapshot,
     valid_add,
 )
+from ._junk import TORCH_DTYPES, registry_fields, registry_junk, short
 
 # ---------------------------------------------------------------------------------------------
 # Per-request parameter values
@@ -561,3 +563,107 @@ def test_sampling_params_endless_list_is_refused() -> None:
 
     with pytest.raises(RequestError, match="allowed_token_ids"):
         SamplingParams(allowed_token_ids=itertools.count())
+
+
+# ---------------------------------------------------------------------------------------------
+# Every field of the core's registry, by its kind (``_junk``): each value no request may hold
+# is refused naming the request and the field, with every table as before; by our
+# SamplingParams too, naming the field. A field added to the registry inherits these.
+
+
+def _every_table() -> Any:
+    """Every built-in and every opt-in processor on one pipeline (reasoning markers too)."""
+    from logitsproc_rs.builtin import OPT_IN_PROCESSORS
+
+    cfg = EngineConfig(
+        max_num_seqs=4, vocab_size=V, reasoning_start_token_ids=[7], reasoning_end_token_ids=[8]
+    )
+    return build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=OPT_IN_PROCESSORS)
+
+
+def _raw(**fields: Any) -> SamplingParams:
+    """Our SamplingParams holding ``fields`` unchecked (what a vLLM SamplingParams is to us)."""
+    sp = SamplingParams(min_tokens=2, dry_multiplier=0.5, no_repeat_ngram_size=2)
+    for k, v in fields.items():
+        # (the stop ids the core reads are a property over this one)
+        object.__setattr__(sp, "_all_stop_token_ids" if k == "all_stop_token_ids" else k, v)
+    return sp
+
+
+class _Everything(_Whole):
+    def __init__(self) -> None:
+        self.procs = _every_table()
+        self.outputs = [[3], []]
+        self.procs.update_state(
+            BatchUpdate(
+                2,
+                [],
+                [
+                    (0, _raw(min_p=0.2, repetition_penalty=1.5), [1, 2], self.outputs[0]),
+                    (1, _raw(logit_bias={4: 2.0}, typical_p=0.5), [5], self.outputs[1]),
+                ],
+                [],
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [pytest.param(f, v, id=f"{f.name}-{short(v)}") for f, v in registry_junk()],
+)
+def test_every_registry_field_refuses_junk_in_the_core(field: Field, value: Any) -> None:
+    world, twin = _Everything(), _Everything()
+    before = world.state()
+    bad = BatchUpdate(
+        2, [], [(0, _raw(min_p=0.9), [2], []), (1, _raw(**{field.attr: value}), [1], [])], []
+    )
+    with pytest.raises(RequestError, match=rf"request at index 1: field '{field.name}'") as ei:
+        world.procs.update_state(bad)
+    assert ei.value.index == 1 and ei.value.field == field.name
+    _same(before, world.state())
+    for w in (world, twin):
+        w.outputs[0].append(6)
+        w.procs.update_state(None)
+    _same(twin.state(), world.state())
+    assert torch.equal(twin.logits(), world.logits())
+
+
+# The SamplingParams argument each registry field is given by (the stop ids the core reads are
+# ``all_stop_token_ids``: stop_token_ids and EOS).
+_ARG = {"all_stop_token_ids": "stop_token_ids"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [pytest.param(f, v, id=f"{f.name}-{short(v)}") for f, v in registry_junk()],
+)
+def test_every_registry_field_refuses_junk_in_sampling_params(field: Field, value: Any) -> None:
+    """An int too large for a float escaped the new float fields as OverflowError; DRY's
+    breakers were read without a bound (an endless one ran into MemoryError) and a raising
+    ``__iter__`` escaped as RuntimeError; penalty_last_n of 2**70 was accepted."""
+    arg = _ARG.get(field.attr, field.attr)
+    with pytest.raises(RequestError, match=rf"\b{arg}\b") as ei:
+        SamplingParams(**{arg: value})
+    assert ei.value.field == arg
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
+@pytest.mark.parametrize(
+    "field", [f for f in registry_fields() if f.kind in ("float", "int", "opt_int")], ids=str
+)
+def test_a_0d_tensor_in_a_number_field_reads_as_its_value_or_is_refused(
+    field: Field, dtype: torch.dtype
+) -> None:
+    """A 0-d tensor in a number field is the number it holds (as a numpy scalar is), or refused
+    naming the field; a bool tensor is always refused (it read as 0 / 1)."""
+    value = torch.tensor(1, dtype=dtype)
+    a, b = _Everything(), _Everything()
+    add = (2, _raw(**{field.attr: value}), [1], [])
+    try:
+        a.procs.update_state(BatchUpdate(3, [], [add], []))
+    except RequestError as e:
+        assert e.index == 2 and e.field == field.name
+        return
+    assert dtype != torch.bool, "a bool tensor was read as a number"
+    b.procs.update_state(BatchUpdate(3, [], [(2, _raw(**{field.attr: value.item()}), [1], [])], []))
+    _same(a.state(), b.state())

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from logitsproc_rs import BatchUpdate, EngineConfig, SamplingParams, build_logitsprocs
-from logitsproc_rs.errors import LogitsprocError
+from logitsproc_rs.errors import LogitsprocError, RequestError
 
 CAP = 6
 CFG = EngineConfig(max_num_seqs=CAP, vocab_size=16)
@@ -225,6 +225,31 @@ def test_a_bad_feed_on_stable_slots_is_refused(
         field=field,
         position=position,
     )
+
+
+def test_sampled_tokens_for_a_list_feed_request_are_the_containers_error() -> None:
+    """Stable slots read a request with an output list from that list (the list feed): a
+    sampled token for it was a ProtocolError (a RuntimeError), while the same misuse through
+    the container is a ValueError. Both are a RequestError naming sampled_token_ids, and
+    nothing changes."""
+    procs = build_logitsprocs(CFG, "cpu", False, stable_slots=True)
+    pipe = procs.pipeline
+    out = [4]
+    pipe.add_request(1, _params(0), [1], out)
+    pipe.step_slots([1])
+    before = state(procs)
+    with pytest.raises(RequestError) as ei:
+        pipe.step_slots([1], [3], [1])
+    assert ei.value.field == "sampled_token_ids" and ei.value.index == 0, ei.value
+    assert "token_feed=True" in str(ei.value)
+    assert_same(before, state(procs))
+    listed = build_logitsprocs(CFG, "cpu", False)
+    with pytest.raises(RequestError) as ei:
+        listed.update_state(None, sampled_token_ids=[3])
+    assert ei.value.field == "sampled_token_ids" and "token_feed=True" in str(ei.value)
+    out.append(3)  # the list feed: the engine's list grows, and the step reads it
+    pipe.step_slots([1])
+    assert procs.pipeline.core.penalties_counted(1) == [4, 3]
 
 
 # --- apply refused for bad logits -----------------------------------------------------------

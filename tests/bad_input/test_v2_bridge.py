@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 from _extras import missing
 
+from logitsproc_rs.registry import TABLES
+
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "vllm_drivers" / "v2_bad_input.py"
 TARGET = Path(
@@ -139,6 +141,19 @@ PARAM_CASES = [
     "repetition_penalty=100000000000",
     "logit_bias={1: 10000000",
     "logit_bias={1: True}",
+]
+# Every float field of the core's registry, 10**400 in the namespace (the driver's
+# REGISTRY_FLOATS): the new ones escaped as OverflowError, at the front end and in the
+# worker's add_request.
+PARAM_CASES += [
+    k
+    for k in (
+        f"{f}=100000000000"
+        for f in dict.fromkeys(
+            f.attr for t in TABLES.values() for f in t.fields if f.kind == "float"
+        )
+    )
+    if k not in PARAM_CASES
 ]
 
 

@@ -20,6 +20,7 @@ import v1_harness  # noqa: F401  (paths, threads)
 from v1_harness import import_vllm, result
 
 from logitsproc_rs import EngineConfig
+from logitsproc_rs.registry import TABLES
 from logitsproc_rs.vllm import v1
 
 lp = import_vllm()
@@ -133,13 +134,19 @@ NOT_NUMBERS = [
     ("logit_bias", {3: 10**400}),
     ("logit_bias", {3: True}),
 ]
+# Every float field of the core's registry, through the namespace only (the plain bridges here
+# read MinP's, LogitBias's and the penalties' fields): the new ones escaped as OverflowError.
+ROUTED_ONLY = [
+    (f, 10**400)
+    for f in dict.fromkeys(f.attr for t in TABLES.values() for f in t.fields if f.kind == "float")
+]
 
 
 def main() -> None:
     logging.getLogger("logitsproc_rs").setLevel(logging.CRITICAL)  # failed-closed requests
     out: dict[str, Any] = {}
     for mode in ("routed", "plain"):
-        for field, value in NOT_NUMBERS:
+        for field, value in NOT_NUMBERS + (ROUTED_ONLY if mode == "routed" else []):
             key = f"{mode}:{field}={str(value)[:12]}"
             sp = request(mode, **{field: value})
             if mode == "routed":

@@ -19,6 +19,7 @@ import torch
 import v2_harness as h
 
 from logitsproc_rs import EngineConfig, SamplingParams
+from logitsproc_rs.registry import TABLES
 from logitsproc_rs.vllm import v2
 
 V = 32
@@ -202,6 +203,12 @@ def slot_cases() -> dict[str, Any]:
     return out
 
 
+# The float fields of the core's registry that the namespace takes, in registry order.
+REGISTRY_FLOATS = list(
+    dict.fromkeys(f.attr for t in TABLES.values() for f in t.fields if f.kind == "float")
+)
+
+
 def params_cases() -> dict[str, Any]:
     out: dict[str, Any] = {}
     for field, value in (
@@ -212,6 +219,8 @@ def params_cases() -> dict[str, Any]:
         ("repetition_penalty", 10**400),
         ("logit_bias", {1: 10**400}),
         ("logit_bias", {1: True}),
+        # Every float field of the core's registry (the new ones escaped as OverflowError).
+        *((f, 10**400) for f in REGISTRY_FLOATS),
     ):
         sp = SamplingParams(extra_args={"logitsproc_rs": {field: value}})
         key = f"{field}={str(value)[:12]}"

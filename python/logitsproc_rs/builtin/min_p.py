@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
+from ..errors import LogitsprocError
 from ..views import PipelineView, Stage
 from ._common import host_kernel_ok
 
@@ -47,15 +48,21 @@ class MinPLogitsProcessor(PipelineView):
         return min_p_mask_(logits, pipe.dense("min_p.log_min_p", rows, rowspace))
 
     def get_min_p_by_index(self, index: int) -> float:
-        """The stored (float32) min_p of a slot, as vLLM's helper."""
+        """The stored (float32) min_p of a slot, as vLLM's helper. An index that is no slot
+        of the table (a bool, a non-int, out of range however large) is a ``SlotIndexError``
+        naming it."""
+        capacity = self._pipe.capacity
         if isinstance(index, bool) or not isinstance(index, int):
-            raise SlotIndexError(f"index must be an int, got {index!r}")
-        value = self._pipe.core.min_p(index)
+            raise SlotIndexError(f"index must be an int, got {index!r}", field="index")
+        value = self._pipe.core.min_p(index) if 0 <= index < capacity else None
         if value is None:
-            raise SlotIndexError(f"index {index} is outside [0, {self._pipe.capacity})")
+            shown = index if index.bit_length() <= 256 else f"(an int of {index.bit_length()} bits)"
+            raise SlotIndexError(
+                f"index {shown} is outside [0, {capacity})", index=None, field="index"
+            )
         return float(value)
 
 
-class SlotIndexError(IndexError, ValueError):
+class SlotIndexError(LogitsprocError, IndexError, ValueError):
     """A slot index outside the table: an ``IndexError`` as in vLLM, and a ``ValueError`` like
-    every other bad input."""
+    every other bad input (one of ours: ``field`` is ``"index"``)."""

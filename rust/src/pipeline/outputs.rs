@@ -187,10 +187,14 @@ impl<S: HistorySource> Pipeline<S> {
                     .get(slot)
                     .is_some_and(|id| self.sources[id.index()].is_some())
             {
-                return Err(Error::Protocol(
-                    "this pipeline reads the engine's output lists (the list feed); build it \
-                     with token_feed=True to pass sampled token ids"
-                        .into(),
+                return Err(Error::invalid(
+                    r,
+                    "sampled_token_ids",
+                    format!(
+                        "position {r}: slot {slot}'s request is read from the engine's output \
+                         list (the list feed); build the pipeline with token_feed=True to pass \
+                         sampled token ids"
+                    ),
                 ));
             }
         }

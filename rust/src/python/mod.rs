@@ -73,6 +73,7 @@ mod _core {
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("PAGE_SIZE", crate::buffer::PAGE_SIZE)?;
         m.add("SECTION_ALIGN", crate::arena::SECTION_ALIGN)?;
+        m.add("INT_FIELD_RANGE", crate::fields::INT_RANGE)?;
         Ok(())
     }
 }

@@ -5,14 +5,17 @@
 
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
+use pyo3::types::{
+    PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PyMapping, PySet,
+    PyString,
+};
 
 use super::errors::{
     bad_column, bad_declaration, bad_value, is_interrupt, out_of_memory, unless_interrupt,
 };
 use super::history::{describe, output_of, PyListSource};
 use super::update::{bounded_ints, extract_as, param_named, token_ids, try_describe, AddedEntry};
-use crate::fields::{FieldKind, FieldSpec, Fields, Value};
+use crate::fields::{FieldKind, FieldSpec, Fields, IntValue, Value};
 use crate::pipeline::{Pipeline, PipelineConfig, RequestParams};
 use crate::tables::columns::{ColumnKind, ColumnValue};
 
@@ -37,38 +40,67 @@ pub struct Reader {
 }
 
 /// An int that is not a bool (`True` is no count).
-fn int_of(index: usize, field: &'static str, v: &Bound<'_, PyAny>) -> PyResult<i64> {
-    if is_bool(v) {
+fn int_of(index: usize, field: &'static str, v: &Bound<'_, PyAny>) -> PyResult<IntValue> {
+    if is_bool(v)? {
         return Err(bad_value(index, field, "expected an int, got a bool"));
     }
-    number_as::<i64>(index, field, v, "an int")
+    number_as::<IntValue>(index, field, v, "an int")
 }
 
 /// A real number for a float field: an int or a float (numpy's scalars too), never a bool
 /// (Python's or numpy's: `True` is no probability), nor an int too large for a float.
 fn float_of(index: usize, field: &'static str, v: &Bound<'_, PyAny>) -> PyResult<f64> {
-    if is_bool(v) {
+    if is_bool(v)? {
         return Err(bad_value(index, field, "expected a float, got a bool"));
+    }
+    if is_complex(v)? {
+        return Err(bad_value(
+            index,
+            field,
+            "expected a float, got a complex number",
+        ));
     }
     number_as::<f64>(index, field, v, "a float")
 }
 
-/// A bool: Python's, or numpy's (`numpy.bool`, which is no `int` subclass but converts to
-/// one). Plain ints and floats answer at once.
-fn is_bool(v: &Bound<'_, PyAny>) -> bool {
+/// A bool in disguise in a numeric field: Python's, numpy's (`numpy.bool`, which is no `int`
+/// subclass but converts to one), a 0-d bool tensor or array (`float()` and `__index__` take
+/// each as 0 / 1). Plain ints and floats answer at once; the rest is [`bool_like`].
+fn is_bool(v: &Bound<'_, PyAny>) -> PyResult<bool> {
     if v.is_instance_of::<PyBool>() {
-        return true;
+        return Ok(true);
     }
     if v.is_instance_of::<PyFloat>() || v.is_instance_of::<PyInt>() {
-        return false;
+        return Ok(false);
     }
-    let ty = v.get_type();
-    let named = |s: PyResult<Bound<'_, PyString>>, names: &[&str]| {
-        s.ok()
-            .and_then(|s| s.to_str().ok().map(|s| names.contains(&s)))
-            .unwrap_or(false)
-    };
-    named(ty.name(), &["bool", "bool_"]) && named(ty.module(), &["numpy"])
+    bool_like(v)
+}
+
+/// A complex number (Python's, numpy's, a complex tensor or array), which `float()` may take
+/// by dropping its imaginary part (numpy's does; a 0-d tensor does when it is 0).
+fn is_complex(v: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if v.is_instance_of::<PyFloat>() || v.is_instance_of::<PyInt>() {
+        return Ok(false);
+    }
+    if v.is_instance_of::<PyComplex>() {
+        return Ok(true);
+    }
+    Ok(dtype_name(v)?.is_some_and(|d| d.starts_with("complex") || d.starts_with("torch.complex")))
+}
+
+/// `str(v.dtype)` when `v` has one (a numpy scalar or array, a tensor); an interrupt raised
+/// while reading it propagates, any other error reads as none.
+fn dtype_name(v: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    let py = v.py();
+    match v.getattr(pyo3::intern!(py, "dtype")) {
+        Ok(dtype) => match dtype.str() {
+            Ok(s) => Ok(s.to_str().ok().map(str::to_owned)),
+            Err(e) if is_interrupt(&e) => Err(e),
+            Err(_) => Ok(None),
+        },
+        Err(e) if is_interrupt(&e) => Err(e),
+        Err(_) => Ok(None),
+    }
 }
 
 /// `extract_as` for a number: a conversion that fails is a `ValueError` naming the request
@@ -276,14 +308,7 @@ fn read_bias(
         // Int keys only (vLLM's contract); our SamplingParams turns JSON digit-string keys
         // into ints before they reach the core.
         let token = int_of(index, field, &k)?;
-        if is_bool(&v) {
-            return Err(bad_value(
-                index,
-                field,
-                "a bias must be a float, got a bool",
-            ));
-        }
-        out.push((token, number_as::<f64>(index, field, &v, "float biases")?));
+        out.push((token, float_of(index, field, &v)?));
     }
     Ok(out)
 }
@@ -391,30 +416,29 @@ fn bool_like(v: &Bound<'_, PyAny>) -> PyResult<bool> {
     if v.is_instance_of::<PyBool>() {
         return Ok(true);
     }
-    let py = v.py();
-    match v.getattr(pyo3::intern!(py, "dtype")) {
-        Ok(dtype) => Ok(match dtype.str() {
-            Ok(s) => matches!(s.to_str(), Ok("bool" | "torch.bool")),
-            Err(e) if is_interrupt(&e) => return Err(e),
-            Err(_) => false,
-        }),
-        Err(e) if is_interrupt(&e) => Err(e),
-        Err(_) => Ok(false),
-    }
+    Ok(matches!(
+        dtype_name(v)?.as_deref(),
+        Some("bool" | "torch.bool")
+    ))
 }
 
 /// A real number: a float, an int, or anything `float()` takes that is not a str, bytes or a
 /// bool in disguise (numpy scalars, a one-element tensor).
 fn real(index: usize, name: &str, item: Option<usize>, v: &Bound<'_, PyAny>) -> PyResult<f64> {
-    let fast = v.is_instance_of::<PyFloat>()
-        || (v.is_instance_of::<PyInt>() && !v.is_instance_of::<PyBool>());
-    if !fast {
-        if bool_like(v)? {
-            return Err(refused(index, name, item, "a float, not a bool", v));
-        }
-        if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
-            return Err(refused(index, name, item, "a float", v));
-        }
+    if is_bool(v)? {
+        return Err(refused(index, name, item, "a float, not a bool", v));
+    }
+    if is_complex(v)? {
+        return Err(refused(
+            index,
+            name,
+            item,
+            "a float, not a complex number",
+            v,
+        ));
+    }
+    if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
+        return Err(refused(index, name, item, "a float", v));
     }
     v.extract::<f64>()
         .map_err(|e| unless_interrupt(e, |_| refused(index, name, item, "a float", v)))
@@ -424,7 +448,7 @@ fn real(index: usize, name: &str, item: Option<usize>, v: &Bound<'_, PyAny>) -> 
 /// a one-element int tensor). Out of range is refused, never wrapped or saturated.
 fn integer(index: usize, name: &str, item: Option<usize>, v: &Bound<'_, PyAny>) -> PyResult<i64> {
     let py = v.py();
-    if (!v.is_instance_of::<PyInt>() || v.is_instance_of::<PyBool>()) && bool_like(v)? {
+    if is_bool(v)? {
         return Err(refused(index, name, item, "an int, not a bool", v));
     }
     v.extract::<i64>().map_err(|e| {
@@ -440,7 +464,8 @@ fn integer(index: usize, name: &str, item: Option<usize>, v: &Bound<'_, PyAny>) 
 
 /// Reads at most `max` items of a sequence value (never trusting `__len__`: an endless or
 /// lying iterable ends in an error after `max + 1` items), each through `item`; `bound` names
-/// `max` in the error ("width", "cap").
+/// `max` in the error ("width", "cap"). No str or bytes, no mapping (a dict would be read by
+/// its keys) or set (no order), and no value whose `__len__` raises (a broken sequence).
 fn bounded_items<T>(
     index: usize,
     name: &str,
@@ -460,6 +485,25 @@ fn bounded_items<T>(
         return Err(refused(index, name, None, &expected, v));
     }
     let py = v.py();
+    let unordered = v.is_instance_of::<PyDict>()
+        || v.is_instance_of::<PySet>()
+        || v.is_instance_of::<PyFrozenSet>()
+        || v.cast::<PyMapping>().is_ok();
+    if unordered {
+        let expected = format!("a sequence of {what} in order, not a mapping or a set");
+        return Err(refused(index, name, None, &expected, v));
+    }
+    let has_len = v
+        .get_type()
+        .hasattr(pyo3::intern!(py, "__len__"))
+        .unwrap_or(false);
+    if has_len {
+        if let Err(e) = v.len() {
+            return Err(unless_interrupt(e, |e| {
+                bad_column(index, name, format!("its __len__ raised {e}"))
+            }));
+        }
+    }
     let iter = v.try_iter().map_err(|e| {
         unless_interrupt(e, |e| {
             if e.is_instance_of::<PyTypeError>(py) {

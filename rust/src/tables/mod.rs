@@ -90,6 +90,7 @@ impl Build<'_> {
                 max: MAX_ELEMENTS / cap.max(1) / factor,
             });
         }
+        // The largest factor that fits.
         let most = MAX_ELEMENTS / cap.max(1) / per_request.max(1);
         // The row space's size comes from the drafts unless max_rows was given.
         Err(
@@ -97,7 +98,13 @@ impl Build<'_> {
                 Error::TooLarge {
                     field: "num_speculative_tokens",
                     value: self.spec_tokens,
-                    max: most,
+                    // Without max_rows a request has `1 + drafts` rows (the factor), so one
+                    // draft fewer than the factor fits; with it the factor is the drafts.
+                    max: if self.cfg.max_rows.is_none() {
+                        most.saturating_sub(1)
+                    } else {
+                        most
+                    },
                 }
             } else {
                 Error::TooLarge {
@@ -255,3 +262,49 @@ pub const BUILTINS: &[Builtin] = &[
         build: xtc::build,
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The draft bound a too-large cap's error states is the largest that fits: the bound
+    /// itself passes, one more is refused (it stated one too many, "1024 is outside [1, 1024]").
+    #[test]
+    fn the_stated_draft_bound_is_the_largest_that_fits() {
+        for (cap, per_request, max_rows) in [
+            (256, 4096, None),
+            (256, 1024, None),
+            (7, 1000, None),
+            (256, 1024, Some(256)),
+            (5, 333, Some(5)),
+        ] {
+            let cfg = PipelineConfig {
+                max_rows,
+                stable_slots: max_rows.is_some(),
+                ..PipelineConfig::new(cap, 100)
+            };
+            // As `Pipeline::new` sizes it: `max_rows`, else a request's `1 + drafts` rows.
+            let build = |spec: usize| {
+                let rows = max_rows.unwrap_or(cap * (spec + 1));
+                Build {
+                    cfg: &cfg,
+                    capacity: cap,
+                    vocab_size: 100,
+                    rows: Some(rows),
+                    spec_tokens: spec,
+                    row_factor: rows.div_ceil(cap),
+                }
+            };
+            let max = match build(1 << 20).check(per_request, "cap") {
+                Err(Error::TooLarge {
+                    field: "num_speculative_tokens",
+                    max,
+                    ..
+                }) => max,
+                other => panic!("{other:?}"),
+            };
+            assert!(build(max).check(per_request, "cap").is_ok(), "{max}");
+            assert!(build(max + 1).check(per_request, "cap").is_err(), "{max}");
+        }
+    }
+}
