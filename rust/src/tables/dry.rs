@@ -358,12 +358,24 @@ impl<H> Entry<H> {
         if rep_limit < a {
             return;
         }
+        // Runs of candidates followed by the same token (all of them in a periodic stretch)
+        // are reduced here before one write to the scratch.
+        let mut run: Option<(i64, usize)> = None;
         for &(j, z) in &self.cands {
             let l = (z as usize).min(j + 1 - start).min(rep_limit);
             let t = self.seq[j + 1];
-            if t < vocab {
-                scratch.keep_max(t, l);
+            match &mut run {
+                Some((u, m)) if *u == t => *m = (*m).max(l),
+                _ => {
+                    if let Some((u, m)) = run {
+                        scratch.keep_max(u, m);
+                    }
+                    run = (t < vocab).then_some((t, l));
+                }
             }
+        }
+        if let Some((u, m)) = run {
+            scratch.keep_max(u, m);
         }
         scratch.drain(|t, l| {
             if !self.single.contains(&t) {
