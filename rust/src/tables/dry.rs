@@ -140,16 +140,17 @@ struct Pushed {
 }
 
 impl<H> Entry<H> {
-    fn new(p: DryParams, prompt: Vec<i64>, output: H) -> Self {
-        let single = p
-            .breakers
+    fn new(mut p: DryParams, prompt: Vec<i64>, output: H) -> Self {
+        // The breakers live on as the automaton (and the single-token heads) only.
+        let listed = std::mem::take(&mut p.breakers);
+        let single = listed
             .iter()
             .filter(|b| b.len() == 1)
             .map(|b| b[0])
             .collect();
         let mut e = Entry {
             max_exp: max_exponent(p.base),
-            breakers: Breakers::new(&p.breakers),
+            breakers: Breakers::new(&listed),
             at: ROOT,
             p,
             output,
