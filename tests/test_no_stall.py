@@ -3,20 +3,20 @@ construct for each history-reading table, and for all of them at once, costs at 
 multiple of the same batch of ordinary text, at admission and per decode step.
 
 The inputs, each at its engine cap: a window of one repeated token, of two alternating tokens,
-and of one token followed by a different token each time (``x r1 x r2 ...``); DRY over its
-whole window (8,192) with the most sequence breakers (512) of the longest length, made of the
-repeated token; no-repeat-ngram of size 2 over a window as long; penalties over a window as
-long; the most bad words (128) of the longest length (64) made of the repeated token; a thinking
-budget whose start marker is made of it. Ordinary text: Zipf-distributed tokens (s = 1, as
-the benches).
+of one token followed by a different token each time (``x r1 x r2 ...``), and of distinct ids
+that a fixed hash would pile into one probe run; DRY over its whole window (8,192) with the
+most sequence breakers (512) of the longest length, made of the repeated token;
+no-repeat-ngram of size 2 over a window as long; penalties over a window as long; the most bad
+words (128) of the longest length (64) made of the repeated token; a thinking budget whose
+start marker is made of it. Ordinary text: Zipf-distributed tokens (s = 1, as the benches).
 
-Before the fix, DRY's admission of one repeated token was quadratic in its window (0.12 s per
-request at 8,192 tokens, 8 s for this batch, 33x ordinary text) and no-repeat-ngram's of
-``x r1 x r2 ...`` too (visible at longer windows).
-The bound is wide (20x plus a constant) because the box is shared and timings are noisy: it
-catches a quadratic cost, not a constant factor. Timed tests are otherwise not used for speed
-(the benches print ratios); the exact results of these inputs are checked against the
-reference in the DRY and no-repeat-ngram tests.
+Before the fixes, DRY's admission of one repeated token was quadratic in its window (0.12 s
+per request at 8,192 tokens, about 30x ordinary text for this batch), no-repeat-ngram's of
+``x r1 x r2 ...`` too (visible at longer windows), and the penalties' count table took the
+piled ids 30x longer than ordinary text. The bound is wide (20x plus a constant) because the
+box is shared and timings are noisy: it catches a super-linear cost, not a constant factor.
+Timed tests are otherwise not used for speed (the benches print ratios); the results on such
+inputs are checked exactly in the Rust tests of DRY, no-repeat-ngram and the penalties.
 """
 
 from __future__ import annotations
@@ -60,6 +60,15 @@ def alternating(i: int, k: int) -> int:
 def x_then_new(i: int, k: int) -> int:
     """``x r1 x r2 ...``: one token followed by a different one each time (many followers)."""
     return X if k % 2 == 0 else 100 + (k // 2) % (V - 100)
+
+
+# Distinct ids with the smallest `t * 0x9E3779B9 mod 2**32`: a fixed multiplicative hash put
+# them all at the start of a table, in one probe run (the penalties' counts).
+_PILED = sorted(range(V), key=lambda t: (t * 0x9E3779B9) % 2**32)[:WINDOW]
+
+
+def piled_ids(i: int, k: int) -> int:
+    return _PILED[k % WINDOW]
 
 
 def _zipf() -> np.ndarray:
@@ -155,7 +164,7 @@ def within(cost: tuple[float, float], base: tuple[float, float]) -> bool:
     )
 
 
-@pytest.mark.parametrize("stream", [repeated, alternating, x_then_new])
+@pytest.mark.parametrize("stream", [repeated, alternating, x_then_new, piled_ids])
 @pytest.mark.parametrize("table", list(TABLES))
 def test_the_worst_inputs_cost_a_bounded_multiple_of_ordinary_text(
     table: str, stream: Stream
