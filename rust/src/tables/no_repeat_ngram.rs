@@ -20,8 +20,10 @@
 //! every token of the window (HF's meaning of a 1-gram); DeepSeek's code bans nothing there
 //! (its prefix `output_ids[-0:]` is the whole output, which no 0-token prefix equals).
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::OnceLock;
 
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
@@ -173,10 +175,12 @@ impl<H> Entry<H> {
         e
     }
 
+    /// SipHash with keys drawn once per process: with fixed keys a prompt could be made of
+    /// grams whose hashes share the map's bucket bits (found offline), each insert then
+    /// probing past all the others.
     fn key_hash(tokens: &[i64]) -> u64 {
-        let mut h = DefaultHasher::new();
-        tokens.hash(&mut h);
-        h.finish()
+        static KEYS: OnceLock<RandomState> = OnceLock::new();
+        KEYS.get_or_init(RandomState::new).hash_one(tokens)
     }
 
     /// Counts (`delta` = +1) or uncounts (−1) the n-gram that ends at position `j`; returns
@@ -576,7 +580,7 @@ pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
     )?))
 }
 
-/// Hashes of token ids are already well mixed (`DefaultHasher` above); the map's own hasher
+/// Hashes of token ids are already well mixed (SipHash, `key_hash`); the map's own hasher
 /// passes them through.
 #[derive(Default)]
 struct IdHasher(u64);
