@@ -59,7 +59,7 @@ bench-python: build  ## update_state / apply per step vs batch size, ours vs the
 bench-engine: build extras  ## our processors' per-step cost inside a real vLLM engine (section 6 of bench-report.md); ARGS="--baseline DIR --label NAME" adds another checkout
 	$(RUN) benches/engine_cost.py $(ARGS)
 
-bench-beyond: build extras  ## the processors beyond vLLM (DRY, no-repeat-ngram, truncations, XTC, penalty_last_n) per step vs HF's and the reference (section 7 of bench-report.md); ARGS=--quick: < 60 s
+bench-beyond: build extras  ## the processors beyond vLLM (DRY, no-repeat-ngram, truncations, XTC, penalty_last_n) per step vs HF's and the reference, and DRY's worst-case admission (sections 7 and 7a of bench-report.md); ARGS=--quick: < 60 s, ARGS=--worst: 7a alone
 	$(RUN) benches/beyond_vllm.py $(ARGS)
 
 bench-drafts: build  ## the stable-slot step with speculative draft rows (k = 4, B = 256, V = 32,000) vs the same rows without drafts and the reference per position (section 8 of bench-report.md); ARGS=--quick: < 60 s

@@ -20,6 +20,9 @@ the median (p90) over every measured step of every repeat. After the last step t
 compared (ours vs HF and vs the reference: equal or not). Ratios are of medians from this run.
 Targets (issue 15): DRY and no-repeat-ngram flat in length (ours at 8,192 / ours at 256 <=
 ``FLAT``), and ours >= 50x HF's no-repeat-ngram at B = 64, L = 2,048.
+
+Section 7a (``worst_case.py``; ``--worst`` writes it alone): DRY's admission of a window of one
+repeated token, ours vs the plain reference (issue 28).
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from report_tables import (
     status,
     write_section,
 )
+from worst_case import HEADING as WORST_HEADING
+from worst_case import run_worst
 
 from logitsproc_rs import BatchUpdateBuilder, EngineConfig, SamplingParams, build_logitsprocs
 from logitsproc_rs.builtin import (
@@ -534,9 +539,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=[], help="processors whose name contains these")
     ap.add_argument("--report", type=Path, default=ROOT / "bench-report.md")
     ap.add_argument("--no-write", action="store_true", help="print the section only")
+    ap.add_argument("--worst", action="store_true", help="only DRY's worst case (section 7a)")
     args = ap.parse_args(argv)
     dev = torch.device("cpu")
     torch.set_num_threads(1)  # as report.py on CPU: a shared box's busy cores would be measured
+    worst_text = token_streams(64, 32768, seed=28)
+    if args.worst:
+        return write_worst(args, worst_text)
     run = Run(
         bs=tuple(args.bs or ((64,) if args.quick else (64, 256))),
         lengths=tuple(args.lengths or ((256, 2048) if args.quick else (256, 2048, 8192))),
@@ -557,6 +566,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_write:
         write_section(args.report, HEADING, text)
         progress(f"wrote section 7 of {args.report} ({run.seconds:.0f} s)")
+    return write_worst(args, worst_text)
+
+
+def write_worst(args: argparse.Namespace, text: torch.Tensor) -> int:
+    """Section 7a, after section 7 in the report."""
+    md = run_worst(text, args.quick)
+    print(md)
+    if not args.no_write:
+        if WORST_HEADING not in args.report.read_text():
+            # First written: placed after section 7 (write_section appends at the end).
+            old = args.report.read_text()
+            at = old.find("\n## 8.")
+            if at >= 0:
+                args.report.write_text(old[:at] + "\n" + md.rstrip("\n") + "\n" + old[at:])
+        write_section(args.report, WORST_HEADING, md)
+        progress(f"wrote section 7a of {args.report}")
     return 0
 
 

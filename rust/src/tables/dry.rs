@@ -14,7 +14,11 @@
 //! the window, the positions whose match length is at least `allowed_length` (the candidates:
 //! exactly the earlier occurrences of the last `allowed_length` tokens) with their lengths, and
 //! the most recent breaker occurrence. A new token costs the candidates of the new suffix, not
-//! the window: a step costs the same at any length for ordinary text.
+//! the window: a step costs the same at any length for ordinary text, and at most O(N) (one
+//! token repeated: every position is a candidate). A new request (or a rewritten output) indexes
+//! its window at once: the match lengths by llama.cpp's Z-algorithm (`dry_matches.rs`) and the
+//! breakers by one automaton (`dry_breakers.rs`), O(N) whatever the tokens; replaying the window
+//! token by token would cost O(N) per token there, O(N²) in all.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -27,6 +31,8 @@ use crate::limits::check_token;
 use crate::processor::{self, Admission, StepContext, Table};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
+use crate::tables::dry_breakers::{Breakers, State, ROOT};
+use crate::tables::dry_matches::suffix_matches;
 use crate::tables::triples::{TripleState, TripleTable};
 use crate::tables::Build;
 
@@ -96,8 +102,9 @@ pub struct Entry<H> {
     p: DryParams,
     max_exp: i32,
     output: H,
-    /// Breaker indices by their last token (a completed occurrence ends there).
-    by_last: HashMap<i64, Vec<u32>>,
+    /// The breakers' automaton, and its state after the newest token read.
+    breakers: Breakers,
+    at: State,
     /// Heads of single-token breakers: never penalised.
     single: HashSet<i64>,
     /// The prompt, then the output tokens read so far (async placeholders never).
@@ -129,23 +136,24 @@ struct Pushed {
     indexed: bool,
     cands: Vec<(usize, u32)>,
     breaker: Option<(usize, usize)>,
+    at: State,
 }
 
 impl<H> Entry<H> {
-    fn new(p: DryParams, prompt: Vec<i64>, output: H) -> Self {
-        let mut by_last: HashMap<i64, Vec<u32>> = HashMap::new();
-        let mut single = HashSet::new();
-        for (k, b) in p.breakers.iter().enumerate() {
-            by_last.entry(b[b.len() - 1]).or_default().push(k as u32);
-            if b.len() == 1 {
-                single.insert(b[0]);
-            }
-        }
+    fn new(mut p: DryParams, prompt: Vec<i64>, output: H) -> Self {
+        // The breakers live on as the automaton (and the single-token heads) only.
+        let listed = std::mem::take(&mut p.breakers);
+        let single = listed
+            .iter()
+            .filter(|b| b.len() == 1)
+            .map(|b| b[0])
+            .collect();
         let mut e = Entry {
             max_exp: max_exponent(p.base),
+            breakers: Breakers::new(&listed),
+            at: ROOT,
             p,
             output,
-            by_last,
             single,
             prompt_len: prompt.len(),
             seq: prompt,
@@ -168,18 +176,62 @@ impl<H> Entry<H> {
     }
 
     /// Drops the sequence back to `keep` tokens and indexes its window again (a new request,
-    /// or the engine shrank or rewrote an output: rare).
+    /// or the engine shrank or rewrote an output: rare), in O(window) whatever the tokens: the
+    /// state `push` would reach from the window's start, its candidates from the Z-algorithm.
     fn rebuild(&mut self, keep: usize) {
         self.journal = None; // its records no longer apply
         self.seq.truncate(keep);
-        self.origin = keep.saturating_sub(self.p.window);
-        self.lo = self.origin;
+        let origin = keep.saturating_sub(self.p.window);
+        let a = self.p.allowed;
+        self.origin = origin;
+        self.lo = origin;
         self.grams.clear();
         self.cands.clear();
         self.breaker = None;
-        for last in self.origin..keep {
-            self.advance(last, None);
+        self.at = ROOT;
+        // Every `a`-gram of the window, by where it ends, ascending.
+        for end in origin + a..=keep {
+            let key = &self.seq[end - a..end];
+            match self.grams.get_mut(key) {
+                Some(q) => q.push_back(end - 1),
+                None => {
+                    self.grams.insert(Box::from(key), VecDeque::from([end - 1]));
+                }
+            }
         }
+        // The candidates: the earlier positions whose match length (within the window, as
+        // `push` counts it from the window's start) is at least `a`.
+        let z = suffix_matches(&self.seq[origin..keep]);
+        let earlier = z.len().saturating_sub(1);
+        for (i, &m) in z[..earlier].iter().enumerate() {
+            if m as usize >= a {
+                self.cands.push((origin + i, m));
+            }
+        }
+        for last in origin..keep {
+            self.note_breaker(last, origin);
+        }
+    }
+
+    /// Feeds the token at `last` to the breakers' automaton and keeps the most recent breaker
+    /// occurrence that ends there (with its head in the window, from `start`): the shortest
+    /// breaker ending there has the most recent head; a longer tail at the head already kept
+    /// lengthens it (llama.cpp takes the longest tail at the newest head).
+    fn note_breaker(&mut self, last: usize, start: usize) {
+        if self.breakers.is_empty() {
+            return;
+        }
+        self.at = self.breakers.step(self.at, self.seq[last]);
+        let l = self.breakers.shortest(self.at);
+        if l == 0 || last + 1 < start + l {
+            return; // none ends here, or its head is before the window
+        }
+        let (head, m) = (last + 1 - l, l - 1);
+        self.breaker = match self.breaker {
+            Some((h, k)) if h == head => Some((h, k.max(m))),
+            Some((h, k)) if h > head => Some((h, k)),
+            _ => Some((head, m)),
+        };
     }
 
     fn push(&mut self, t: i64) {
@@ -190,6 +242,7 @@ impl<H> Entry<H> {
             indexed: false,
             cands: Vec::new(),
             breaker: self.breaker,
+            at: self.at,
         });
         let undo = self.advance(self.seq.len() - 1, undo);
         if let (Some(j), Some(u)) = (&mut self.journal, undo) {
@@ -208,6 +261,7 @@ impl<H> Entry<H> {
         while let Some(u) = journal.pop() {
             let len = self.seq.len();
             self.breaker = u.breaker;
+            self.at = u.at;
             self.cands = u.cands;
             if u.indexed {
                 let key = &self.seq[len - a..len];
@@ -231,9 +285,8 @@ impl<H> Entry<H> {
         }
     }
 
-    /// Takes the token at position `last` (the sequence's last one when called from `push`;
-    /// a rebuild replays positions with the sequence already whole, reading nothing past
-    /// `last`). With `undo`, records what it changes there and returns it.
+    /// Takes the token at position `last` (the sequence's last one). With `undo`, records what
+    /// it changes there and returns it.
     fn advance(&mut self, last: usize, mut undo: Option<Pushed>) -> Option<Pushed> {
         let a = self.p.allowed;
         let len = last + 1;
@@ -285,30 +338,12 @@ impl<H> Entry<H> {
         if let Some(u) = &mut undo {
             u.cands.clone_from(&self.spare); // the candidates before this token
         }
-        // Breakers that end here.
-        if let Some(ks) = self.by_last.get(&self.seq[last]) {
-            for &k in ks {
-                let b = &self.p.breakers[k as usize];
-                let m = b.len() - 1;
-                if m > last || self.seq[last - m..len] != b[..] {
-                    continue;
-                }
-                let head = last - m;
-                if head < start {
-                    continue;
-                }
-                self.breaker = match self.breaker {
-                    Some((h, l)) if h == head => Some((h, l.max(m))),
-                    Some((h, l)) if h > head => Some((h, l)),
-                    _ => Some((head, m)),
-                };
-            }
-        }
+        self.note_breaker(last, start);
         undo
     }
 
     /// Appends this request's `(token, penalty)` pairs (tokens below `vocab`) to `out`.
-    fn penalties(&self, vocab: i64, scratch: &mut HashMap<i64, usize>, out: &mut Vec<(i64, f32)>) {
+    fn penalties(&self, vocab: i64, scratch: &mut Scratch, out: &mut Vec<(i64, f32)>) {
         let a = self.p.allowed;
         let len = self.seq.len();
         let start = self.start();
@@ -324,18 +359,71 @@ impl<H> Entry<H> {
         if rep_limit < a {
             return;
         }
-        scratch.clear();
+        // Runs of candidates followed by the same token (all of them in a periodic stretch)
+        // are reduced here before one write to the scratch.
+        let mut run: Option<(i64, usize)> = None;
         for &(j, z) in &self.cands {
             let l = (z as usize).min(j + 1 - start).min(rep_limit);
             let t = self.seq[j + 1];
-            let best = scratch.entry(t).or_insert(0);
-            *best = (*best).max(l);
+            match &mut run {
+                Some((u, m)) if *u == t => *m = (*m).max(l),
+                _ => {
+                    if let Some((u, m)) = run {
+                        scratch.keep_max(u, m);
+                    }
+                    run = (t < vocab).then_some((t, l));
+                }
+            }
         }
-        for (&t, &l) in scratch.iter() {
-            if t < vocab && !self.single.contains(&t) {
+        if let Some((u, m)) = run {
+            scratch.keep_max(u, m);
+        }
+        scratch.drain(|t, l| {
+            if !self.single.contains(&t) {
                 let p = penalty(self.p.multiplier, self.p.base, a, self.max_exp, l);
                 out.push((t, p));
             }
+        });
+    }
+}
+
+/// The largest repeat length per token, for one row: a table indexed by token id (a step reads
+/// every candidate, up to the whole window, so a hash per candidate would dominate it), with
+/// the tokens it holds; negative ids (never in vLLM's vocabulary) in a map.
+#[derive(Default)]
+pub struct Scratch {
+    best: Vec<u32>,
+    held: Vec<i64>,
+    negative: HashMap<i64, usize>,
+}
+
+impl Scratch {
+    /// Keeps `len` (>= 1) for `t` if it is the largest so far.
+    fn keep_max(&mut self, t: i64, len: usize) {
+        if t < 0 {
+            let b = self.negative.entry(t).or_insert(0);
+            *b = (*b).max(len);
+            return;
+        }
+        let i = t as usize;
+        if i >= self.best.len() {
+            self.best.resize(i + 1, 0); // grows to the largest id seen, below the vocabulary
+        }
+        let b = &mut self.best[i];
+        if *b == 0 {
+            self.held.push(t);
+        }
+        *b = (*b).max(len as u32);
+    }
+
+    /// Each token held with its largest length; empties the scratch.
+    fn drain(&mut self, mut f: impl FnMut(i64, usize)) {
+        for t in self.held.drain(..) {
+            let b = std::mem::take(&mut self.best[t as usize]);
+            f(t, b as usize);
+        }
+        for (t, l) in self.negative.drain() {
+            f(t, l);
         }
     }
 }
@@ -349,7 +437,7 @@ pub struct DryState<H> {
     placeholders: bool,
     /// Scratch, reused every step.
     tail: Vec<i64>,
-    best: HashMap<i64, usize>,
+    best: Scratch,
     row: Vec<(i64, f32)>,
     out: Vec<(usize, i32, f32)>,
 }
@@ -366,7 +454,7 @@ impl<H: TokenHistory> DryState<H> {
             batch_size: 0,
             placeholders: false,
             tail: Vec::new(),
-            best: HashMap::new(),
+            best: Scratch::default(),
             row: Vec::new(),
             out: Vec::new(),
         })
@@ -729,7 +817,7 @@ mod tests {
 
     fn lengths(e: &Entry<SharedHistory>) -> Vec<(i64, usize)> {
         // Invert the penalty (base 2, multiplier 1: penalty = 2^(len - allowed)).
-        let mut best = HashMap::new();
+        let mut best = Scratch::default();
         let mut out = Vec::new();
         e.penalties(1 << 40, &mut best, &mut out);
         let mut v: Vec<(i64, usize)> = out
@@ -804,6 +892,61 @@ mod tests {
                     llama_dry(&seq, window, allowed, &breakers),
                     "case {case} step {step} seq {seq:?}"
                 );
+            }
+        }
+    }
+
+    /// Adversarial windows admitted at once (the Z-algorithm path) and then stepped: one token
+    /// repeated, two alternating, a period of three, long breakers made of the repeated token;
+    /// the window sliding past the prompt. Each step equals llama.cpp's.
+    #[test]
+    fn admits_repetitive_windows_as_llama_cpp() {
+        let patterns: [&[i64]; 4] = [&[5], &[5, 6], &[5, 6, 7], &[5, 5, 6]];
+        let breaker_sets: [Vec<Vec<i64>>; 3] = [
+            vec![],
+            vec![vec![5; 21], vec![5; 4], vec![6, 5, 5]],
+            vec![vec![7, 5], vec![6]],
+        ];
+        for (pi, pat) in patterns.iter().enumerate() {
+            for (bi, breakers) in breaker_sets.iter().enumerate() {
+                for &(prompt_len, window, allowed) in &[
+                    (0usize, 16usize, 2usize),
+                    (40, 16, 2),
+                    (40, 64, 1),
+                    (97, 64, 3),
+                    (3, 8, 2),
+                ] {
+                    let gen = |i: usize| pat[i % pat.len()];
+                    let mut seq: Vec<i64> = (0..prompt_len).map(gen).collect();
+                    let s: DryState<SharedHistory> = DryState::try_new(1, 16, 64).unwrap();
+                    let out: SharedHistory = Arc::new(RwLock::new(Vec::new()));
+                    let mut e = s
+                        .check(
+                            0,
+                            1.0,
+                            2.0,
+                            allowed as i64,
+                            window as i64,
+                            breakers.clone(),
+                            Some(&seq),
+                            out,
+                        )
+                        .unwrap()
+                        .unwrap();
+                    for step in 0..80 {
+                        let case =
+                            format!("pattern {pi} breakers {bi} prompt {prompt_len} step {step}");
+                        assert_eq!(
+                            lengths(&e),
+                            llama_dry(&seq, window, allowed, breakers),
+                            "{case}"
+                        );
+                        // Mostly the pattern, now and then a break in it.
+                        let t = if step % 29 == 28 { 9 } else { gen(seq.len()) };
+                        seq.push(t);
+                        e.push(t);
+                    }
+                }
             }
         }
     }

@@ -9,6 +9,8 @@ pub mod allowed;
 pub mod bad_words;
 pub mod columns;
 pub mod dry;
+pub mod dry_breakers;
+pub mod dry_matches;
 pub mod epsilon_cutoff;
 pub mod eta_cutoff;
 pub mod float_params;

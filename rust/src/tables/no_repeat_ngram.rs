@@ -20,8 +20,10 @@
 //! every token of the window (HF's meaning of a 1-gram); DeepSeek's code bans nothing there
 //! (its prefix `output_ids[-0:]` is the whole output, which no 0-token prefix equals).
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::OnceLock;
 
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
@@ -64,7 +66,67 @@ pub struct Mode {
     pub whitelist: Vec<i64>,
 }
 
-type Followers = Vec<(i64, u32)>;
+/// The tokens that followed one `(n − 1)`-gram, with their counts. A gram can have up to a
+/// window of distinct followers (`x r1 x r2 x r3 …`), so past [`SCAN`] of them a map finds one:
+/// a search through the list would make counting a window quadratic in it.
+#[derive(Default)]
+struct Followers {
+    list: Vec<(i64, u32)>,
+    /// Token -> its place in `list`, once `list` has grown past [`SCAN`].
+    at: Option<HashMap<i64, usize>>,
+}
+
+/// The followers a gram searches in its list before it keeps a map.
+const SCAN: usize = 8;
+
+impl Followers {
+    fn find(&self, t: i64) -> Option<usize> {
+        match &self.at {
+            Some(at) => at.get(&t).copied(),
+            None => self.list.iter().position(|&(x, _)| x == t),
+        }
+    }
+
+    fn add(&mut self, t: i64) {
+        if let Some(f) = self.find(t) {
+            self.list[f].1 += 1;
+            return;
+        }
+        self.list.push((t, 1));
+        match &mut self.at {
+            Some(at) => {
+                at.insert(t, self.list.len() - 1);
+            }
+            None if self.list.len() > SCAN => {
+                self.at = Some(
+                    self.list
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &(x, _))| (x, k))
+                        .collect(),
+                );
+            }
+            None => {}
+        }
+    }
+
+    fn sub(&mut self, t: i64) {
+        let Some(f) = self.find(t) else {
+            return;
+        };
+        self.list[f].1 -= 1;
+        if self.list[f].1 > 0 {
+            return;
+        }
+        self.list.swap_remove(f);
+        if let Some(at) = &mut self.at {
+            at.remove(&t);
+            if let Some(&(moved, _)) = self.list.get(f) {
+                at.insert(moved, f);
+            }
+        }
+    }
+}
 
 /// One `(n − 1)`-gram seen in the window, and how often each token followed it there.
 struct Gram {
@@ -113,10 +175,12 @@ impl<H> Entry<H> {
         e
     }
 
+    /// SipHash with keys drawn once per process: with fixed keys a prompt could be made of
+    /// grams whose hashes share the map's bucket bits (found offline), each insert then
+    /// probing past all the others.
     fn key_hash(tokens: &[i64]) -> u64 {
-        let mut h = DefaultHasher::new();
-        tokens.hash(&mut h);
-        h.finish()
+        static KEYS: OnceLock<RandomState> = OnceLock::new();
+        KEYS.get_or_init(RandomState::new).hash_one(tokens)
     }
 
     /// Counts (`delta` = +1) or uncounts (−1) the n-gram that ends at position `j`; returns
@@ -135,22 +199,16 @@ impl<H> Entry<H> {
             None => {
                 bucket.push(Gram {
                     start: j + 1 - n,
-                    followers: Vec::new(),
+                    followers: Followers::default(),
                 });
                 (bucket.len() - 1, true)
             }
         };
         let followers = &mut bucket[k].followers;
-        match followers.iter().position(|&(t, _)| t == next) {
-            Some(f) if delta < 0 => {
-                followers[f].1 -= 1;
-                if followers[f].1 == 0 {
-                    followers.swap_remove(f);
-                }
-            }
-            Some(f) => followers[f].1 += 1,
-            None if delta > 0 => followers.push((next, 1)),
-            None => {}
+        if delta > 0 {
+            followers.add(next);
+        } else {
+            followers.sub(next);
         }
         new
     }
@@ -228,7 +286,7 @@ impl<H> Entry<H> {
         self.grams
             .get(&Self::key_hash(key))
             .and_then(|b| b.iter().find(|g| seq[g.start..g.start + n - 1] == *key))
-            .map_or(&[], |g| g.followers.as_slice())
+            .map_or(&[], |g| g.followers.list.as_slice())
     }
 }
 
@@ -522,7 +580,7 @@ pub fn build(b: &Build<'_>) -> Result<Box<dyn Table>> {
     )?))
 }
 
-/// Hashes of token ids are already well mixed (`DefaultHasher` above); the map's own hasher
+/// Hashes of token ids are already well mixed (SipHash, `key_hash`); the map's own hasher
 /// passes them through.
 #[derive(Default)]
 struct IdHasher(u64);
@@ -631,6 +689,47 @@ mod tests {
                 seq.truncate(seq.len() - 2);
             }
             s.update_none(&());
+        }
+    }
+
+    /// One token followed by many distinct ones (`0 r1 0 r2 …`): the gram `[0]` keeps more
+    /// followers than [`SCAN`] (its map), which the sliding window and truncations take away.
+    #[test]
+    fn many_followers_of_one_gram() {
+        for (n, window) in [(2, 60), (2, 4096), (3, 50)] {
+            let mut s = state(window);
+            let out: SharedHistory = Arc::new(RwLock::new(Vec::new()));
+            let prompt: Vec<i64> = (1..30).flat_map(|r| [0, r]).collect();
+            let mut u = BatchUpdate::new(1);
+            u.added = vec![(0, s.check(0, n as i64, Some(&prompt), out.clone()).unwrap())];
+            s.commit(u, &());
+            let mut seq = prompt.clone();
+            let mut rng = 5u64;
+            for step in 0..400 {
+                let tail = &seq[seq.len().saturating_sub(window)..];
+                assert_eq!(
+                    bans(&s, 0),
+                    hf_banned(tail, n),
+                    "n {n} window {window} step {step}"
+                );
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let t = if step % 2 == 0 {
+                    0
+                } else {
+                    1 + ((rng >> 33) % 40) as i64
+                };
+                out.write().unwrap().push(t);
+                seq.push(t);
+                if step % 53 == 52 {
+                    let mut o = out.write().unwrap();
+                    let keep = o.len() - 3;
+                    o.truncate(keep);
+                    seq.truncate(seq.len() - 3);
+                }
+                s.update_none(&());
+            }
         }
     }
 

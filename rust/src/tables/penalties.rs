@@ -40,6 +40,9 @@ use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::Build;
 use std::any::Any;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::OnceLock;
 
 #[path = "penalty_drafts.rs"]
 mod drafts;
@@ -769,16 +772,36 @@ impl Logit for f32 {}
 impl Logit for f64 {}
 
 /// Output count per token id: a flat open-addressing map (linear probing, at most half
-/// full, deletion by backward shift), token ids hashed with one multiply. One probe in the
-/// usual case and no allocation once grown; its memory is twice the distinct tokens counted.
-#[derive(Default, Clone, Debug)]
+/// full, deletion by backward shift), token ids hashed with a key drawn once per process.
+/// One probe in the usual case and no allocation once grown; its memory is twice the distinct
+/// tokens counted.
+#[derive(Clone, Debug)]
 struct Counts {
     /// `(token, count)`; `EMPTY` keys are free. Empty, or a power-of-two length.
     cells: Vec<(i32, u32)>,
     len: usize,
+    key: u64,
 }
 
 const EMPTY: i32 = -1;
+
+impl Default for Counts {
+    fn default() -> Self {
+        Counts {
+            cells: Vec::new(),
+            len: 0,
+            key: hash_key(),
+        }
+    }
+}
+
+/// The process's hash key, from the standard library's random hasher keys. A fixed hash lets
+/// a prompt choose ids that share their home cells (those with the smallest hashes), piling
+/// them into one probe run: counting it was quadratic in its distinct ids.
+fn hash_key() -> u64 {
+    static KEY: OnceLock<u64> = OnceLock::new();
+    *KEY.get_or_init(|| RandomState::new().build_hasher().finish())
+}
 
 impl Counts {
     /// Room for `n` distinct tokens without growing.
@@ -790,11 +813,15 @@ impl Counts {
         c
     }
 
-    /// The cell a probe for `t` starts at: the multiply's high bits, scaled to the length.
+    /// The cell a probe for `t` starts at: `t` with the key, mixed (splitmix64's finalizer),
+    /// its high bits scaled to the length.
     #[inline]
     fn home(&self, t: i32) -> usize {
-        let h = (t as u32).wrapping_mul(0x9E37_79B9);
-        ((u64::from(h) * self.cells.len() as u64) >> 32) as usize
+        let mut z = u64::from(t as u32) ^ self.key;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (((z >> 32) * self.cells.len() as u64) >> 32) as usize
     }
 
     /// The cell holding `t`, or the free cell where it would go.
@@ -1223,6 +1250,25 @@ mod tests {
         let e = s.update(u, &()).unwrap_err().to_string();
         assert!(e.contains("penalty_last_n") && e.contains("index 1"), "{e}");
         assert_eq!(s.active(), 0);
+    }
+
+    /// The ids a fixed multiplicative hash put at the start of every table (the smallest
+    /// `t * 0x9E3779B9`): counted, they no longer form one long probe run.
+    #[test]
+    fn chosen_ids_do_not_pile_up() {
+        let mut ids: Vec<i32> = (0..32_000).collect();
+        ids.sort_by_key(|&t| (t as u32).wrapping_mul(0x9E37_79B9));
+        let mut c = Counts::with_capacity(8192);
+        for &t in &ids[..8192] {
+            c.add(t);
+        }
+        let mask = c.cells.len() - 1;
+        let longest = ids[..8192]
+            .iter()
+            .map(|&t| (c.find(t) + c.cells.len() - c.home(t)) & mask)
+            .max()
+            .unwrap();
+        assert!(longest < 256, "a probe run of {longest} cells");
     }
 
     #[test]

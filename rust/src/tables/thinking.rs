@@ -91,13 +91,11 @@ impl Marker {
         self.ids.len()
     }
 
-    /// Start index of the last occurrence in `seq` (vLLM `_find_last_sequence_index`).
+    /// Start index of the last occurrence in `seq` (vLLM `_find_last_sequence_index`), by the
+    /// incremental search: O(len(seq)) whatever the tokens, where comparing every window costs
+    /// up to the marker's length at each position of a prompt made of its own tokens.
     fn last_in(&self, seq: &[i64]) -> Option<usize> {
-        if self.ids.is_empty() || seq.len() < self.ids.len() {
-            return None;
-        }
-        seq.windows(self.ids.len())
-            .rposition(|w| w == self.ids.as_slice())
+        self.feed(&mut Scan::default(), seq)
     }
 
     /// Feeds `tokens` (which sit at output positions `scan.pos..`) to the incremental search and
@@ -1146,6 +1144,32 @@ mod tests {
         let m = Marker::new(&[7, 7]);
         let mut scan = Scan::default();
         assert_eq!(m.feed(&mut scan, &[7, 7, 7]), Some(1));
+    }
+
+    #[test]
+    fn last_in_is_the_last_window_that_equals_the_marker() {
+        let mut rng = 9u64;
+        for case in 0..300 {
+            let mut next = |m: u64| {
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((rng >> 33) % m) as i64
+            };
+            let marker: Vec<i64> = (0..case % 5).map(|_| next(2)).collect();
+            let seq: Vec<i64> = (0..case % 23).map(|_| next(2)).collect();
+            let want = if marker.is_empty() || seq.len() < marker.len() {
+                None
+            } else {
+                seq.windows(marker.len())
+                    .rposition(|w| w == marker.as_slice())
+            };
+            assert_eq!(
+                Marker::new(&marker).last_in(&seq),
+                want,
+                "{marker:?} in {seq:?}"
+            );
+        }
     }
 
     // ------------------------------------------------------------------------------------
