@@ -139,7 +139,7 @@ class _Group(Group):
             stable_slots=True,
         )
         for m in self.members:
-            if isinstance(m._view, _TemperedMinP):
+            if isinstance(m._view, (_TemperedMinP, _SampledRowsOnly)):
                 m._view.group = self
         self.reads_history = bool(self.tables() & HISTORY_TABLES)  # only their tokens are fed
         self.close()  # later processors start a group of their own
@@ -360,6 +360,11 @@ class _Group(Group):
         t = self.temperature[self.batch_slots]
         return not bool(np.all((t == 0.0) | (t == 1.0)))
 
+    def all_at_one(self) -> bool:
+        """Whether every request of this step samples at temperature 1 (no greedy row, none
+        that MRV2 divides). Read from the batch's slots, on the host."""
+        return bool(np.all(self.temperature[self.batch_slots] == 1.0))
+
     def committed(self, slots: np.ndarray) -> tuple[Any, Any, Any]:
         """Tokens the batch's requests committed since we last looked,
         ``all_token_ids[slot, known:total_len]`` in slot order (and the slot of each), from
@@ -506,6 +511,10 @@ def bridge(
     if cls is builtin.MinPLogitsProcessor:
         # MRV2 applies temperature after the custom processors.
         cls, name = _TemperedMinP, name or cls.__name__
+    elif cls in builtin.BUILTINS and cls.ARGMAX_INVARIANT:
+        # The other built-in argmax-invariant ones: V1 applies them to sampled rows only,
+        # after temperature; MRV2 runs every custom processor on every row before it.
+        cls, name = _sampled_rows_only(cls), name or cls.__name__
     bridged: type[_Bridge] = make_bridge(
         _Bridge, cls, name, module, namespace, lambda view: view.__doc__
     )
@@ -531,6 +540,41 @@ class _TemperedMinP(builtin.MinPLogitsProcessor):
         log_min_p = pipe.dense("min_p.log_min_p", rows, rowspace)
         threshold = scaled.amax(dim=-1, keepdim=True).add_(log_min_p)
         return logits.masked_fill_(scaled < threshold, float("-inf"))
+
+
+class _SampledRowsOnly(PipelineView):
+    """A built-in argmax-invariant processor (the truncations, XTC) as V1 applies it: vLLM V1
+    takes a greedy row's token before its argmax-invariant phase and applies that phase after
+    temperature, so such a processor never sees a greedy row and sees the others divided by
+    their temperature. MRV2 runs custom processors on every row before temperature; so here
+    the processor masks a copy of the logits, divided by each row's temperature where it is
+    neither 0 nor 1, and the raw logits take its -inf mask on every row but the greedy ones.
+    (Every built-in of this phase only masks: it sets entries to -inf and nothing else.)"""
+
+    group: _Group | None = None
+
+    def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
+        group = self.group
+        if group is None or not rowspace or group.all_at_one():
+            return super()._apply(logits, rowspace)
+        t = group.temperature_dev.index_select(0, self._pipe.row_map(logits.shape[0]))
+        t = t.unsqueeze(1)
+        scaled = torch.where((t == 0.0) | (t == 1.0), logits, logits / t)
+        masked = super()._apply(scaled, rowspace)
+        return logits.masked_fill_(torch.isneginf(masked) & (t != 0.0), float("-inf"))
+
+
+def _sampled_rows_only(view: type[PipelineView]) -> type[PipelineView]:
+    """``view`` with ``_SampledRowsOnly`` ahead of it, a class of this module by its own name
+    (so a bridge of it pickles as any)."""
+    name = f"_SampledRowsOnly{view.__name__}"
+    cls = globals().get(name)
+    if cls is None:
+        cls = type(
+            name, (_SampledRowsOnly, view), {"__doc__": view.__doc__, "__module__": __name__}
+        )
+        globals()[name] = cls
+    return cls
 
 
 # Every built-in, under its own class name (``logitsproc_rs.vllm.v2:MinPLogitsProcessor``).
