@@ -82,11 +82,12 @@ def engine_python(vllm_version: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def model(engine_python: Path) -> Path:
-    """The tiny Llama (written once; ``make_model.py`` is idempotent)."""
+def model() -> Path:
+    """The tiny Llama (written once, by the newer engine's python; ``make_model.py`` is
+    idempotent): every engine runs the same one."""
     if not (MODEL / "done").exists():
         subprocess.run(
-            [str(engine_python), str(ENGINE_DIR / "make_model.py"), str(MODEL)],
+            [str(_engine_python(VERSIONS[0])), str(ENGINE_DIR / "make_model.py"), str(MODEL)],
             check=True,
             env=_env(),
             timeout=300,
@@ -179,19 +180,21 @@ def mrv2_spec(mrv2_python, model) -> dict:
     return _run_scenario(mrv2_python, model, "mrv2_spec")
 
 
-def _loaded(request, runner: str, vllm_version: str) -> dict:
-    if runner == "v1":
-        return dict(request.getfixturevalue("ours"))
-    if vllm_version != MRV2_VERSION:
-        pytest.skip(f"MRV2 takes custom processors from vLLM 0.32 on; its run: vllm-{MRV2_VERSION}")
-    return dict(request.getfixturevalue("mrv2"))
+# Where the effect and bad-input tests run: the V1 bridges in each version's V1 runner, the V2
+# bridges in 0.32.0's MRV2 (``runner-version``).
+RUNS = [*(f"v1-{v}" for v in VERSIONS), f"mrv2-{MRV2_VERSION}"]
 
 
-@pytest.fixture(params=["v1", "mrv2"])
-def loaded(request, vllm_version, engine_python, model) -> dict:
-    """Our processors in an engine: the V1 bridges in the V1 runner of this version (``ours``),
-    or the V2 bridges in MRV2 (``mrv2``, 0.32.0's engine)."""
-    return _loaded(request, request.param, vllm_version)
+def _loaded(run: str, model: Path) -> dict:
+    runner, version = run.split("-", 1)
+    return dict(_run_scenario(_engine_python(version), model, "ours" if runner == "v1" else "mrv2"))
+
+
+@pytest.fixture(params=RUNS)
+def loaded(request, model) -> dict:
+    """Our processors in an engine: the V1 bridges in a version's V1 runner (``ours``), or the
+    V2 bridges in 0.32.0's MRV2 (``mrv2``)."""
+    return _loaded(request.param, model)
 
 
 def part(results: dict, name: str):
@@ -212,11 +215,40 @@ def mismatches(got: dict, want: dict) -> list[str]:
 # --- ours vs vLLM's own processors ----------------------------------------------------------
 
 
-def test_namespaced_fields_give_vllms_tokens(ours, plain):
+def vllms_own(plain: dict, section: str, vllm_version: str, model: Path, pick=lambda r: r):
+    """vLLM's own tokens for the ordinary fields, to compare ours with. On vLLM 0.25.1, a greedy
+    request whose own tokens there differ from vLLM 0.32.0's is compared with 0.32.0's: 0.25.1's
+    ``InputBatch.condense`` moves a request's ``allowed_token_ids`` mask to its new row without
+    clearing the old one (``vllm/v1/worker/gpu_input_batch.py`` line 796; 0.32 clears it, line
+    818), so the next request added at that row inherits another request's allowed ids. (Its
+    ``swap_states`` also swaps the mask rows through views, copying one row over both.) Ours
+    have no such leak; those requests are printed."""
+    want = pick(part(plain, section))
+    if vllm_version != "0.25.1":
+        return want
+    newer = pick(part(_run_scenario(_engine_python(VERSIONS[0]), model, "plain"), section))
+    keys = range(len(want)) if isinstance(want, list) else list(want)
+    leaked = [k for k in keys if want[k] != newer[k] and _greedy(k, section)]
+    print(f"\nvLLM 0.25.1's allowed-ids leak: compared with 0.32.0's own tokens: {leaked}")
+    out = list(want) if isinstance(want, list) else dict(want)
+    for k in leaked:
+        out[k] = newer[k]
+    return out
+
+
+def _greedy(key, section: str) -> bool:
+    if section == "churn":
+        return driver.churn_specs()[key]["T"] == 0
+    return str(key).endswith("/greedy")
+
+
+def test_namespaced_fields_give_vllms_tokens(ours, plain, vllm_version, model):
     """Every field in our namespace, alone and combined, greedy and seeded at T=1.0 and 0.8:
     the tokens (and finish reasons) vLLM's own processors give for the ordinary fields in an
-    engine without ours."""
-    bad = mismatches(part(ours, "shared_ns"), part(plain, "shared_ordinary"))
+    engine without ours (``vllms_own``: on 0.25.1, what its allowed-ids leak changes is
+    compared with 0.32.0)."""
+    want = vllms_own(plain, "shared_ordinary", vllm_version, model)
+    bad = mismatches(part(ours, "shared_ns"), want)
     assert not bad, "namespaced (ours) != ordinary (vLLM's):\n" + "\n".join(bad)
 
 
@@ -227,11 +259,12 @@ def test_ordinary_fields_untouched_by_our_processors(ours, plain):
     assert not bad, "ordinary fields, our engine != plain engine:\n" + "\n".join(bad)
 
 
-def test_churn_matches_vllm(ours, plain):
+def test_churn_matches_vllm(ours, plain, vllm_version, model):
     """64 mixed random requests through 16 slots (adds, removals, condensing every step):
     each request's tokens equal vLLM's own for the same fields (the LogitMargin ones, which
-    vLLM has no field for, are left out)."""
-    got, want = part(ours, "churn")["first"], part(plain, "churn")["first"]
+    vLLM has no field for, are left out; on 0.25.1 see ``vllms_own``)."""
+    got = part(ours, "churn")["first"]
+    want = vllms_own(plain, "churn", vllm_version, model, lambda r: r["first"])
     specs = driver.churn_specs()
     bad = [
         f"#{i} {s['ns']}: ours {g} vs vLLM {w}"
@@ -528,22 +561,28 @@ MRV2_WORKER_CASES = [f"{n}/{v}" for n in driver.WORKER_BAD for v in driver.MRV2_
 
 
 @pytest.mark.parametrize(
-    ("runner", "case"),
-    [("v1", c) for c in WORKER_CASES] + [("mrv2", c) for c in MRV2_WORKER_CASES],
+    ("run", "case"),
+    [(r, c) for r in RUNS if r.startswith("v1") for c in WORKER_CASES]
+    + [(f"mrv2-{MRV2_VERSION}", c) for c in MRV2_WORKER_CASES],
 )
-def test_worker_fails_out_of_vocabulary_request_closed(runner, case, request, vllm_version):
+def test_worker_fails_out_of_vocabulary_request_closed(run, case, model):
     """A token id >= the vocabulary (which only the worker knows) fails that request closed:
     it emits only its stop tokens (EOS=2, the lowest, and ends at once unless vLLM's own
     ignore_eos / min_tokens keep it going), an ERROR names the field, the requests batched
     with it are unaffected, and the engine keeps serving. On MRV2 the greedy and seeded
     variants (vLLM's own stop fields around the request are V1's cases)."""
-    loaded = _loaded(request, runner, vllm_version)
+    loaded = _loaded(run, model)
+    vllm_version = run.split("-", 1)[1]
     r = part(loaded, "bad_input")["worker"][case]
     assert "raised" not in r, f"generate raised: {r.get('raised')}"
     out, variant = r["output"], case.split("/")[1]
     assert set(out["t"]) <= set(r["stops"]), f"non-stop tokens {out} (stops {r['stops']})"
     if variant == "ignore_eos":
         assert out == {"t": [driver.EOS] * 4, "f": "length"}, out
+    elif variant == "vllm_min_tokens" and vllm_version == "0.25.1":
+        # vLLM 0.25.1's check_stop (vllm/v1/core/sched/utils.py:100) does not stop a request
+        # before its min_tokens, whatever it emits: the forced EOS comes min_tokens (3) times.
+        assert out == {"t": [driver.EOS] * 3, "f": "stop"}, out
     else:
         # vLLM's own min_tokens too: 0.32's check_stop tests EOS before min_tokens (it counts
         # on its MinTokens processor to mask EOS), so a forced EOS ends the request at once.

@@ -125,7 +125,11 @@ class Served:
         self.start_s = round(time.perf_counter() - t0, 1)
         import openai
 
-        self.client = openai.OpenAI(base_url=self.base_url, api_key="none", max_retries=0)
+        # The client's default retries (a 400 is never retried): vLLM 0.25.1's server closes
+        # the connection after answering a request its front end refused ("Exception in ASGI
+        # application" in its log, after the 400), so the next request on that pooled
+        # connection fails to connect and is sent again, as it is for any openai user.
+        self.client = openai.OpenAI(base_url=self.base_url, api_key="none", max_retries=2)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
