@@ -766,6 +766,31 @@ def bad_input(llm, captured: Captured, variants: tuple[str, ...] | None = None) 
 # --- cost profile ----------------------------------------------------------------------------
 
 
+def profile_load(busy: bool, n: int = PROFILE_TOKENS) -> list[dict]:
+    """The profile's 16 requests at T = 1: none of our fields (idle) or all of them (busy)."""
+    rng = random.Random(99)
+    specs = []
+    for i in range(MAX_NUM_SEQS):
+        prompt = [BOS, THINK] + [rng.randrange(5, VOCAB) for _ in range(6)]
+        s = spec(prompt, n=n, temperature=1.0, seed=500 + i, ignore_eos=True)
+        if busy:
+            s["ns"] = {
+                "min_p": 0.05,
+                "logit_bias": {rng.randrange(5, VOCAB): 1.0 for _ in range(8)},
+                "min_tokens": 300,
+                "stop_token_ids": [rng.randrange(5, VOCAB)],
+                "presence_penalty": 0.3,
+                "frequency_penalty": 0.2,
+                "repetition_penalty": 1.1,
+                "bad_words_token_ids": [[rng.randrange(5, VOCAB)], [7, 8]],
+                "allowed_token_ids": [EOS, THINK, END_THINK, *range(5, 400)],
+                "thinking_token_budget": 16,
+            }
+            s["margin"] = 8.0
+        specs.append(s)
+    return specs
+
+
 def profile(llm, classes: list) -> dict:
     """Our processors' ``update_state`` + ``apply``, timed at the class level per engine step,
     with 16 concurrent requests that use none of our fields (idle), then all of them (busy,
@@ -816,29 +841,6 @@ def profile(llm, classes: list) -> dict:
     saved.append((Sampler, "forward", Sampler.__dict__.get("forward")))
     Sampler.forward = timed(Sampler, "forward", "Sampler")
 
-    def load(busy: bool) -> list[dict]:
-        rng = random.Random(99)
-        specs = []
-        for i in range(MAX_NUM_SEQS):
-            prompt = [BOS, THINK] + [rng.randrange(5, VOCAB) for _ in range(6)]
-            s = spec(prompt, n=PROFILE_TOKENS, temperature=1.0, seed=500 + i, ignore_eos=True)
-            if busy:
-                s["ns"] = {
-                    "min_p": 0.05,
-                    "logit_bias": {rng.randrange(5, VOCAB): 1.0 for _ in range(8)},
-                    "min_tokens": 300,
-                    "stop_token_ids": [rng.randrange(5, VOCAB)],
-                    "presence_penalty": 0.3,
-                    "frequency_penalty": 0.2,
-                    "repetition_penalty": 1.1,
-                    "bad_words_token_ids": [[rng.randrange(5, VOCAB)], [7, 8]],
-                    "allowed_token_ids": [EOS, THINK, END_THINK, *range(5, 400)],
-                    "thinking_token_budget": 16,
-                }
-                s["margin"] = 8.0
-            specs.append(s)
-        return specs
-
     def median(values) -> float:
         return round(statistics.median(values), 1)
 
@@ -848,7 +850,7 @@ def profile(llm, classes: list) -> dict:
     def measure(busy: bool, form: str = "ns") -> dict:
         steps.clear()
         t0 = time.perf_counter()
-        run(llm, load(busy), form)
+        run(llm, profile_load(busy), form)
         wall = time.perf_counter() - t0
         steps[:] = [st for st in steps if st.get("Sampler.forward")]  # steps that sampled
         per_step = [sum_of(st, names) for st in steps]
@@ -1165,6 +1167,67 @@ def mrv2(model: str) -> None:
     @section("spec_reference")
     def _():
         return spec_outputs(llm, spec_specs(llm))
+
+    @section("profile")
+    def _():
+        from logitsproc_rs.vllm import v2
+
+        # The built-ins vLLM has too, and the column: as ``ours``'s profile on V1.
+        return profile_v2(llm, [getattr(v2, n) for n in V2_NAMES])
+
+
+MRV2_PROFILE_TOKENS = 64  # decode steps per MRV2 profile run (Triton's interpreter is slow)
+
+
+def profile_v2(llm, classes: list) -> dict:
+    """Our V2 bridges' ``add_request`` + ``apply_staged_writes`` + ``apply`` per engine step
+    (a step starts at the first class's ``apply_staged_writes``), idle and busy, as
+    ``profile`` does for V1; MRV2's own kernels run in Triton's interpreter here, so only our
+    share is meaningful, not the engine step."""
+    names = [c.__name__ for c in classes]
+    steps: list[dict[str, int]] = []
+    saved = []
+
+    def timed(cls, meth: str):
+        orig = getattr(cls, meth)
+
+        def wrapper(self, *args, **kwargs):
+            if meth == "apply_staged_writes" and cls is classes[0]:
+                steps.append(collections.defaultdict(int))
+            t = time.perf_counter_ns()
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                if steps:
+                    steps[-1][cls.__name__] += time.perf_counter_ns() - t
+
+        return wrapper
+
+    for cls in classes:
+        for meth in ("add_request", "apply_staged_writes", "apply"):
+            saved.append((cls, meth, cls.__dict__.get(meth)))
+            setattr(cls, meth, timed(cls, meth))
+
+    def measure(busy: bool) -> dict:
+        steps.clear()
+        run(llm, profile_load(busy, MRV2_PROFILE_TOKENS))
+        per_step = [sum(st.values()) / 1e3 for st in steps]
+        return {
+            "steps": len(steps),
+            "median_us": round(statistics.median(per_step), 1),
+            "per_processor_median_us": {
+                n: round(statistics.median(st.get(n, 0) / 1e3 for st in steps), 1) for n in names
+            },
+        }
+
+    try:
+        return {"idle": measure(False), "busy": measure(True)}
+    finally:
+        for cls, meth, orig in saved:
+            if orig is None:
+                delattr(cls, meth)
+            else:
+                setattr(cls, meth, orig)
 
 
 def mrv2_plain(model: str) -> None:
