@@ -947,30 +947,29 @@ def pickled(model: str) -> None:
 
 # What ``served`` loads, by FQCN as a ``vllm serve`` command line does: ``ours``'s processors,
 # in its order, so that the same requests give the same tokens.
+# Our processors by class name (the same in ``v1`` and ``v2``): vLLM's built-ins in its order
+# (allowed ids, bad words, the processors, penalties, the thinking budget; then, argmax-invariant,
+# MinP), and ours beyond vLLM (opt-in).
+BUILTIN_NAMES = [
+    "AllowedTokenIdsLogitsProcessor",
+    "BadWordsLogitsProcessor",
+    "MinTokensLogitsProcessor",
+    "LogitBiasLogitsProcessor",
+    "PenaltiesLogitsProcessor",
+    "ThinkingBudgetLogitsProcessor",
+    "MinPLogitsProcessor",
+]
+BEYOND_NAMES = [
+    "NoRepeatNGramLogitsProcessor",
+    "DryLogitsProcessor",
+    "TopNSigmaLogitsProcessor",
+    "TypicalPLogitsProcessor",
+    "XTCLogitsProcessor",
+]
 SERVED_PROCESSORS = [
-    *(
-        f"logitsproc_rs.vllm.v1:{name}"
-        for name in (
-            "AllowedTokenIdsLogitsProcessor",
-            "BadWordsLogitsProcessor",
-            "MinTokensLogitsProcessor",
-            "LogitBiasLogitsProcessor",
-            "PenaltiesLogitsProcessor",
-            "ThinkingBudgetLogitsProcessor",
-            "MinPLogitsProcessor",
-        )
-    ),
+    *(f"logitsproc_rs.vllm.v1:{n}" for n in BUILTIN_NAMES),
     "engine_columns:LogitMargin",
-    *(
-        f"logitsproc_rs.vllm.v1:{name}"
-        for name in (
-            "NoRepeatNGramLogitsProcessor",
-            "DryLogitsProcessor",
-            "TopNSigmaLogitsProcessor",
-            "TypicalPLogitsProcessor",
-            "XTCLogitsProcessor",
-        )
-    ),
+    *(f"logitsproc_rs.vllm.v1:{n}" for n in BEYOND_NAMES),
 ]
 
 
@@ -1032,22 +1031,6 @@ def served_sections(server) -> None:
 # Ours on MRV2: the V2 bridges under the V1 names, in ``ours``'s order (MRV2 applies custom
 # processors in the order given, all before its temperature; the bridges take care of what V1
 # applies after it), the column bridged for V2, and the processors beyond vLLM.
-V2_NAMES = [
-    "AllowedTokenIdsLogitsProcessor",
-    "BadWordsLogitsProcessor",
-    "MinTokensLogitsProcessor",
-    "LogitBiasLogitsProcessor",
-    "PenaltiesLogitsProcessor",
-    "ThinkingBudgetLogitsProcessor",
-    "MinPLogitsProcessor",
-]
-V2_BEYOND = [
-    "NoRepeatNGramLogitsProcessor",
-    "DryLogitsProcessor",
-    "TopNSigmaLogitsProcessor",
-    "TypicalPLogitsProcessor",
-    "XTCLogitsProcessor",
-]
 # The ngram (prompt-lookup) speculator: no draft model.
 NGRAM = {
     "method": "ngram",
@@ -1063,9 +1046,9 @@ def v2_processors() -> list:
     from logitsproc_rs.vllm import v2
 
     return [
-        *(f"logitsproc_rs.vllm.v2:{n}" for n in V2_NAMES),
+        *(f"logitsproc_rs.vllm.v2:{n}" for n in BUILTIN_NAMES),
         v2.bridge(LogitMarginLogitsProcessor),
-        *(f"logitsproc_rs.vllm.v2:{n}" for n in V2_BEYOND),
+        *(f"logitsproc_rs.vllm.v2:{n}" for n in BEYOND_NAMES),
     ]
 
 
@@ -1173,7 +1156,7 @@ def mrv2(model: str) -> None:
         from logitsproc_rs.vllm import v2
 
         # The built-ins vLLM has too, and the column: as ``ours``'s profile on V1.
-        return profile_v2(llm, [getattr(v2, n) for n in V2_NAMES])
+        return profile_v2(llm, [getattr(v2, n) for n in BUILTIN_NAMES])
 
 
 MRV2_PROFILE_TOKENS = 64  # decode steps per MRV2 profile run (Triton's interpreter is slow)

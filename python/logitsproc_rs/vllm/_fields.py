@@ -154,9 +154,7 @@ def read_namespace(index: int | None, request: Any, namespace: str) -> Namespace
             )
 
         label = wire_label(namespace)
-        unknown = [k for k in wire if k not in NAMESPACE_FIELDS]
-        where = label(unknown[0]) if len(unknown) == 1 else "extra_args"
-        return Namespaced(_checked(index, wire, label, where), label)
+        return Namespaced(_checked(index, wire, label, None), label)
     field = f"extra_args[{namespace!r}]"
     nested = dict_label(namespace)
     if not isinstance(ns, Mapping):
@@ -170,12 +168,15 @@ def read_namespace(index: int | None, request: Any, namespace: str) -> Namespace
 
 
 def _checked(
-    index: int | None, fields: Mapping[Any, Any], label: Callable[[str], str], where: str
+    index: int | None, fields: Mapping[Any, Any], label: Callable[[str], str], where: str | None
 ) -> SamplingParams:
     """``fields`` as our ``SamplingParams``; unknown names and bad values are
-    ``RequestError``s naming the field by ``label`` (``where``: the whole of them)."""
+    ``RequestError``s naming the field by ``label`` (``where``: the whole of them; ``None``
+    for flat keys, where one unknown key is named by itself, several by ``extra_args``)."""
     unknown = sorted(str(k) for k in fields if k not in NAMESPACE_FIELDS)
     if unknown:
+        if where is None:
+            where = label(unknown[0]) if len(unknown) == 1 else "extra_args"
         raise RequestError.located(
             index,
             where,
@@ -189,7 +190,7 @@ def _checked(
         key = getattr(e, "field", None)
         if isinstance(key, str) and key in fields:
             raise RequestError.located(index, key, str(e), label=label(key)) from e
-        raise RequestError.located(index, where, str(e)) from e
+        raise RequestError.located(index, where or "extra_args", str(e)) from e
 
 
 def routed_params(index: int | None, request: Any, namespace: str) -> SamplingParams:
