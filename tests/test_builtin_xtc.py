@@ -6,6 +6,8 @@ its place in the sampler, and its bad input."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import random
 from types import SimpleNamespace
 from typing import Any
@@ -251,9 +253,10 @@ def test_greedy_rows_are_bit_identical_to_xtc_off() -> None:
         else SamplingParams(temperature=0.8, xtc_probability=1.0, xtc_threshold=0.01, seed=i)
         for i in range(n)
     ]
-    update = upd(n, added=[(i, p, None, []) for i, p in enumerate(params)])
-    with_xtc.update_state(update)
-    without.update_state(update)
+    # XTC off for the sampler without it (which refuses a request that switches XTC on).
+    off_params = [dataclasses.replace(p, xtc_probability=0.0) for p in params]
+    with_xtc.update_state(upd(n, added=[(i, p, None, []) for i, p in enumerate(params)]))
+    without.update_state(upd(n, added=[(i, p, None, []) for i, p in enumerate(off_params)]))
     greedy = torch.tensor([i % 2 == 0 for i in range(n)])
     changed = 0
     for k in range(10):
@@ -262,7 +265,8 @@ def test_greedy_rows_are_bit_identical_to_xtc_off() -> None:
         md = SamplingMetadata.from_params(params, V, "cpu", gens)
         on = Sampler(with_xtc)(x.clone(), md)
         gens = {i: torch.Generator().manual_seed(i) for i in range(1, n, 2)}
-        off = Sampler(without)(x.clone(), SamplingMetadata.from_params(params, V, "cpu", gens))
+        off_md = SamplingMetadata.from_params(off_params, V, "cpu", gens)
+        off = Sampler(without)(x.clone(), off_md)
         assert torch.equal(on.sampled_token_ids[greedy], off.sampled_token_ids[greedy])
         assert torch.equal(on.logits[greedy], off.logits[greedy])
         changed += int((on.logits[~greedy] != off.logits[~greedy]).any())

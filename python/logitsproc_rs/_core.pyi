@@ -32,11 +32,12 @@ def update_fingerprint(batch_update: Any) -> tuple[int, tuple[Any, ...]]:
     comparing."""
 
 def registry() -> list[
-    tuple[str, list[tuple[str, int]], list[tuple[str, str, str, float | int | None]], bool]
+    tuple[str, list[tuple[str, int]], list[tuple[str, str, str, float | int | None, bool]], bool]
 ]:
     """The core's registry: ``(name, caps, fields, history)`` per built-in table in reading
     order; ``caps`` as (engine-config name, default), ``fields`` as (name, SamplingParams
-    attribute, kind, neutral value), ``history``: whether its requests' outputs are read."""
+    attribute, kind, neutral value, tunes: whether it only tunes its processor), ``history``:
+    whether its requests' outputs are read."""
 
 PAGE_SIZE: int
 SECTION_ALIGN: int
@@ -89,11 +90,13 @@ class Pipeline:
         token_feed: bool = False,
         max_rows: int | None = None,
         host_kernels: bool = False,
+        refuse: Sequence[tuple[str, str]] = ...,
     ) -> Pipeline:
         """Builds the built-in ``tables`` named (see ``registry()``), sized by the per-request
         ``caps`` (engine-config names; a cap not given takes its default); ``thinking``:
         (start ids, end ids), needed by the "thinking" table; ``columns``: (name, kind, width,
-        default, reader) with kind ``float``/``int``/``array``/``tokens``."""
+        default, reader) with kind ``float``/``int``/``array``/``tokens``; ``refuse``: (table,
+        hint) for unbuilt tables whose switching fields a request must not set."""
 
     def step(
         self,

@@ -17,7 +17,7 @@ params)``, ``remove_request(slot)``, ``apply(logits, row_to_slot)`` with a row â
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -74,8 +74,7 @@ class SlotState(Protocol):
 class Pipeline(StableSlots):
     """The Rust core of a processor set, its device arena, and the step protocol.
 
-    ``tables`` names the built-in tables to build (``min_p``, ``logit_bias``, ``min_tokens``,
-    ``penalties``, ``bad_words``, ``allowed``, ``thinking``); ``columns`` are the declared
+    ``tables`` names the built-in tables to build (``registry.TABLES``); ``columns`` are the declared
     columns of custom processors, in order. ``token_feed=True`` makes the pipeline own each
     request's output history and take the sampled token ids per step instead of re-reading
     the engine's lists. ``stable_slots=True`` adds the row-space buffers of the stable-slot
@@ -83,6 +82,11 @@ class Pipeline(StableSlots):
     ``max_num_seqs Ã— (1 + num_speculative_tokens)``). ``kernels`` chooses the device applies:
     ``"triton"``, ``"torch"`` or ``"auto"`` (Triton for float32 CUDA logits where it imports);
     ``None`` follows ``LOGITSPROC_KERNELS``.
+
+    ``refuse`` maps tables it does not build to how to get their processor: a request that
+    sets a field switching one of them on is refused (a ``RequestError`` naming the field,
+    saying how), never run without it. By default: our opt-in processors' tables it lacks
+    (``unbuilt_opt_in``); vLLM applies its own fields itself when we do not.
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class Pipeline(StableSlots):
         emulate_device: bool = False,
         max_rows: int | None = None,
         kernels: str | None = None,
+        refuse: Mapping[str, str] | None = None,
     ) -> None:
         vllm_config = as_engine_config(vllm_config)
         self.device = resolve_device(device)
@@ -131,6 +136,7 @@ class Pipeline(StableSlots):
             token_feed=token_feed,
             max_rows=max_rows,
             host_kernels=self.device.type == "cpu" and not emulate_device,
+            refuse=sorted((refuse if refuse is not None else unbuilt_opt_in(tables)).items()),
         )
         self.tables = frozenset(tables)
         self.arena = DeviceArena(self.core, self.device, is_pin_memory, emulate_device)
@@ -437,6 +443,22 @@ class Pipeline(StableSlots):
     def bytes_uploaded_last_step(self) -> int:
         """Bytes the last upload carried (on the CPU: what a device upload would carry)."""
         return self.core.last_upload_bytes
+
+
+def unbuilt_opt_in(tables: Iterable[str]) -> dict[str, str]:
+    """The tables of our opt-in processors (ones vLLM does not have, so nobody else applies
+    them) that ``tables`` lacks, each with how to get its processor: what a ``Pipeline``
+    refuses by default, so a request that asks for one is refused, never run without it."""
+    from .builtin import OPT_IN_PROCESSORS  # the built-ins import this module
+
+    have = set(tables)
+    return {
+        t: f"build logitsproc_rs.{c.__name__} (build_logitsprocs(..., "
+        f"custom_logitsprocs=[logitsproc_rs.{c.__name__}]))"
+        for c in OPT_IN_PROCESSORS
+        for t in c.TABLES
+        if t not in have
+    }
 
 
 def _reasoning_ids(config: Any) -> tuple[list[int], list[int]]:

@@ -27,6 +27,9 @@ class Field:
     kind: str
     #: Its value when unset (``None`` for the optional and list kinds).
     neutral: Any
+    #: Whether it only tunes its processor (set alone it changes nothing); the other fields
+    #: switch the processor on, and a pipeline without it refuses them.
+    tunes: bool
 
     def is_set(self, value: Any) -> bool:
         """Whether ``value`` (as a request holds it) sets this field."""

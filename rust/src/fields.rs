@@ -37,6 +37,11 @@ pub struct FieldSpec {
     pub kind: FieldKind,
     /// Read only when this `Int` field (declared before it) is > 0.
     pub when_positive: Option<&'static str>,
+    /// Whether it only tunes its processor (DRY's base, XTC's threshold, a window): set alone
+    /// it changes nothing. The other fields switch the processor on for the request; a
+    /// pipeline without the table refuses a request that sets one of those
+    /// (`python::params::Reader`'s guards), rather than dropping it.
+    pub tunes: bool,
 }
 
 impl FieldSpec {
@@ -46,7 +51,14 @@ impl FieldSpec {
             attr: name,
             kind,
             when_positive: None,
+            tunes: false,
         }
+    }
+
+    /// The same field, marked as one that only tunes its processor (see [`FieldSpec::tunes`]).
+    pub const fn tunes(mut self) -> Self {
+        self.tunes = true;
+        self
     }
 
     /// The same field read from another attribute.

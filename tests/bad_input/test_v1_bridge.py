@@ -114,3 +114,39 @@ def test_a_malformed_update_changes_nothing(
     assert r["field"] == field
     assert "no table changed" in r["message"] and "LogitsProcessor" in r["message"]
     assert r["same_state"] and r["same_after"], r
+
+
+UNBUILT = [
+    "no_repeat_ngram_size",
+    "dry_multiplier",
+    "xtc_probability",
+    "top_n_sigma",
+    "typical_p",
+    "min_tokens",
+    "allowed_token_ids",
+    "bad_words_token_ids",
+]
+
+
+@pytest.mark.parametrize("field", UNBUILT)
+def test_a_field_of_a_processor_not_loaded_fails_the_request_closed(
+    cases: dict[str, Any], field: str
+) -> None:
+    """Never dropped: a namespaced field whose processor vLLM did not load (only MinP, LogitBias
+    and the penalties are) fails the request closed, and the log names the field and the class
+    to load; vLLM's front end cannot know the loaded set (``validate_params`` is per class)."""
+    r = cases[f"unbuilt[{field}]"]
+    assert r["raised"] is None, r
+    assert r["forced"] == [3], r
+    assert len(r["logged"]) == 1 and f"field '{field}'" in r["logged"][0], r
+    assert "logitsproc_rs.vllm.v1:" in r["logged"][0] and "logits_processors" in r["logged"][0]
+
+
+@pytest.mark.parametrize("field", ["dry_base", "xtc_threshold", "no_repeat_ngram_window"])
+def test_a_field_that_only_tunes_an_unloaded_processor_is_served(
+    cases: dict[str, Any], field: str
+) -> None:
+    """Set alone, a tuning field changes nothing, so the request is served as it is."""
+    r = cases[f"unbuilt[{field}]"]
+    assert r["raised"] is None and r["forced"] == [] and r["logged"] == [], r
+    assert r["same"], r

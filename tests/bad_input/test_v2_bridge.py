@@ -185,3 +185,34 @@ def test_an_interrupt_in_add_request_propagates_and_changes_nothing(
     r = params[f"interrupt[{exc}]"]
     assert r["raised"] == exc, r
     assert r["same_state"] and r["same_next"] and r["same_after"], r
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "no_repeat_ngram_size",
+        "dry_multiplier",
+        "xtc_probability",
+        "min_tokens",
+        "allowed_token_ids",
+    ],
+)
+def test_a_field_of_a_processor_not_loaded_fails_the_request_closed(
+    params: dict[str, Any], field: str
+) -> None:
+    """Never dropped: a namespaced field whose processor the runner did not load (only MinP,
+    LogitBias and the penalties are) fails the request closed; the log names the field and the
+    class to load."""
+    r = params[f"unbuilt[{field}]"]
+    assert r["raised"] is None, r
+    assert r["forced"] == [r["slot"]], r
+    assert len(r["logged"]) == 1 and f"field '{field}'" in r["logged"][0], r
+    assert "logitsproc_rs.vllm.v2:" in r["logged"][0], r
+
+
+@pytest.mark.parametrize("field", ["dry_base", "xtc_threshold"])
+def test_a_field_that_only_tunes_an_unloaded_processor_is_served(
+    params: dict[str, Any], field: str
+) -> None:
+    r = params[f"unbuilt[{field}]"]
+    assert r["raised"] is None and r["forced"] == [] and r["logged"] == [], r

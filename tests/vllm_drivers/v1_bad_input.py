@@ -142,9 +142,61 @@ ROUTED_ONLY = [
 ]
 
 
+# Fields of processors these engines did not load (MinP, LogitBias and the penalties are):
+# each switches its processor on, so the request is failed closed, never run without it.
+UNBUILT = [
+    ("no_repeat_ngram_size", 2),
+    ("dry_multiplier", 0.8),
+    ("xtc_probability", 0.5),
+    ("top_n_sigma", 1.0),
+    ("typical_p", 0.5),
+    ("min_tokens", 3),
+    ("allowed_token_ids", [1, 2]),
+    ("bad_words_token_ids", [[4]]),
+]
+# Fields that only tune a processor (set alone they change nothing): served as they are.
+TUNING_ONLY = [("dry_base", 2.0), ("xtc_threshold", 0.3), ("no_repeat_ngram_window", 4)]
+
+
+class Logged(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def unbuilt(out: dict[str, Any]) -> None:
+    """Namespaced fields of processors the engine did not load."""
+    log = logging.getLogger("logitsproc_rs")
+    for field, value in UNBUILT + TUNING_ONLY:
+        eng, twin = Engine("routed"), Engine("routed")
+        handler = Logged()
+        log.addHandler(handler)
+        level, log.propagate = log.level, False
+        log.setLevel(logging.ERROR)
+        error = None
+        try:
+            eng.step([(3, request("routed", **{field: value}))], size=4)
+        except BaseException as e:
+            error = e
+        finally:
+            log.removeHandler(handler)
+            log.setLevel(level)
+            log.propagate = True
+        twin.step([(3, request("routed"))], size=4)
+        r = described(error)
+        r["forced"] = sorted(eng.bridges[0]._group.forced.rows)
+        r["logged"] = handler.messages
+        r["same"] = torch.equal(eng.logits(1), twin.logits(1))
+        out[f"unbuilt[{field}]"] = r
+
+
 def main() -> None:
     logging.getLogger("logitsproc_rs").setLevel(logging.CRITICAL)  # failed-closed requests
     out: dict[str, Any] = {}
+    unbuilt(out)
     for mode in ("routed", "plain"):
         for field, value in NOT_NUMBERS + (ROUTED_ONLY if mode == "routed" else []):
             key = f"{mode}:{field}={str(value)[:12]}"

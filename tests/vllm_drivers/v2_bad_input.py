@@ -35,9 +35,9 @@ class World:
     """A runner with two requests in flight (penalties, bias, min_p: histories are read) after
     two steps."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: list[str] = NAMES) -> None:
         self.rs = h.RunnerState(SLOTS, 64, V)
-        self.procs = h.build(EngineConfig(max_num_seqs=SLOTS, vocab_size=V), self.rs, NAMES)
+        self.procs = h.build(EngineConfig(max_num_seqs=SLOTS, vocab_size=V), self.rs, names)
         self.needs = np.zeros(SLOTS, dtype=bool)
         self.slots: list[int] = []
         self.step_no = 0
@@ -249,6 +249,59 @@ def params_cases() -> dict[str, Any]:
     return out
 
 
+# Only the processors the World's requests use: the fields of the others are refused.
+FEW = [
+    f"logitsproc_rs.vllm.v2:{c.__name__}"
+    for c in (v2.MinPLogitsProcessor, v2.LogitBiasLogitsProcessor, v2.PenaltiesLogitsProcessor)
+]
+UNBUILT = [
+    ("no_repeat_ngram_size", 2),
+    ("dry_multiplier", 0.8),
+    ("xtc_probability", 0.5),
+    ("min_tokens", 3),
+    ("allowed_token_ids", [1, 2]),
+]
+TUNING_ONLY = [("dry_base", 2.0), ("xtc_threshold", 0.3)]
+
+
+class Logged(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def unbuilt_cases() -> dict[str, Any]:
+    """Namespaced fields of processors the runner did not load: failed closed and logged."""
+    out: dict[str, Any] = {}
+    log = logging.getLogger("logitsproc_rs")
+    for field, value in UNBUILT + TUNING_ONLY:
+        sp = SamplingParams(extra_args={"logitsproc_rs": {field: value}})
+        world = World(FEW)
+        handler = Logged()
+        log.addHandler(handler)
+        level, log.propagate = log.level, False
+        log.setLevel(logging.ERROR)
+        error = None
+        try:
+            slot = world.rs.add_request([1], [])
+            h.add_to_sampler(world.procs, world.needs, slot, sp)
+        except BaseException as e:
+            error = e
+        finally:
+            log.removeHandler(handler)
+            log.setLevel(level)
+            log.propagate = True
+        r = described(error)
+        r["forced"] = sorted(int(k) for k in world.group.forced.rows)
+        r["slot"] = slot
+        r["logged"] = handler.messages
+        out[f"unbuilt[{field}]"] = r
+    return out
+
+
 def main() -> None:
     logging.getLogger("logitsproc_rs").setLevel(logging.CRITICAL)  # failed-closed requests
     h.v1_package(real=False)
@@ -258,6 +311,7 @@ def main() -> None:
         out.update(slot_cases())
     if which in ("all", "params"):
         out.update(params_cases())
+        out.update(unbuilt_cases())
     h.report(out)
 
 

@@ -64,8 +64,9 @@ OPT_IN_PROCESSORS = in_stage(Stage.OPT_IN)
 
 
 def asked_for(params: Iterable[Any]) -> list[type[PipelineView]]:
-    """The opt-in processors some of ``params`` set a field of (e.g. ``no_repeat_ngram_size``),
-    for a front-end that knows its requests up front (HF ``generate()``)."""
+    """The opt-in processors some of ``params`` switch on (set a field of that is not only a
+    tuning one, e.g. ``no_repeat_ngram_size``), for a front-end that knows its requests up
+    front (HF ``generate()``)."""
     rows = list(params)
     return [
         c
@@ -75,6 +76,7 @@ def asked_for(params: Iterable[Any]) -> list[type[PipelineView]]:
             for p in rows
             for t in c.TABLES
             for f in TABLES[t].fields
+            if not f.tunes
         )
     ]
 

@@ -29,6 +29,7 @@ from abc import ABCMeta
 from collections.abc import Callable, MutableMapping
 from typing import Any, ClassVar, TypeVar
 
+from ..builtin import BUILTINS
 from ..pipeline import Pipeline
 from ..views import PipelineView
 from . import _guard
@@ -114,13 +115,30 @@ class Group:
             pin,
             tables=self.tables(),
             columns=[c for v in views for c in v.COLUMNS],
+            refuse=self.refused(),
             **options,
         )
         for m in self.members:
             m._view = type(m).VIEW(config, device, pin, pipeline=pipe)
         self.pipeline = pipe
-        self.routes = bool(self.namespace and pipe.tables)
+        self.routes = bool(self.namespace)
         return pipe
+
+    def refused(self) -> dict[str, str] | None:
+        """What the pipeline refuses rather than drops: in namespace mode every built-in table
+        no member has (a namespaced field is ours alone: vLLM never reads it), each with the
+        bridged class to load; without a namespace the pipeline's default (our opt-in
+        processors' tables: vLLM applies its own fields itself)."""
+        if not self.namespace:
+            return None
+        bridge = self.members[0].BRIDGE if self.members else "logitsproc_rs.vllm.v1"
+        have = self.tables()
+        return {
+            t: f"add '{bridge}:{c.__name__}' to vLLM's logits_processors"
+            for c in BUILTINS
+            for t in c.TABLES
+            if t not in have
+        }
 
     # --- requests -----------------------------------------------------------------------------
 

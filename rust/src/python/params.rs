@@ -7,7 +7,7 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{
     PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PyMapping, PySet,
-    PyString,
+    PyString, PyTuple,
 };
 
 use super::errors::{
@@ -18,6 +18,7 @@ use super::update::{bounded_ints, extract_as, param_named, token_ids, try_descri
 use crate::fields::{FieldKind, FieldSpec, Fields, IntValue, Value};
 use crate::pipeline::{Pipeline, PipelineConfig, RequestParams};
 use crate::tables::columns::{ColumnKind, ColumnValue};
+use crate::tables::Builtin;
 
 /// One field the pipeline's tables read, with its attribute name interned once and its caps
 /// resolved.
@@ -30,10 +31,20 @@ struct FieldReader {
     len: usize,
 }
 
+/// A field of a table the pipeline does not have, that switches that table's processor on
+/// (see `FieldSpec::tunes`): a request that sets it is refused, never run without it.
+struct Guard {
+    spec: FieldSpec,
+    attr: Py<PyString>,
+    /// How to get the processor (the error says it).
+    hint: String,
+}
+
 /// How the fields the pipeline's tables declare are read from a request's params, and how
 /// to read the declared columns.
 pub struct Reader {
     fields: Vec<FieldReader>,
+    guards: Vec<Guard>,
     pub token_feed: bool,
     /// Per column: its kind, and a callable `params -> value | None`.
     pub columns: Vec<(String, ColumnKind, Py<PyAny>)>,
@@ -141,13 +152,29 @@ fn bounded_ids(
 }
 
 impl Reader {
+    /// `refuse`: `(table, hint)` for each table the pipeline does not have whose fields a
+    /// request must not set (`hint`: how to get its processor).
     pub fn new(
         py: Python<'_>,
         fields: &[FieldSpec],
         cfg: &PipelineConfig,
         token_feed: bool,
         columns: Vec<(String, ColumnKind, Py<PyAny>)>,
+        refuse: &[(&'static Builtin, String)],
     ) -> Self {
+        let guards = refuse
+            .iter()
+            .flat_map(|(table, hint)| {
+                table.fields.iter().filter(|f| !f.tunes).map(move |spec| Guard {
+                    spec: spec.clone(),
+                    attr: PyString::intern(py, spec.attr).unbind(),
+                    hint: format!(
+                        "it is set, but this pipeline has no {} table to apply it: {hint}",
+                        table.name
+                    ),
+                })
+            })
+            .collect();
         let fields = fields
             .iter()
             .map(|spec| {
@@ -167,9 +194,48 @@ impl Reader {
             .collect();
         Reader {
             fields,
+            guards,
             token_feed,
             columns,
         }
+    }
+
+    /// Refuses a request that sets a field of a table the pipeline lacks (a `ValueError`
+    /// naming the request and field, and how to get the processor). Only the switching
+    /// fields are read, and only as far as needed to tell neutral from set.
+    fn guard(&self, e: &AddedEntry<'_>) -> PyResult<()> {
+        let py = e.params.py();
+        for g in &self.guards {
+            let v = param_named(e.index, &e.params, g.spec.attr, g.attr.bind(py))?;
+            if v.is_none() {
+                continue;
+            }
+            let set = match &g.spec.kind {
+                FieldKind::Float { neutral } => float_of(e.index, g.spec.attr, &v)? != *neutral,
+                FieldKind::Int { neutral } => int_of(e.index, g.spec.name, &v)? != *neutral,
+                FieldKind::OptInt => true,
+                FieldKind::Bool => !v.is_instance_of::<PyBool>() || v.is_truthy()?,
+                // A built-in container is set when it holds something (its length runs no
+                // caller code); any other value is set.
+                FieldKind::Ids { .. } | FieldKind::IdLists { .. } | FieldKind::Bias { .. } => {
+                    if let Ok(l) = v.cast_exact::<PyList>() {
+                        !l.is_empty()
+                    } else if let Ok(t) = v.cast_exact::<PyTuple>() {
+                        !t.is_empty()
+                    } else if let Ok(d) = v.cast_exact::<PyDict>() {
+                        !d.is_empty()
+                    } else if let Ok(s) = v.cast_exact::<PySet>() {
+                        !s.is_empty()
+                    } else {
+                        true
+                    }
+                }
+            };
+            if set {
+                return Err(bad_value(e.index, g.spec.attr, g.hint.clone()));
+            }
+        }
+        Ok(())
     }
 
     pub fn read(
@@ -178,6 +244,7 @@ impl Reader {
         e: &AddedEntry<'_>,
     ) -> PyResult<RequestParams<PyListSource>> {
         let py = e.params.py();
+        self.guard(e)?;
         let mut p = RequestParams::neutral(output_of(e, self.token_feed)?);
         p.fields = Fields::with_capacity(self.fields.len());
         for f in &self.fields {

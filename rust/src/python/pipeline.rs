@@ -260,11 +260,13 @@ impl Pipeline {
     /// Builds the built-in tables named in `tables` (see `registry()`), sized by the
     /// per-request `caps` (engine-config names; a cap not given takes its default), and the
     /// declared `columns`; `thinking` is `(start_ids, end_ids)`, needed by the "thinking"
-    /// table.
+    /// table. `refuse`: `(table, hint)` for tables it does not build whose processor a request
+    /// must not ask for: a request setting one of their switching fields is refused, naming
+    /// the field, with `hint` (how to get the processor).
     #[new]
     #[pyo3(signature = (capacity, vocab_size, *, tables=Vec::new(), caps=Vec::new(),
                         thinking=None, spec_tokens=0, columns=Vec::new(), stable_slots=false,
-                        token_feed=false, max_rows=None, host_kernels=false))]
+                        token_feed=false, max_rows=None, host_kernels=false, refuse=Vec::new()))]
     fn new(
         py: Python<'_>,
         capacity: usize,
@@ -278,7 +280,20 @@ impl Pipeline {
         token_feed: bool,
         max_rows: Option<usize>,
         host_kernels: bool,
+        refuse: Vec<(String, String)>,
     ) -> PyResult<Self> {
+        let mut refused = Vec::with_capacity(refuse.len());
+        for (name, hint) in refuse {
+            let table = crate::tables::builtin(&name).filter(|_| !tables.contains(&name));
+            let Some(table) = table else {
+                return Err(crate::error::Error::Config {
+                    field: "refuse",
+                    message: format!("'{name}' is no built-in table this pipeline lacks"),
+                }
+                .into());
+            };
+            refused.push((table, hint));
+        }
         let mut specs = Vec::with_capacity(columns.len());
         let mut readers = Vec::with_capacity(columns.len());
         for (name, kind, width, default, reader) in columns {
@@ -302,7 +317,7 @@ impl Pipeline {
             host_kernels,
         };
         let inner = pipeline::Pipeline::new(cfg.clone())?;
-        let reader = Reader::new(py, inner.fields(), &cfg, token_feed, readers);
+        let reader = Reader::new(py, inner.fields(), &cfg, token_feed, readers, &refused);
         Ok(Pipeline {
             inner,
             reader,

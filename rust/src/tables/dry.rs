@@ -53,16 +53,17 @@ const FLOAT_MAX_LOG: f32 = 88.722_84;
 /// The request fields DRY reads (`dry_multiplier` 0: off).
 pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("dry_multiplier", FieldKind::Float { neutral: 0.0 }),
-    FieldSpec::new("dry_base", FieldKind::Float { neutral: 1.75 }),
-    FieldSpec::new("dry_allowed_length", FieldKind::Int { neutral: 2 }),
-    FieldSpec::new("dry_penalty_last_n", FieldKind::Int { neutral: -1 }),
+    FieldSpec::new("dry_base", FieldKind::Float { neutral: 1.75 }).tunes(),
+    FieldSpec::new("dry_allowed_length", FieldKind::Int { neutral: 2 }).tunes(),
+    FieldSpec::new("dry_penalty_last_n", FieldKind::Int { neutral: -1 }).tunes(),
     FieldSpec::new(
         "dry_sequence_breakers",
         FieldKind::IdLists {
             lists: "max_dry_sequence_breakers",
             len: "max_dry_sequence_breaker_len",
         },
-    ),
+    )
+    .tunes(),
 ];
 
 /// One request's checked parameters.

@@ -35,7 +35,8 @@ pub const FIELDS: &[FieldSpec] = &[
         },
     )
     .from_attr("all_stop_token_ids")
-    .when_positive("min_tokens"),
+    .when_positive("min_tokens")
+    .tunes(),
 ];
 
 /// One added request's parameters, as read from its sampling params.

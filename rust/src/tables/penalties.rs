@@ -57,7 +57,7 @@ pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("repetition_penalty", FieldKind::Float { neutral: 1.0 }),
     FieldSpec::new("frequency_penalty", FieldKind::Float { neutral: 0.0 }),
     FieldSpec::new("presence_penalty", FieldKind::Float { neutral: 0.0 }),
-    FieldSpec::new("penalty_last_n", FieldKind::OptInt),
+    FieldSpec::new("penalty_last_n", FieldKind::OptInt).tunes(),
 ];
 
 /// One added request's penalty parameters.

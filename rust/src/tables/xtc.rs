@@ -17,7 +17,7 @@ use crate::tables::Build;
 /// default, as llama.cpp's and text-generation-webui's; above 0.5 is off).
 pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("xtc_probability", FieldKind::Float { neutral: 0.0 }),
-    FieldSpec::new("xtc_threshold", FieldKind::Float { neutral: 0.1 }),
+    FieldSpec::new("xtc_threshold", FieldKind::Float { neutral: 0.1 }).tunes(),
 ];
 
 /// Its declaration on the generic float-parameter table.
