@@ -7,7 +7,6 @@ its place in the sampler, and its bad input."""
 from __future__ import annotations
 
 import dataclasses
-
 import random
 from types import SimpleNamespace
 from typing import Any

@@ -74,8 +74,8 @@ class SlotState(Protocol):
 class Pipeline(StableSlots):
     """The Rust core of a processor set, its device arena, and the step protocol.
 
-    ``tables`` names the built-in tables to build (``registry.TABLES``); ``columns`` are the declared
-    columns of custom processors, in order. ``token_feed=True`` makes the pipeline own each
+    ``tables`` names the built-in tables to build (``registry.TABLES``); ``columns`` are the
+    declared columns of custom processors, in order. ``token_feed=True`` makes the pipeline own each
     request's output history and take the sampled token ids per step instead of re-reading
     the engine's lists. ``stable_slots=True`` adds the row-space buffers of the stable-slot
     front-end; ``max_rows`` bounds the rows of one stable-slot step (default
