@@ -21,6 +21,7 @@ __all__ = [
     "HostBufferView",
     "Pipeline",
     "__version__",
+    "field_range_error",
     "registry",
     "update_fingerprint",
 ]
@@ -30,6 +31,10 @@ __version__: str
 def update_fingerprint(batch_update: Any) -> tuple[int, tuple[Any, ...]]:
     """``(fingerprint, objects)`` of a batch update's structure; hold ``objects`` while
     comparing."""
+
+def field_range_error(name: str, value: float) -> str | None:
+    """``None`` when ``value`` is inside field ``name``'s declared range (or it has none), else
+    the core's refusal (``"must be in [0, 1], got 2"``)."""
 
 def registry() -> list[
     tuple[str, list[tuple[str, int]], list[tuple[str, str, str, float | int | None, bool]], bool]

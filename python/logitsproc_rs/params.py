@@ -9,6 +9,7 @@ construction with vLLM's ranges; a bad one raises ``ValueError`` naming the fiel
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import operator
@@ -18,6 +19,7 @@ from enum import IntEnum
 from types import SimpleNamespace
 from typing import Any, TypeGuard
 
+from . import _core
 from .errors import ConfigError, LogitsprocError, RequestError, SizeError
 from .registry import CAP_DEFAULTS, INT_FIELD_RANGE, NEUTRAL, TABLES
 
@@ -230,27 +232,27 @@ class SamplingParams:
     # positions of prompt + output only. None or -1: the whole history (vLLM's), 0: off.
     penalty_last_n: int | None = None
     # HF's no-repeat-ngram (ours, not vLLM's; 0: off): never repeat an n-gram of the sequence.
-    no_repeat_ngram_size: int = 0
+    no_repeat_ngram_size: int = NEUTRAL["no_repeat_ngram_size"]
     # DeepSeek-OCR's variant (each off by default: HF's rule): only n-grams inside the last w
     # tokens (0: the engine's max_no_repeat_ngram_window), the output alone (not the prompt),
     # token ids never banned.
-    no_repeat_ngram_window: int = 0
+    no_repeat_ngram_window: int = NEUTRAL["no_repeat_ngram_window"]
     no_repeat_ngram_output_only: bool = False
     no_repeat_ngram_whitelist: list[int] | None = None
     # Truncations beyond vLLM (ours; opt-in, applied after temperature and MinP, before
     # top-k/top-p): llama.cpp's top-n-sigma (<= 0 or None: off, stored as 0.0), HF's typical-p
     # (in (0, 1], 1: off), epsilon and eta cutoffs (in [0, 1), 0: off). None reads as off.
-    top_n_sigma: float | None = 0.0
-    typical_p: float | None = 1.0
-    epsilon_cutoff: float | None = 0.0
-    eta_cutoff: float | None = 0.0
+    top_n_sigma: float | None = NEUTRAL["top_n_sigma"]
+    typical_p: float | None = NEUTRAL["typical_p"]
+    epsilon_cutoff: float | None = NEUTRAL["epsilon_cutoff"]
+    eta_cutoff: float | None = NEUTRAL["eta_cutoff"]
     # XTC, "exclude top choices" (ours; llama.cpp's, opt-in, argmax-invariant phase after the
     # truncations): with probability xtc_probability (in [0, 1], 0: off) per step, remove every
     # token with probability >= xtc_threshold (in (0, 1], > 0.5: off) except the least likely.
     # Random rows only: a greedy request's xtc_probability is reset to 0. None reads as off /
     # the default threshold.
-    xtc_probability: float | None = 0.0
-    xtc_threshold: float | None = 0.1
+    xtc_probability: float | None = NEUTRAL["xtc_probability"]
+    xtc_threshold: float | None = NEUTRAL["xtc_threshold"]
     # llama.cpp's DRY (ours; opt-in; dry_multiplier 0: off): penalise the tokens that would
     # extend a repetition of the sequence's suffix (prompt included), multiplier *
     # base^(len - allowed_length); over the last dry_penalty_last_n tokens (-1: the whole
@@ -258,10 +260,10 @@ class SamplingParams:
     # back past a sequence breaker (token-id sequences, head first; tails past 20 tokens are cut,
     # as llama.cpp does; none by default: we have no tokenizer to find llama.cpp's "\n", ":",
     # "\"", "*").
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = -1
+    dry_multiplier: float = NEUTRAL["dry_multiplier"]
+    dry_base: float = NEUTRAL["dry_base"]
+    dry_allowed_length: int = NEUTRAL["dry_allowed_length"]
+    dry_penalty_last_n: int = NEUTRAL["dry_penalty_last_n"]
     dry_sequence_breakers: list[list[int]] | None = None
     # Free-form per-request arguments for custom processors (vLLM's ``extra_args``).
     extra_args: dict[str, Any] | None = None
@@ -307,13 +309,14 @@ class SamplingParams:
                         field=name,
                     )
 
-    def _verify_truncations(self) -> None:
-        """top_n_sigma, typical_p, epsilon_cutoff, eta_cutoff: the ranges the core checks
-        (``rust/src/tables/{top_n_sigma,typical_p,epsilon_cutoff,eta_cutoff}.rs``); None and
-        top_n_sigma <= 0 become the neutral value."""
-        for name in ("top_n_sigma", "typical_p", "epsilon_cutoff", "eta_cutoff"):
+    def _verify_ranges(self) -> None:
+        """Every float field of the core's registry in its declared range (the core's own
+        check and message: ``_core.field_range_error``). None reads as the neutral value where
+        the field's type allows it (ours beyond vLLM's; vLLM's own take no None);
+        top_n_sigma <= 0 is off."""
+        for name in _FIELDS_OF_KIND["float"]:
             v = getattr(self, name)
-            if v is None:
+            if v is None and name in _NONE_IS_NEUTRAL:
                 setattr(self, name, NEUTRAL[name])
                 continue
             x = _real(name, v)
@@ -324,22 +327,9 @@ class SamplingParams:
                     )
                 if x <= 0:
                     self.top_n_sigma = 0.0
-            elif name == "typical_p":
-                _in_range(name, x, 0, 1, lo_open=True, note=" (1: off)")
-            else:
-                _in_range(name, x, 0, 1, hi_open=True, note=" (0: off)")
-
-    def _verify_xtc(self) -> None:
-        """xtc_probability in [0, 1], xtc_threshold in (0, 1]: the ranges the core checks
-        (``rust/src/tables/xtc.rs``); None becomes the neutral value."""
-        for name, lo_open, note in (
-            ("xtc_probability", False, " (0: off)"),
-            ("xtc_threshold", True, " (> 0.5: off)"),
-        ):
-            if getattr(self, name) is None:
-                setattr(self, name, NEUTRAL[name])
-            x = _real(name, getattr(self, name))
-            _in_range(name, x, 0, 1, lo_open=lo_open, note=note)
+            detail = _core.field_range_error(name, x)
+            if detail is not None:
+                raise RequestError(f"{name} {detail}", field=name)
 
     def _verify_dry(self) -> None:
         """The DRY fields: the ranges the core checks (``rust/src/tables/dry.rs``); the window's
@@ -372,8 +362,7 @@ class SamplingParams:
 
         if not _is_int(self.n) or self.n < 1:
             raise RequestError(f"n must be an int >= 1, got {_show(self.n)}", field="n")
-        number("presence_penalty", -2.0, 2.0)
-        number("frequency_penalty", -2.0, 2.0)
+        self._verify_ranges()
         number("repetition_penalty", 0.0, math.inf, lo_open=True)
         if math.isinf(self.repetition_penalty):
             raise RequestError(
@@ -388,7 +377,6 @@ class SamplingParams:
                 f"top_k must be -1, 0 (disabled) or a positive int, got {_show(self.top_k)}",
                 field="top_k",
             )
-        number("min_p", 0.0, 1.0)
         if self.seed is not None and not _is_int(self.seed):
             raise RequestError(f"seed must be an int or None, got {_show(self.seed)}", field="seed")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
@@ -433,8 +421,6 @@ class SamplingParams:
             self.no_repeat_ngram_whitelist = _token_ids(
                 "no_repeat_ngram_whitelist", self.no_repeat_ngram_whitelist
             )
-        self._verify_truncations()
-        self._verify_xtc()
         self._verify_dry()
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise RequestError(
@@ -498,6 +484,12 @@ class SamplingParams:
         if self.seed is not None:
             return SamplingType.RANDOM_SEED
         return SamplingType.RANDOM
+
+
+# The fields where None reads as the neutral value: their type says so (ours beyond vLLM's).
+_NONE_IS_NEUTRAL = frozenset(
+    f.name for f in dataclasses.fields(SamplingParams) if "None" in str(f.type)
+)
 
 
 @dataclass

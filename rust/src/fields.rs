@@ -2,7 +2,83 @@
 //! request by whoever drives the pipeline (the bindings read them from `SamplingParams` by
 //! kind), and handed to every table's `check` as one [`Fields`].
 
+use crate::error::{Error, Result};
 use crate::tables::columns::ColumnValue;
+
+/// The values a number field accepts: an interval, each end open or closed, and a note the
+/// error adds (what the ends mean: "(0: off)"). Declared once, on the field; the tables
+/// check with it and the Python front ends ask the core (`_core.field_range_error`), so the
+/// range and its message live here alone.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Range {
+    pub lo: f64,
+    pub hi: f64,
+    pub lo_open: bool,
+    pub hi_open: bool,
+    pub note: &'static str,
+}
+
+impl Range {
+    /// `[lo, hi]`.
+    pub const fn closed(lo: f64, hi: f64) -> Self {
+        Range {
+            lo,
+            hi,
+            lo_open: false,
+            hi_open: false,
+            note: "",
+        }
+    }
+
+    /// The same interval without its lower end.
+    pub const fn open_lo(mut self) -> Self {
+        self.lo_open = true;
+        self
+    }
+
+    /// The same interval without its upper end.
+    pub const fn open_hi(mut self) -> Self {
+        self.hi_open = true;
+        self
+    }
+
+    /// The same interval, its error saying `note` after it.
+    pub const fn note(mut self, note: &'static str) -> Self {
+        self.note = note;
+        self
+    }
+
+    /// Whether `x` is inside (NaN never is).
+    pub fn contains(&self, x: f64) -> bool {
+        let above = if self.lo_open {
+            x > self.lo
+        } else {
+            x >= self.lo
+        };
+        let below = if self.hi_open {
+            x < self.hi
+        } else {
+            x <= self.hi
+        };
+        above && below
+    }
+
+    /// What the error says of a value outside: "must be in [0, 1) (0: off), got 2".
+    pub fn refusal(&self, x: f64) -> String {
+        format!(
+            "must be in {}{}, {}{}{}, got {x}",
+            if self.lo_open { "(" } else { "[" },
+            self.lo,
+            self.hi,
+            if self.hi_open { ")" } else { "]" },
+            if self.note.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", self.note)
+            },
+        )
+    }
+}
 
 /// How a field is read and what it holds when the request does not set it.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,6 +118,8 @@ pub struct FieldSpec {
     /// pipeline without the table refuses a request that sets one of those
     /// (`python::params::Reader`'s guards), rather than dropping it.
     pub tunes: bool,
+    /// The values a number field accepts (checked with [`FieldSpec::checked`]).
+    pub range: Option<Range>,
 }
 
 impl FieldSpec {
@@ -52,6 +130,22 @@ impl FieldSpec {
             kind,
             when_positive: None,
             tunes: false,
+            range: None,
+        }
+    }
+
+    /// The same field, accepting only `range`.
+    pub const fn range(mut self, range: Range) -> Self {
+        self.range = Some(range);
+        self
+    }
+
+    /// `x` when the field's range holds it, else the error naming request `index` and the
+    /// field (a field without a range takes anything).
+    pub fn checked(&self, index: usize, x: f64) -> Result<f64> {
+        match &self.range {
+            Some(r) if !r.contains(x) => Err(Error::invalid(index, self.name, r.refusal(x))),
+            _ => Ok(x),
         }
     }
 

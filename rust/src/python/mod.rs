@@ -22,8 +22,8 @@ mod _core {
 
     /// The built-in tables, from the core's registry: `(name, caps, fields, history)` per
     /// table in reading order, with `caps` as `(engine-config name, default)`, `fields` as
-    /// `(name, SamplingParams attribute, kind, neutral value)` and `history` whether its
-    /// requests' output histories are read every step.
+    /// `(name, SamplingParams attribute, kind, neutral value, tunes)` and `history` whether
+    /// its requests' output histories are read every step.
     #[pyfunction]
     fn registry(py: Python<'_>) -> PyResult<Vec<Bound<'_, pyo3::types::PyTuple>>> {
         use crate::fields::FieldKind;
@@ -55,6 +55,19 @@ mod _core {
                 (b.name, b.caps.to_vec(), fields, b.history).into_pyobject(py)
             })
             .collect()
+    }
+
+    /// What the core says of `value` in field `name`'s declared range: `None` inside it (or
+    /// for a field without one), else the refusal ("must be in [0, 1], got 2"). The front
+    /// ends check ranges with this, so each range and its message are declared once.
+    #[pyfunction]
+    fn field_range_error(name: &str, value: f64) -> Option<String> {
+        let spec = crate::tables::BUILTINS
+            .iter()
+            .flat_map(|b| b.fields)
+            .find(|f| f.name == name || f.attr == name)?;
+        let range = spec.range?;
+        (!range.contains(value)).then(|| range.refusal(value))
     }
 
     /// `(fingerprint, objects)` of a batch update's structure (see `update::fingerprint`):

@@ -165,14 +165,18 @@ impl Reader {
         let guards = refuse
             .iter()
             .flat_map(|(table, hint)| {
-                table.fields.iter().filter(|f| !f.tunes).map(move |spec| Guard {
-                    spec: spec.clone(),
-                    attr: PyString::intern(py, spec.attr).unbind(),
-                    hint: format!(
-                        "it is set, but this pipeline has no {} table to apply it: {hint}",
-                        table.name
-                    ),
-                })
+                table
+                    .fields
+                    .iter()
+                    .filter(|f| !f.tunes)
+                    .map(move |spec| Guard {
+                        spec: spec.clone(),
+                        attr: PyString::intern(py, spec.attr).unbind(),
+                        hint: format!(
+                            "it is set, but this pipeline has no {} table to apply it: {hint}",
+                            table.name
+                        ),
+                    })
             })
             .collect();
         let fields = fields

@@ -2,17 +2,18 @@
 //! probability is below `epsilon_cutoff`, never the top one. One float32 per slot on the
 //! generic float-parameter table; the apply is in `builtin/epsilon_cutoff.py`.
 
-use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec};
+use crate::error::Result;
+use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
 use crate::tables::Build;
 
 /// The request field it reads (`epsilon_cutoff`; 0.0 is off).
-pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
-    "epsilon_cutoff",
-    FieldKind::Float { neutral: 0.0 },
-)];
+pub const FIELDS: &[FieldSpec] =
+    &[FieldSpec::new("epsilon_cutoff", FieldKind::Float { neutral: 0.0 }).range(CUTOFF)];
+
+/// A cutoff's range, shared with eta: HF's.
+pub const CUTOFF: Range = Range::closed(0.0, 1.0).open_hi().note("(0: off)");
 
 /// Its declaration on the generic float-parameter table.
 pub static SPEC: FloatParams = FloatParams {
@@ -24,19 +25,12 @@ pub static SPEC: FloatParams = FloatParams {
 
 /// HF's range: in [0, 1); 0 is off (HF's `generate` adds no warper then).
 pub fn check(index: usize, v: &[f64]) -> Result<Option<Values>> {
-    cutoff(index, "epsilon_cutoff", v[0])
+    cutoff(index, &FIELDS[0], v[0])
 }
 
 /// A cutoff in [0, 1), 0 off: shared with eta.
-pub fn cutoff(index: usize, field: &'static str, eps: f64) -> Result<Option<Values>> {
-    if eps.is_nan() || !(0.0..1.0).contains(&eps) {
-        return Err(Error::invalid(
-            index,
-            field,
-            format!("must be in [0, 1) (0: off), got {eps}"),
-        ));
-    }
-    let stored = eps as f32;
+pub fn cutoff(index: usize, field: &FieldSpec, eps: f64) -> Result<Option<Values>> {
+    let stored = field.checked(index, eps)? as f32;
     Ok((stored > 0.0).then(|| float_params::values(&[stored])))
 }
 

@@ -9,10 +9,10 @@ use crate::tables::float_params::{self, FloatParams, Values};
 use crate::tables::Build;
 
 /// The request field it reads (`eta_cutoff`; 0.0 is off).
-pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
-    "eta_cutoff",
-    FieldKind::Float { neutral: 0.0 },
-)];
+pub const FIELDS: &[FieldSpec] = &[
+    FieldSpec::new("eta_cutoff", FieldKind::Float { neutral: 0.0 })
+        .range(super::epsilon_cutoff::CUTOFF),
+];
 
 /// Its declaration on the generic float-parameter table.
 pub static SPEC: FloatParams = FloatParams {
@@ -24,7 +24,7 @@ pub static SPEC: FloatParams = FloatParams {
 
 /// HF's range: in [0, 1); 0 is off (HF's `generate` adds no warper then).
 pub fn check(index: usize, v: &[f64]) -> Result<Option<Values>> {
-    super::epsilon_cutoff::cutoff(index, "eta_cutoff", v[0])
+    super::epsilon_cutoff::cutoff(index, &FIELDS[0], v[0])
 }
 
 /// Builds the table for a pipeline (the registry's entry).

@@ -8,8 +8,8 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
-use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::error::Result;
+use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::processor::{
     entry, unbox, Admission, Entry, HostData, HostLogits, StatusSink, StepContext, Table,
 };
@@ -17,7 +17,8 @@ use crate::tables::Build;
 use std::any::Any;
 
 /// The request fields MinP reads.
-pub const FIELDS: &[FieldSpec] = &[FieldSpec::new("min_p", FieldKind::Float { neutral: 0.0 })];
+pub const FIELDS: &[FieldSpec] =
+    &[FieldSpec::new("min_p", FieldKind::Float { neutral: 0.0 }).range(Range::closed(0.0, 1.0))];
 
 pub struct MinPState {
     values: Vec<f32>,
@@ -111,14 +112,7 @@ impl MinPState {
 
     /// Checks one request's min_p: a number in [0, 1].
     pub fn check(index: usize, min_p: f64) -> Result<f32> {
-        if min_p.is_nan() || !(0.0..=1.0).contains(&min_p) {
-            return Err(Error::invalid(
-                index,
-                "min_p",
-                format!("must be in [0, 1], got {min_p}"),
-            ));
-        }
-        Ok(min_p as f32)
+        Ok(FIELDS[0].checked(index, min_p)? as f32)
     }
 
     fn write(&mut self, index: usize, value: f32) -> bool {

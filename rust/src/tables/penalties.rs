@@ -29,7 +29,7 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
@@ -55,8 +55,10 @@ pub const PROMPT_FLAG: i32 = 1 << 30;
 /// prompt read too.
 pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("repetition_penalty", FieldKind::Float { neutral: 1.0 }),
-    FieldSpec::new("frequency_penalty", FieldKind::Float { neutral: 0.0 }),
-    FieldSpec::new("presence_penalty", FieldKind::Float { neutral: 0.0 }),
+    FieldSpec::new("frequency_penalty", FieldKind::Float { neutral: 0.0 })
+        .range(Range::closed(-2.0, 2.0)),
+    FieldSpec::new("presence_penalty", FieldKind::Float { neutral: 0.0 })
+        .range(Range::closed(-2.0, 2.0)),
     FieldSpec::new("penalty_last_n", FieldKind::OptInt).tunes(),
 ];
 
@@ -327,18 +329,8 @@ impl<H: TokenHistory> PenaltiesState<H> {
                 format!("must be finite and > 0 as a float32, got {rep}"),
             ));
         }
-        for (field, v) in [
-            ("frequency_penalty", p.frequency_penalty),
-            ("presence_penalty", p.presence_penalty),
-        ] {
-            if v.is_nan() || !(-2.0..=2.0).contains(&v) {
-                return Err(Error::invalid(
-                    index,
-                    field,
-                    format!("must be in [-2, 2], got {v}"),
-                ));
-            }
-        }
+        FIELDS[1].checked(index, p.frequency_penalty)?;
+        FIELDS[2].checked(index, p.presence_penalty)?;
         let last_n = match p.last_n {
             None | Some(-1) => None,
             Some(n) if n >= 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),

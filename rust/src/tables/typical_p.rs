@@ -2,17 +2,17 @@
 //! surprisal is closest to the entropy, up to mass `typical_p`. One float32 per slot on the
 //! generic float-parameter table; the apply is in `builtin/typical_p.py`.
 
-use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec};
+use crate::error::Result;
+use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
 use crate::tables::Build;
 
 /// The request field it reads (`typical_p`; 1.0 is off).
-pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
-    "typical_p",
-    FieldKind::Float { neutral: 1.0 },
-)];
+pub const FIELDS: &[FieldSpec] = &[
+    FieldSpec::new("typical_p", FieldKind::Float { neutral: 1.0 })
+        .range(Range::closed(0.0, 1.0).open_lo().note("(1: off)")),
+];
 
 /// Its declaration on the generic float-parameter table.
 pub static SPEC: FloatParams = FloatParams {
@@ -24,14 +24,7 @@ pub static SPEC: FloatParams = FloatParams {
 
 /// HF's range: in (0, 1]; 1 is off (HF's `generate` adds no warper then).
 pub fn check(index: usize, v: &[f64]) -> Result<Option<Values>> {
-    let mass = v[0];
-    if mass.is_nan() || mass <= 0.0 || mass > 1.0 {
-        return Err(Error::invalid(
-            index,
-            "typical_p",
-            format!("must be in (0, 1] (1: off), got {mass}"),
-        ));
-    }
+    let mass = FIELDS[0].checked(index, v[0])?;
     let stored = mass as f32;
     Ok((stored < 1.0).then(|| float_params::values(&[stored])))
 }

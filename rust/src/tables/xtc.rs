@@ -7,8 +7,8 @@
 //! `xtc_threshold` is above 0.5 (llama.cpp: at most one token can then qualify), compared as
 //! the stored float32 values.
 
-use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec};
+use crate::error::Result;
+use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
 use crate::tables::Build;
@@ -16,8 +16,12 @@ use crate::tables::Build;
 /// The request fields it reads: `xtc_probability` (0.0 is off) and `xtc_threshold` (0.1 by
 /// default, as llama.cpp's and text-generation-webui's; above 0.5 is off).
 pub const FIELDS: &[FieldSpec] = &[
-    FieldSpec::new("xtc_probability", FieldKind::Float { neutral: 0.0 }),
-    FieldSpec::new("xtc_threshold", FieldKind::Float { neutral: 0.1 }).tunes(),
+    FieldSpec::new("xtc_probability", FieldKind::Float { neutral: 0.0 })
+        .range(Range::closed(0.0, 1.0).note("(0: off)")),
+    // A threshold of 0 (or below) would make every token qualify, -inf ones included.
+    FieldSpec::new("xtc_threshold", FieldKind::Float { neutral: 0.1 })
+        .tunes()
+        .range(Range::closed(0.0, 1.0).open_lo().note("(> 0.5: off)")),
 ];
 
 /// Its declaration on the generic float-parameter table.
@@ -34,21 +38,8 @@ pub const THRESHOLD_OFF_ABOVE: f32 = 0.5;
 /// `xtc_probability` in [0, 1] (0: off); `xtc_threshold` in (0, 1] (> 0.5: off). A threshold
 /// of 0 (or below) would make every token qualify, -inf ones included, and is refused.
 pub fn check(index: usize, v: &[f64]) -> Result<Option<Values>> {
-    let (probability, threshold) = (v[0], v[1]);
-    if probability.is_nan() || !(0.0..=1.0).contains(&probability) {
-        return Err(Error::invalid(
-            index,
-            "xtc_probability",
-            format!("must be in [0, 1] (0: off), got {probability}"),
-        ));
-    }
-    if threshold.is_nan() || threshold <= 0.0 || threshold > 1.0 {
-        return Err(Error::invalid(
-            index,
-            "xtc_threshold",
-            format!("must be in (0, 1] (> 0.5: off), got {threshold}"),
-        ));
-    }
+    let probability = FIELDS[0].checked(index, v[0])?;
+    let threshold = FIELDS[1].checked(index, v[1])?;
     let (p, t) = (probability as f32, threshold as f32);
     // A positive threshold below float32's smallest subnormal rounds to 0: keep it positive.
     let t = if t == 0.0 { f32::from_bits(1) } else { t };
