@@ -57,7 +57,7 @@ impl<S: TripleState> TripleTable<S> {
     }
 
     /// The state's triples and the row-space copy, when there is one.
-    fn copy(&mut self) -> Option<(&SparseRows<f32>, &mut RowCopy)> {
+    fn triples_and_copy(&mut self) -> Option<(&SparseRows<f32>, &mut RowCopy)> {
         let triples = self.state.triples()?.0;
         Some((triples, self.rows.as_mut()?))
     }
@@ -128,7 +128,7 @@ impl<S: TripleState> Table for TripleTable<S> {
 
     fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
         self.state.map_rows(row_to_slot, capacity);
-        if let Some((triples, r)) = self.copy() {
+        if let Some((triples, r)) = self.triples_and_copy() {
             r.remap(triples, capacity, row_to_slot);
         }
     }
@@ -152,7 +152,7 @@ impl<S: TripleState> Table for TripleTable<S> {
 
     fn draft_capture(&mut self, rows: &[DraftRow<'_>], ctx: &StepContext<'_>) {
         self.state.draft_capture(rows, ctx);
-        if let Some((triples, r)) = self.copy() {
+        if let Some((triples, r)) = self.triples_and_copy() {
             let slots = rows.iter().map(|d| (d.row, d.slot));
             r.capture(triples, ctx.capacity, slots);
         }
