@@ -74,8 +74,30 @@ pub enum HostData<'a> {
 /// Called with each (name, value) of a table's status, in a fixed order.
 pub type StatusSink<'a> = dyn FnMut(&str, usize) + 'a;
 
-/// The per-slot state of one processor.
-pub trait Table: HasBuffers + Send + Sync + 'static {
+/// The per-slot state of one processor: a small required core, then optional capabilities
+/// whose defaults are what a table without them does (nothing), so a table writes only what
+/// is its own.
+///
+/// - **Core** (required): [`name`](Self::name), [`check`](Self::check),
+///   [`commit`](Self::commit), [`status`](Self::status), and its exported buffers
+///   ([`HasBuffers`]); [`step`](Self::step) and [`active`](Self::active) default to nothing.
+/// - **Reads output histories**: [`readers`](Self::readers), [`wants_prompt`](Self::wants_prompt),
+///   [`stepping`](Self::stepping), [`saw_placeholders`](Self::saw_placeholders) /
+///   [`restep`](Self::restep).
+/// - **Sparse triples and the CPU apply**: [`triples`](Self::triples),
+///   [`apply_host`](Self::apply_host).
+/// - **Row space** (stable slots): [`map_rows`](Self::map_rows),
+///   [`visit_late_buffers`](Self::visit_late_buffers).
+/// - **Draft rows** (speculative decoding, stable slots): the row-space copy built row by row
+///   ([`draft_begin`](Self::draft_begin), [`draft_capture`](Self::draft_capture),
+///   [`draft_finish`](Self::draft_finish)) around the draft replay's save and rollback
+///   ([`replays_drafts`](Self::replays_drafts), [`draft_save`](Self::draft_save),
+///   [`draft_restore`](Self::draft_restore)).
+///
+/// The pipeline finds a table of a known type by upcasting to [`Any`] (`Tables::get`).
+pub trait Table: HasBuffers + Any + Send + Sync {
+    // --- Core -------------------------------------------------------------------------------
+
     /// The processor's name (the registry's, or a column's declared name).
     fn name(&self) -> &str;
 
@@ -89,9 +111,23 @@ pub trait Table: HasBuffers + Send + Sync + 'static {
     /// The per-step work of a step without a batch change (new output tokens).
     fn step(&mut self, _ctx: &StepContext<'_>) {}
 
+    /// What Python reads after a step, as named counts (the same names every call).
+    fn status(&self, out: &mut StatusSink<'_>);
+
     /// Requests this table tracks (`None`: not reported, as for columns).
     fn active(&self) -> Option<usize> {
         None
+    }
+
+    // --- Reads output histories ---------------------------------------------------------------
+
+    /// The output histories this table reads each step.
+    fn readers(&self, _f: &mut dyn FnMut(&HistoryId)) {}
+
+    /// Whether this table reads the request's prompt, given its fields (the prompt is read
+    /// from the engine only when some table wants it).
+    fn wants_prompt(&self, _fields: &Fields) -> bool {
+        false
     }
 
     /// Whether this table holds state a step must advance even without a batch change.
@@ -104,20 +140,15 @@ pub trait Table: HasBuffers + Send + Sync + 'static {
         false
     }
 
-    /// Looks again at the outputs that stopped at a placeholder.
-    fn restep(&mut self, _ctx: &StepContext<'_>) {}
-
-    /// Whether this table reads the request's prompt, given its fields (the prompt is read
-    /// from the engine only when some table wants it).
-    fn wants_prompt(&self, _fields: &Fields) -> bool {
-        false
+    /// Looks again at the outputs that stopped at a placeholder: by default one more
+    /// [`step`](Self::step), which reads on from where the last one stopped.
+    fn restep(&mut self, ctx: &StepContext<'_>) {
+        if self.saw_placeholders() {
+            self.step(ctx);
+        }
     }
 
-    /// The output histories this table reads each step.
-    fn readers(&self, _f: &mut dyn FnMut(&HistoryId)) {}
-
-    /// What Python reads after a step, as named counts (the same names every call).
-    fn status(&self, out: &mut StatusSink<'_>);
+    // --- Sparse triples and the CPU apply -----------------------------------------------------
 
     /// The `(row, token, value)` triples this table writes on V1 rows, and whether their
     /// values add to the logits (else they overwrite them); `None` for a table applied
@@ -150,12 +181,30 @@ pub trait Table: HasBuffers + Send + Sync + 'static {
         }
     }
 
-    /// Stable slots: builds this table's row-space copy for a row → slot map.
+    // --- Row space (stable slots) -------------------------------------------------------------
+
+    /// Builds this table's row-space copy for a row → slot map.
     fn map_rows(&mut self, _row_to_slot: &[usize], _capacity: usize) {}
 
-    /// Speculative decoding (stable slots), for a table that reads histories: starts this
-    /// step's row-space copy, built row by row from [`draft_capture`](Self::draft_capture)
-    /// instead of [`map_rows`](Self::map_rows).
+    /// Buffers laid out after every table's own (row-space and draft-row copies).
+    fn visit_late_buffers(
+        &mut self,
+        _f: &mut dyn FnMut(&'static str, &mut dyn crate::arena::Staged),
+    ) {
+    }
+
+    // --- Draft rows (speculative decoding, stable slots) --------------------------------------
+    //
+    // The pipeline's draft replay (`pipeline/draft_replay.rs`), for the tables that read
+    // histories: `draft_begin`; `draft_save` if it `replays_drafts`; for each draft position,
+    // the drafts pushed onto the histories, `step` (replaying tables), `draft_capture`; the
+    // histories cut back; `draft_restore` (replaying tables, when some draft was pushed);
+    // `draft_finish`. Save / restore are the rollback journal; begin / capture / finish build
+    // the row-space copy. They stay separate hooks: the tables save different things (DRY
+    // its own undo records, MinTokens and thinking their entries, the rest nothing).
+
+    /// Starts this step's row-space copy, built row by row from
+    /// [`draft_capture`](Self::draft_capture) instead of [`map_rows`](Self::map_rows).
     fn draft_begin(&mut self) {}
 
     /// Captures `rows` into the row-space copy from the table's state now. For a table that
@@ -167,6 +216,13 @@ pub trait Table: HasBuffers + Send + Sync + 'static {
     /// Ends the row-space copy begun by [`draft_begin`](Self::draft_begin).
     fn draft_finish(&mut self) {}
 
+    /// Whether the draft replay steps this table at every draft position (its state follows
+    /// the histories through `step`, and back when they shrink again). A table that computes
+    /// its draft rows from [`DraftRow::drafts`] alone says false.
+    fn replays_drafts(&self) -> bool {
+        true
+    }
+
     /// Draft replay: keeps what the replay's steps may change for `slots` in a way the
     /// histories shrinking back does not undo.
     fn draft_save(&mut self, _slots: &[usize]) {}
@@ -176,21 +232,4 @@ pub trait Table: HasBuffers + Send + Sync + 'static {
     fn draft_restore(&mut self, ctx: &StepContext<'_>) {
         self.step(ctx);
     }
-
-    /// Whether the draft replay steps this table at every draft position (its state follows
-    /// the histories through `step`, and back when they shrink again). A table that computes
-    /// its draft rows from [`DraftRow::drafts`] alone says false.
-    fn replays_drafts(&self) -> bool {
-        true
-    }
-
-    /// Buffers laid out after every table's own (row-space and draft-row copies).
-    fn visit_late_buffers(
-        &mut self,
-        _f: &mut dyn FnMut(&'static str, &mut dyn crate::arena::Staged),
-    ) {
-    }
-
-    fn as_any(&self) -> &dyn Any;
-    fn as_any_mut(&mut self) -> &mut dyn Any;
 }

@@ -18,6 +18,7 @@
 //! ([`Pipeline::map_rows`]) under which a slot may own several rows; the row-space copies of the
 //! sparse tables are built on the host and go up with the step's one upload.
 
+use std::any::Any;
 use std::ops::{Deref, DerefMut};
 
 use crate::arena::{Arena, HasBuffers, Staged, Upload};
@@ -184,13 +185,13 @@ impl Tables {
     pub fn get<T: Table>(&self) -> Option<&T> {
         self.list
             .iter()
-            .find_map(|t| t.as_any().downcast_ref::<T>())
+            .find_map(|t| (t.as_ref() as &dyn Any).downcast_ref::<T>())
     }
 
     pub fn get_mut<T: Table>(&mut self) -> Option<&mut T> {
         self.list
             .iter_mut()
-            .find_map(|t| t.as_any_mut().downcast_mut::<T>())
+            .find_map(|t| (t.as_mut() as &mut dyn Any).downcast_mut::<T>())
     }
 
     /// The table named `name`, if the pipeline has one.

@@ -18,7 +18,6 @@ use crate::row_space::{padded_rows, RowCopy};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::Build;
-use std::any::Any;
 
 /// Per-request caps (engine-config names) and their defaults.
 pub const CAPS: &[(&str, usize)] = &[("max_allowed_token_ids", 4096)];
@@ -299,14 +298,6 @@ impl Table for AllowedTable {
             r.pairs.visit(f);
             f("rows.allowed.restricted_rows", &mut r.restricted);
         }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 

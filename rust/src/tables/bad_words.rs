@@ -12,7 +12,7 @@ use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StepContext, Table};
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
 use crate::sparse::{
     draft_offsets, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
 };
@@ -96,15 +96,6 @@ impl<H: TokenHistory> BadWordsState<H> {
 
     pub fn active(&self) -> usize {
         self.table.active()
-    }
-
-    /// The outputs this table reads at its next step: those with a multi-token word (a
-    /// single-token word is banned whatever the output).
-    pub fn readers(&self) -> impl Iterator<Item = &H> {
-        self.table
-            .iter()
-            .filter(|(_, e)| e.max_prefix > 0)
-            .map(|(_, e)| &e.output)
     }
 
     pub fn triples(&self) -> &SparseRows<f32> {
@@ -242,12 +233,6 @@ impl<H: TokenHistory> BadWordsState<H> {
         }
     }
 
-    /// Whether the last match saw an async placeholder (-1) in an output tail: the engine
-    /// fills those in before sampling, so the caller should match again then.
-    pub fn saw_placeholders(&self) -> bool {
-        self.placeholders
-    }
-
     fn step(&mut self, changed: bool, store: &H::Store) -> bool {
         self.placeholders = false;
         if !changed && self.dynamic == 0 {
@@ -284,18 +269,10 @@ impl<H> HasBuffers for BadWordsState<H> {
 /// BadWords in a pipeline.
 pub type BadWordsTable = TripleTable<BadWordsState<HistoryId>>;
 
-impl TripleState for BadWordsState<HistoryId> {
-    const NAME: &'static str = "bad_words";
-    const ROW_BUFFERS: [&'static str; 3] = [
-        "rows.bad_words.rows",
-        "rows.bad_words.cols",
-        "rows.bad_words.vals",
-    ];
-    const DRAFT_BUFFERS: [&'static str; 3] = [
-        "spec.bad_words.rows",
-        "spec.bad_words.cols",
-        "spec.bad_words.vals",
-    ];
+impl Table for BadWordsState<HistoryId> {
+    fn name(&self) -> &str {
+        "bad_words"
+    }
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let p = BadWordsParams {
@@ -313,31 +290,48 @@ impl TripleState for BadWordsState<HistoryId> {
         self.update_none(ctx.store);
     }
 
-    fn triples(&self) -> &SparseRows<f32> {
-        BadWordsState::triples(self)
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out("bad_words", self.triples.padded_len());
     }
 
-    fn active(&self) -> usize {
-        BadWordsState::active(self)
+    fn active(&self) -> Option<usize> {
+        Some(self.table.active())
+    }
+
+    /// The outputs this table reads at its next step: those with a multi-token word (a
+    /// single-token word is banned whatever the output).
+    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
+        for (_, e) in self.table.iter().filter(|(_, e)| e.max_prefix > 0) {
+            f(&e.output);
+        }
     }
 
     fn stepping(&self) -> bool {
-        BadWordsState::active(self) > 0
+        self.table.active() > 0
     }
 
-    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        BadWordsState::readers(self).for_each(f);
-    }
-
+    /// Whether the last match saw an async placeholder (-1) in an output tail: the engine
+    /// fills those in before sampling, so the caller should match again then.
     fn saw_placeholders(&self) -> bool {
-        BadWordsState::saw_placeholders(self)
+        self.placeholders
     }
 
-    fn restep(&mut self, ctx: &StepContext<'_>) {
-        if BadWordsState::saw_placeholders(self) {
-            self.update_none(ctx.store);
-        }
+    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
+        Some((&self.triples, false))
     }
+}
+
+impl TripleState for BadWordsState<HistoryId> {
+    const ROW_BUFFERS: [&'static str; 3] = [
+        "rows.bad_words.rows",
+        "rows.bad_words.cols",
+        "rows.bad_words.vals",
+    ];
+    const DRAFT_BUFFERS: [&'static str; 3] = [
+        "spec.bad_words.rows",
+        "spec.bad_words.cols",
+        "spec.bad_words.vals",
+    ];
 }
 
 /// Builds the table for a pipeline (the registry's entry).

@@ -13,7 +13,6 @@ use crate::error::{Error, Result};
 use crate::fields::Fields;
 use crate::limits::check_token;
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
-use std::any::Any;
 
 /// What one column holds per request.
 #[derive(Clone, Debug, PartialEq)]
@@ -323,14 +322,6 @@ impl Table for ColumnTable {
 
     fn status(&self, out: &mut StatusSink<'_>) {
         out(&self.status_name, self.column.active());
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 

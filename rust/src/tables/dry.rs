@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::{HistoryId, TokenHistory};
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StepContext, Table};
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::dry_breakers::{Breakers, State, ROOT};
@@ -469,10 +469,6 @@ impl<H: TokenHistory> DryState<H> {
         &self.triples
     }
 
-    pub fn readers(&self) -> impl Iterator<Item = &H> {
-        self.table.iter().map(|(_, e)| &e.output)
-    }
-
     /// Checks one request's fields (as read: multiplier, base, allowed length, window,
     /// breakers). Off (`None`) when the multiplier or the window is 0.
     #[allow(clippy::too_many_arguments)]
@@ -569,28 +565,6 @@ impl<H: TokenHistory> DryState<H> {
         self.step(false, store);
     }
 
-    /// Draft replay: the drafted slots record what each pushed token changes.
-    pub fn draft_save(&mut self, slots: &[usize]) {
-        for &s in slots {
-            if let Some(e) = self.table.get_mut(s) {
-                e.journal = Some(Vec::new());
-            }
-        }
-    }
-
-    /// Takes the drafts back from the drafted slots (their histories are back as committed),
-    /// then the penalties of every row as at the step.
-    pub fn draft_restore(&mut self, store: &H::Store) {
-        for (_, e) in self.table.iter_mut() {
-            e.undo_pushes();
-        }
-        self.step(true, store);
-    }
-
-    pub fn saw_placeholders(&self) -> bool {
-        self.placeholders
-    }
-
     fn step(&mut self, changed: bool, store: &H::Store) {
         self.placeholders = false;
         if self.table.active() == 0 && !changed {
@@ -642,11 +616,10 @@ impl<H> HasBuffers for DryState<H> {
 /// DRY in a pipeline.
 pub type DryTable = TripleTable<DryState<HistoryId>>;
 
-impl TripleState for DryState<HistoryId> {
-    const NAME: &'static str = "dry";
-    const ROW_BUFFERS: [&'static str; 3] = ["rows.dry.rows", "rows.dry.cols", "rows.dry.vals"];
-    const ADDS: bool = true;
-    const PADDING: Padding<f32> = Padding::FirstWithValue(-0.0);
+impl Table for DryState<HistoryId> {
+    fn name(&self) -> &str {
+        "dry"
+    }
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let multiplier = fields.float(&FIELDS[0]);
@@ -676,33 +649,17 @@ impl TripleState for DryState<HistoryId> {
         self.update_none(ctx.store);
     }
 
-    fn draft_save(&mut self, slots: &[usize]) {
-        DryState::draft_save(self, slots);
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out("dry", self.triples.padded_len());
     }
 
-    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
-        DryState::draft_restore(self, ctx.store);
+    fn active(&self) -> Option<usize> {
+        Some(self.table.active())
     }
 
-    fn triples(&self) -> &SparseRows<f32> {
-        DryState::triples(self)
-    }
-
-    fn active(&self) -> usize {
-        DryState::active(self)
-    }
-
-    fn stepping(&self) -> bool {
-        DryState::active(self) > 0
-    }
-
-    fn saw_placeholders(&self) -> bool {
-        DryState::saw_placeholders(self)
-    }
-
-    fn restep(&mut self, ctx: &StepContext<'_>) {
-        if DryState::saw_placeholders(self) {
-            self.update_none(ctx.store);
+    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
+        for (_, e) in self.table.iter() {
+            f(&e.output);
         }
     }
 
@@ -710,9 +667,40 @@ impl TripleState for DryState<HistoryId> {
         fields.is_set(&FIELDS[0])
     }
 
-    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        DryState::readers(self).for_each(f);
+    fn stepping(&self) -> bool {
+        self.table.active() > 0
     }
+
+    fn saw_placeholders(&self) -> bool {
+        self.placeholders
+    }
+
+    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
+        Some((&self.triples, true))
+    }
+
+    /// The drafted slots record what each pushed token changes.
+    fn draft_save(&mut self, slots: &[usize]) {
+        for &s in slots {
+            if let Some(e) = self.table.get_mut(s) {
+                e.journal = Some(Vec::new());
+            }
+        }
+    }
+
+    /// Takes the drafts back from the drafted slots (their histories are back as committed),
+    /// then the penalties of every row as at the step.
+    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
+        for (_, e) in self.table.iter_mut() {
+            e.undo_pushes();
+        }
+        DryState::step(self, true, ctx.store);
+    }
+}
+
+impl TripleState for DryState<HistoryId> {
+    const ROW_BUFFERS: [&'static str; 3] = ["rows.dry.rows", "rows.dry.cols", "rows.dry.vals"];
+    const PADDING: Padding<f32> = Padding::FirstWithValue(-0.0);
 }
 
 /// Builds the table for a pipeline (the registry's entry).

@@ -17,7 +17,6 @@ use crate::error::Result;
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::processor::{entry, unbox, Admission, Entry, StatusSink, StepContext, Table};
 use crate::tables::Build;
-use std::any::Any;
 
 /// The most float fields one declaration may have (XTC will have two).
 pub const MAX_FIELDS: usize = 4;
@@ -204,14 +203,6 @@ impl Table for FloatParamsTable {
 
     fn status(&self, out: &mut StatusSink<'_>) {
         out(self.spec.name, self.count);
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 

@@ -9,7 +9,7 @@ use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StepContext, Table};
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
 use crate::sparse::{patch_rows, resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::triples::{TripleState, TripleTable};
@@ -157,15 +157,10 @@ impl HasBuffers for LogitBiasState {
 /// LogitBias in a pipeline.
 pub type LogitBiasTable = TripleTable<LogitBiasState>;
 
-impl TripleState for LogitBiasState {
-    const NAME: &'static str = "logit_bias";
-    const ROW_BUFFERS: [&'static str; 3] = [
-        "rows.logit_bias.rows",
-        "rows.logit_bias.cols",
-        "rows.logit_bias.vals",
-    ];
-    const ADDS: bool = true;
-    const PADDING: Padding<f32> = Padding::FirstWithValue(-0.0);
+impl Table for LogitBiasState {
+    fn name(&self) -> &str {
+        "logit_bias"
+    }
 
     fn check(&self, index: usize, fields: &mut Fields, _: Admission) -> Result<processor::Entry> {
         let bias = fields.take_bias(&FIELDS[0]);
@@ -176,13 +171,26 @@ impl TripleState for LogitBiasState {
         LogitBiasState::commit(self, processor::unbox(update));
     }
 
-    fn triples(&self) -> &SparseRows<f32> {
-        LogitBiasState::triples(self)
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out("logit_bias", self.triples.padded_len());
     }
 
-    fn active(&self) -> usize {
-        LogitBiasState::active(self)
+    fn active(&self) -> Option<usize> {
+        Some(self.table.active())
     }
+
+    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
+        Some((&self.triples, true))
+    }
+}
+
+impl TripleState for LogitBiasState {
+    const ROW_BUFFERS: [&'static str; 3] = [
+        "rows.logit_bias.rows",
+        "rows.logit_bias.cols",
+        "rows.logit_bias.vals",
+    ];
+    const PADDING: Padding<f32> = Padding::FirstWithValue(-0.0);
 }
 
 /// Builds the table for a pipeline (the registry's entry).

@@ -14,7 +14,6 @@ use crate::processor::{
     entry, unbox, Admission, Entry, HostData, HostLogits, StatusSink, StepContext, Table,
 };
 use crate::tables::Build;
-use std::any::Any;
 
 /// The request fields MinP reads.
 pub const FIELDS: &[FieldSpec] =
@@ -186,14 +185,6 @@ impl Table for MinPState {
             }
             HostData::F64(_) => Err("applies on float32 logits only"),
         }
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 

@@ -12,7 +12,7 @@ use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StepContext, Table};
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
 use crate::sparse::{
     draft_offsets, patch_rows, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
 };
@@ -93,11 +93,6 @@ impl<H: TokenHistory> MinTokensState<H> {
     /// Requests still below their min_tokens.
     pub fn active(&self) -> usize {
         self.table.active()
-    }
-
-    /// The outputs this table reads at its next step.
-    pub fn readers(&self) -> impl Iterator<Item = &H> {
-        self.table.iter().map(|(_, e)| &e.output)
     }
 
     pub fn triples(&self) -> &SparseRows {
@@ -256,40 +251,10 @@ impl<H> HasBuffers for MinTokensState<H> {
 /// MinTokens in a pipeline.
 pub type MinTokensTable = TripleTable<MinTokensState<HistoryId>>;
 
-impl<H: TokenHistory + Clone> MinTokensState<H> {
-    /// Draft replay: keeps the entries of `slots` (a draft may reach a request's
-    /// min_tokens, and the length check then drops its entry for good).
-    pub fn draft_save(&mut self, slots: &[usize]) {
-        self.saved.clear();
-        for &s in slots {
-            self.saved.push((s, self.table.get(s).cloned()));
-        }
+impl Table for MinTokensState<HistoryId> {
+    fn name(&self) -> &str {
+        "min_tokens"
     }
-
-    /// Puts back what [`draft_save`](Self::draft_save) kept, with their triples.
-    pub fn draft_restore(&mut self, store: &H::Store) {
-        self.touched.clear();
-        for (s, e) in self.saved.drain(..) {
-            self.table.replace(s, e);
-            self.touched.push(s);
-        }
-        let bs = self.batch_size;
-        self.step(true, bs, store);
-    }
-}
-
-impl TripleState for MinTokensState<HistoryId> {
-    const NAME: &'static str = "min_tokens";
-    const ROW_BUFFERS: [&'static str; 3] = [
-        "rows.min_tokens.rows",
-        "rows.min_tokens.cols",
-        "rows.min_tokens.vals",
-    ];
-    const DRAFT_BUFFERS: [&'static str; 3] = [
-        "spec.min_tokens.rows",
-        "spec.min_tokens.cols",
-        "spec.min_tokens.vals",
-    ];
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let p = MinTokensParams {
@@ -309,29 +274,61 @@ impl TripleState for MinTokensState<HistoryId> {
         self.update_none(ctx.store);
     }
 
-    fn draft_save(&mut self, slots: &[usize]) {
-        MinTokensState::draft_save(self, slots);
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out("min_tokens", self.triples.padded_len());
     }
 
-    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
-        MinTokensState::draft_restore(self, ctx.store);
-    }
-
-    fn triples(&self) -> &SparseRows<f32> {
-        MinTokensState::triples(self)
-    }
-
-    fn active(&self) -> usize {
-        MinTokensState::active(self)
-    }
-
-    fn stepping(&self) -> bool {
-        MinTokensState::active(self) > 0
+    /// Requests still below their min_tokens.
+    fn active(&self) -> Option<usize> {
+        Some(self.table.active())
     }
 
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        MinTokensState::readers(self).for_each(f);
+        for (_, e) in self.table.iter() {
+            f(&e.output);
+        }
     }
+
+    fn stepping(&self) -> bool {
+        self.table.active() > 0
+    }
+
+    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
+        Some((&self.triples, false))
+    }
+
+    /// Keeps the entries of `slots` (a draft may reach a request's min_tokens, and the
+    /// length check then drops its entry for good).
+    fn draft_save(&mut self, slots: &[usize]) {
+        self.saved.clear();
+        for &s in slots {
+            self.saved.push((s, self.table.get(s).cloned()));
+        }
+    }
+
+    /// Puts back what [`draft_save`](Table::draft_save) kept, with their triples.
+    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
+        self.touched.clear();
+        for (s, e) in self.saved.drain(..) {
+            self.table.replace(s, e);
+            self.touched.push(s);
+        }
+        let bs = self.batch_size;
+        MinTokensState::step(self, true, bs, ctx.store);
+    }
+}
+
+impl TripleState for MinTokensState<HistoryId> {
+    const ROW_BUFFERS: [&'static str; 3] = [
+        "rows.min_tokens.rows",
+        "rows.min_tokens.cols",
+        "rows.min_tokens.vals",
+    ];
+    const DRAFT_BUFFERS: [&'static str; 3] = [
+        "spec.min_tokens.rows",
+        "spec.min_tokens.cols",
+        "spec.min_tokens.vals",
+    ];
 }
 
 /// Builds the table for a pipeline (the registry's entry).

@@ -30,7 +30,7 @@ use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::{HistoryId, TokenHistory};
-use crate::processor::{self, Admission, StepContext, Table};
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::triples::{TripleState, TripleTable};
@@ -334,10 +334,6 @@ impl<H: TokenHistory> NoRepeatNGramState<H> {
         &self.triples
     }
 
-    pub fn readers(&self) -> impl Iterator<Item = &H> {
-        self.table.iter().map(|(_, e)| &e.output)
-    }
-
     /// Checks one request's size: 0 (off) to the cap. The map starts from the prompt.
     pub fn check(
         &self,
@@ -420,28 +416,6 @@ impl<H: TokenHistory> NoRepeatNGramState<H> {
         self.step(false, store);
     }
 
-    pub fn saw_placeholders(&self) -> bool {
-        self.placeholders
-    }
-
-    /// Draft replay: the drafted slots record what each pushed token changes.
-    pub fn draft_save(&mut self, slots: &[usize]) {
-        for &s in slots {
-            if let Some(e) = self.table.get_mut(s) {
-                e.journal = Some(Vec::new());
-            }
-        }
-    }
-
-    /// Takes the drafts back from the drafted slots (their histories are back as committed),
-    /// then the bans of every row as at the step.
-    pub fn draft_restore(&mut self, store: &H::Store) {
-        for (_, e) in self.table.iter_mut() {
-            e.undo_pushes();
-        }
-        self.step(true, store);
-    }
-
     fn step(&mut self, changed: bool, store: &H::Store) {
         self.placeholders = false;
         if self.table.active() == 0 && !changed {
@@ -501,13 +475,10 @@ impl<H> HasBuffers for NoRepeatNGramState<H> {
 /// No-repeat-ngram in a pipeline.
 pub type NoRepeatNGramTable = TripleTable<NoRepeatNGramState<HistoryId>>;
 
-impl TripleState for NoRepeatNGramState<HistoryId> {
-    const NAME: &'static str = "no_repeat_ngram";
-    const ROW_BUFFERS: [&'static str; 3] = [
-        "rows.no_repeat_ngram.rows",
-        "rows.no_repeat_ngram.cols",
-        "rows.no_repeat_ngram.vals",
-    ];
+impl Table for NoRepeatNGramState<HistoryId> {
+    fn name(&self) -> &str {
+        "no_repeat_ngram"
+    }
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let n = fields.int(&FIELDS[0]);
@@ -529,33 +500,17 @@ impl TripleState for NoRepeatNGramState<HistoryId> {
         self.update_none(ctx.store);
     }
 
-    fn draft_save(&mut self, slots: &[usize]) {
-        NoRepeatNGramState::draft_save(self, slots);
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out("no_repeat_ngram", self.triples.padded_len());
     }
 
-    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
-        NoRepeatNGramState::draft_restore(self, ctx.store);
+    fn active(&self) -> Option<usize> {
+        Some(self.table.active())
     }
 
-    fn triples(&self) -> &SparseRows<f32> {
-        NoRepeatNGramState::triples(self)
-    }
-
-    fn active(&self) -> usize {
-        NoRepeatNGramState::active(self)
-    }
-
-    fn stepping(&self) -> bool {
-        NoRepeatNGramState::active(self) > 0
-    }
-
-    fn saw_placeholders(&self) -> bool {
-        NoRepeatNGramState::saw_placeholders(self)
-    }
-
-    fn restep(&mut self, ctx: &StepContext<'_>) {
-        if NoRepeatNGramState::saw_placeholders(self) {
-            self.update_none(ctx.store);
+    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
+        for (_, e) in self.table.iter() {
+            f(&e.output);
         }
     }
 
@@ -563,9 +518,43 @@ impl TripleState for NoRepeatNGramState<HistoryId> {
         fields.is_set(&FIELDS[0]) && !fields.bool(&FIELDS[2])
     }
 
-    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        NoRepeatNGramState::readers(self).for_each(f);
+    fn stepping(&self) -> bool {
+        self.table.active() > 0
     }
+
+    fn saw_placeholders(&self) -> bool {
+        self.placeholders
+    }
+
+    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
+        Some((&self.triples, false))
+    }
+
+    /// The drafted slots record what each pushed token changes.
+    fn draft_save(&mut self, slots: &[usize]) {
+        for &s in slots {
+            if let Some(e) = self.table.get_mut(s) {
+                e.journal = Some(Vec::new());
+            }
+        }
+    }
+
+    /// Takes the drafts back from the drafted slots (their histories are back as committed),
+    /// then the bans of every row as at the step.
+    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
+        for (_, e) in self.table.iter_mut() {
+            e.undo_pushes();
+        }
+        NoRepeatNGramState::step(self, true, ctx.store);
+    }
+}
+
+impl TripleState for NoRepeatNGramState<HistoryId> {
+    const ROW_BUFFERS: [&'static str; 3] = [
+        "rows.no_repeat_ngram.rows",
+        "rows.no_repeat_ngram.cols",
+        "rows.no_repeat_ngram.vals",
+    ];
 }
 
 /// Builds the table for a pipeline (the registry's entry).

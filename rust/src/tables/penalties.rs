@@ -39,7 +39,6 @@ use crate::processor::{
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::Build;
-use std::any::Any;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::OnceLock;
@@ -265,11 +264,6 @@ impl<H: TokenHistory> PenaltiesState<H> {
     /// Slots with a non-neutral penalty.
     pub fn active(&self) -> usize {
         self.table.active()
-    }
-
-    /// The outputs this table reads at its next step.
-    pub fn readers(&self) -> impl Iterator<Item = &H> {
-        self.table.iter().map(|(_, e)| &e.output)
     }
 
     pub fn batch_size(&self) -> usize {
@@ -581,11 +575,6 @@ impl<H: TokenHistory> PenaltiesState<H> {
             }
         }
         self.placeholders = placeholders;
-    }
-
-    /// Whether the last count stopped at an async placeholder (see `placeholders`).
-    pub fn saw_placeholders(&self) -> bool {
-        self.placeholders
     }
 
     /// Applies the penalties in place to float32 logits on the host, touching only the tokens
@@ -955,14 +944,9 @@ impl Table for PenaltiesState<HistoryId> {
         PenaltiesState::active(self) > 0
     }
 
+    /// Whether the last count stopped at an async placeholder (see `placeholders`).
     fn saw_placeholders(&self) -> bool {
-        PenaltiesState::saw_placeholders(self)
-    }
-
-    fn restep(&mut self, ctx: &StepContext<'_>) {
-        if PenaltiesState::saw_placeholders(self) {
-            self.update_none(ctx.store);
-        }
+        self.placeholders
     }
 
     fn wants_prompt(&self, fields: &Fields) -> bool {
@@ -970,8 +954,11 @@ impl Table for PenaltiesState<HistoryId> {
         FIELDS[..3].iter().any(|f| fields.is_set(f))
     }
 
+    /// The outputs this table reads at its next step.
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        PenaltiesState::readers(self).for_each(f);
+        for (_, e) in self.table.iter() {
+            f(&e.output);
+        }
     }
 
     fn status(&self, out: &mut StatusSink<'_>) {
@@ -1030,14 +1017,6 @@ impl Table for PenaltiesState<HistoryId> {
             HostData::F64(data) => self.apply_to_rows(data, rows, vocab, stride, map),
         }
         Ok(())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 

@@ -34,7 +34,7 @@ use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_config_token;
-use crate::processor::{self, Admission, StepContext, Table};
+use crate::processor::{self, Admission, StatusSink, StepContext, Table};
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::triples::{TripleState, TripleTable};
@@ -442,15 +442,6 @@ impl<H: TokenHistory> ThinkingState<H> {
         self.table.active()
     }
 
-    /// The outputs this table reads at its next step (a request whose thinking ended
-    /// naturally reads nothing any more).
-    pub fn readers(&self) -> impl Iterator<Item = &H> {
-        self.table
-            .iter()
-            .filter(|(_, e)| !e.done)
-            .map(|(_, e)| &e.output)
-    }
-
     /// Checks one request; `None` when it is not tracked.
     pub fn check(&self, index: usize, p: ThinkingParams<H>) -> Result<Option<Entry<H>>> {
         let budget = match p.budget {
@@ -543,7 +534,7 @@ impl<H: TokenHistory> ThinkingState<H> {
     /// Steps again only the rows whose output grew past what the last step could read (an
     /// async placeholder was filled in since), keeping the other rows' forced tokens. Returns
     /// how many rows are forced. This is what the caller runs before applying when
-    /// [`saw_placeholders`](Self::saw_placeholders) is set.
+    /// [`saw_placeholders`](Table::saw_placeholders) is set.
     pub fn restep(&mut self, batch_size: usize, store: &H::Store) -> usize {
         let previous = std::mem::take(&mut self.forced);
         self.placeholders = false;
@@ -574,13 +565,6 @@ impl<H: TokenHistory> ThinkingState<H> {
         self.forced.len()
     }
 
-    /// Whether the last step stopped at an async placeholder in some output. A step that sees
-    /// no new token leaves the state as it was, so the caller may step again once the engine
-    /// has filled the placeholders in (as vLLM, whose holder runs after that).
-    pub fn saw_placeholders(&self) -> bool {
-        self.placeholders
-    }
-
     /// The `(row, token)` pairs whose logit is set to 1e9 this step, in row order.
     pub fn forced(&self) -> &[(usize, i64)] {
         &self.forced
@@ -590,36 +574,10 @@ impl<H: TokenHistory> ThinkingState<H> {
 /// Thinking in a pipeline.
 pub type ThinkingTable = TripleTable<ThinkingState<HistoryId>>;
 
-impl<H: TokenHistory + Clone> ThinkingState<H> {
-    /// Draft replay: keeps every entry and the forced tokens. Every entry, not only the
-    /// drafted slots': vLLM's machine counts steps too (a block re-entered after a forced end
-    /// searches for its end from the next step on), so the replay's steps move requests
-    /// whose output did not grow.
-    pub fn draft_save(&mut self, _slots: &[usize]) {
-        self.saved.clear();
-        for (s, e) in self.table.iter() {
-            self.saved.push((s, Some(e.clone())));
-        }
-        self.saved_forced.clone_from(&self.forced);
+impl Table for ThinkingState<HistoryId> {
+    fn name(&self) -> &str {
+        "thinking"
     }
-
-    /// Puts back what [`draft_save`](Self::draft_save) kept, with the triples.
-    pub fn draft_restore(&mut self) {
-        for (s, e) in self.saved.drain(..) {
-            self.table.replace(s, e);
-        }
-        std::mem::swap(&mut self.forced, &mut self.saved_forced);
-        self.sync_triples();
-    }
-}
-
-impl TripleState for ThinkingState<HistoryId> {
-    const NAME: &'static str = "thinking";
-    const ROW_BUFFERS: [&'static str; 3] = [
-        "rows.thinking.rows",
-        "rows.thinking.cols",
-        "rows.thinking.vals",
-    ];
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
         let p = ThinkingParams {
@@ -641,44 +599,76 @@ impl TripleState for ThinkingState<HistoryId> {
         self.sync_triples();
     }
 
-    fn draft_save(&mut self, slots: &[usize]) {
-        ThinkingState::draft_save(self, slots);
+    fn status(&self, out: &mut StatusSink<'_>) {
+        out("thinking", self.triples.padded_len());
     }
 
-    fn draft_restore(&mut self, _ctx: &StepContext<'_>) {
-        ThinkingState::draft_restore(self);
+    fn active(&self) -> Option<usize> {
+        Some(self.table.active())
     }
 
-    fn triples(&self) -> &SparseRows<f32> {
-        ThinkingState::triples(self)
-    }
-
-    fn active(&self) -> usize {
-        ThinkingState::active(self)
-    }
-
-    fn stepping(&self) -> bool {
-        ThinkingState::active(self) > 0
-    }
-
+    /// The outputs this table reads at its next step (a request whose thinking ended
+    /// naturally reads nothing any more).
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        ThinkingState::readers(self).for_each(f);
-    }
-
-    fn saw_placeholders(&self) -> bool {
-        ThinkingState::saw_placeholders(self)
-    }
-
-    fn restep(&mut self, ctx: &StepContext<'_>) {
-        if ThinkingState::saw_placeholders(self) {
-            ThinkingState::restep(self, ctx.batch_size, ctx.store);
-            self.sync_triples();
+        for (_, e) in self.table.iter().filter(|(_, e)| !e.done) {
+            f(&e.output);
         }
     }
 
     fn wants_prompt(&self, fields: &Fields) -> bool {
         fields.is_set(&FIELDS[0])
     }
+
+    fn stepping(&self) -> bool {
+        self.table.active() > 0
+    }
+
+    /// Whether the last step stopped at an async placeholder in some output. A step that sees
+    /// no new token leaves the state as it was, so the caller may step again once the engine
+    /// has filled the placeholders in (as vLLM, whose holder runs after that).
+    fn saw_placeholders(&self) -> bool {
+        self.placeholders
+    }
+
+    fn restep(&mut self, ctx: &StepContext<'_>) {
+        if self.placeholders {
+            ThinkingState::restep(self, ctx.batch_size, ctx.store);
+            self.sync_triples();
+        }
+    }
+
+    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
+        Some((&self.triples, false))
+    }
+
+    /// Keeps every entry and the forced tokens. Every entry, not only the drafted slots':
+    /// vLLM's machine counts steps too (a block re-entered after a forced end searches for its
+    /// end from the next step on), so the replay's steps move requests whose output did not
+    /// grow.
+    fn draft_save(&mut self, _slots: &[usize]) {
+        self.saved.clear();
+        for (s, e) in self.table.iter() {
+            self.saved.push((s, Some(e.clone())));
+        }
+        self.saved_forced.clone_from(&self.forced);
+    }
+
+    /// Puts back what [`draft_save`](Table::draft_save) kept, with the triples.
+    fn draft_restore(&mut self, _ctx: &StepContext<'_>) {
+        for (s, e) in self.saved.drain(..) {
+            self.table.replace(s, e);
+        }
+        std::mem::swap(&mut self.forced, &mut self.saved_forced);
+        self.sync_triples();
+    }
+}
+
+impl TripleState for ThinkingState<HistoryId> {
+    const ROW_BUFFERS: [&'static str; 3] = [
+        "rows.thinking.rows",
+        "rows.thinking.cols",
+        "rows.thinking.vals",
+    ];
 }
 
 /// Builds the table for a pipeline (the registry's entry).
