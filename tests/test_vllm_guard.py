@@ -108,10 +108,13 @@ def test_forced_rows_by_index_and_by_slot() -> None:
 
 
 def test_refused_index_names_only_a_request_of_the_step() -> None:
-    e = ValueError("request at index 3: field 'logit_bias': token id 99 outside [0, 32)")
+    e = RequestError("token id 99 outside [0, 32)", index=3, field="logit_bias")
     assert _guard.refused_index(e, [1, 3]) == 3
     assert _guard.refused_index(e, [1]) is None
     assert _guard.refused_index(ValueError("batch_size 9 exceeds the capacity"), [1]) is None
+    # No message is parsed: an untyped error in the core's words names no request.
+    words = ValueError("request at index 3: field 'logit_bias': token id 99 outside [0, 32)")
+    assert _guard.refused_index(words, [1, 3]) is None
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,12 @@ pub enum Error {
         field: &'static str,
         message: String,
     },
+    /// A request's value for a custom column is refused (`column`: the column's name).
+    InvalidColumn {
+        index: usize,
+        column: String,
+        message: String,
+    },
     /// A request carries more entries than the stated per-request cap.
     TooManyEntries {
         index: usize,
@@ -78,7 +84,9 @@ impl Error {
     /// What the error is about.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidParam { .. } | Error::TooManyEntries { .. } => ErrorKind::Request,
+            Error::InvalidParam { .. }
+            | Error::InvalidColumn { .. }
+            | Error::TooManyEntries { .. } => ErrorKind::Request,
             Error::BatchTooLarge { .. }
             | Error::IndexOutOfRange { .. }
             | Error::DuplicateAdd { .. } => ErrorKind::BatchUpdate,
@@ -95,6 +103,7 @@ impl Error {
             Error::IndexOutOfRange { index, .. }
             | Error::DuplicateAdd { index }
             | Error::InvalidParam { index, .. }
+            | Error::InvalidColumn { index, .. }
             | Error::TooManyEntries { index, .. } => Some(*index),
             _ => None,
         }
@@ -105,6 +114,7 @@ impl Error {
         match self {
             Error::BatchTooLarge { .. } => Some("batch_size"),
             Error::DuplicateAdd { .. } => Some("added"),
+            Error::InvalidColumn { .. } => Some("column"),
             Error::IndexOutOfRange { field, .. }
             | Error::InvalidParam { field, .. }
             | Error::TooManyEntries { field, .. }
@@ -123,6 +133,9 @@ impl Error {
             }
             Error::DuplicateAdd { .. } => Some("index added twice in one batch update".to_string()),
             Error::InvalidParam { message, .. } => Some(message.clone()),
+            Error::InvalidColumn {
+                column, message, ..
+            } => Some(format!("'{column}': {message}")),
             Error::TooManyEntries { count, cap, .. } => Some(format!(
                 "{count} entries exceed the per-request cap of {cap}"
             )),
@@ -130,18 +143,10 @@ impl Error {
         }
     }
 
-    /// The custom column an error about one names: its message starts `'name': `
-    /// ([`crate::columns::Column::check`]); `None` for every other error.
+    /// The custom column an error is about ([`Error::InvalidColumn`]); `None` for every other.
     pub fn column(&self) -> Option<&str> {
         match self {
-            Error::InvalidParam {
-                field: "column",
-                message,
-                ..
-            } => message
-                .strip_prefix('\'')?
-                .split_once("': ")
-                .map(|(name, _)| name),
+            Error::InvalidColumn { column, .. } => Some(column),
             _ => None,
         }
     }
@@ -182,6 +187,14 @@ impl fmt::Display for Error {
                 field,
                 message,
             } => write!(f, "request at index {index}: field '{field}': {message}"),
+            Error::InvalidColumn {
+                index,
+                column,
+                message,
+            } => write!(
+                f,
+                "request at index {index}: field 'column': '{column}': {message}"
+            ),
             Error::TooManyEntries {
                 index,
                 field,

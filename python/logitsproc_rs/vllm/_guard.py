@@ -18,13 +18,12 @@ emits only stop tokens until ``max_tokens``), and the reason is logged at ERROR 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-from ..errors import LogitsprocError, RequestError
+from ..errors import RequestError
 from ..params import SamplingParams
 from ..registry import CAP_DEFAULTS
 from ._fields import FIELD_TABLE, dict_label
@@ -123,20 +122,12 @@ def check_caps(
             )
 
 
-# An untyped error in the core's words ("request at index 3: field 'logit_bias': ...").
-_UNTYPED_REQUEST_ERROR = re.compile(r"request at index (\d+): ")
-
-
 def refused_index(error: ValueError, candidates: Iterable[int]) -> int | None:
     """The request (one of ``candidates``, the step's added indices or slots) whose
-    parameters an error refuses (a ``RequestError``'s ``index``), or ``None`` when it is about
-    something else. Only an untyped ``ValueError`` (not raised by logitsproc_rs: a custom
-    processor's own, in the core's words) is read from its message."""
-    if isinstance(error, LogitsprocError):
-        index = error.index if isinstance(error, RequestError) else None
-    else:
-        m = _UNTYPED_REQUEST_ERROR.search(str(error))
-        index = None if m is None else int(m.group(1))
+    parameters an error refuses: a ``RequestError``'s ``index``; ``None`` for anything else.
+    No message is read: a custom processor that wants one request failed closed rather than
+    the step refused raises ``RequestError(..., index=i)`` (docs/custom-processors.md)."""
+    index = error.index if isinstance(error, RequestError) else None
     return index if index is not None and index in set(candidates) else None
 
 

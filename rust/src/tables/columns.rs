@@ -115,7 +115,11 @@ impl Column {
     /// Checks one request's value for this column.
     pub fn check(&self, index: usize, value: ColumnValue) -> Result<Option<Row>> {
         let name = &self.spec.name;
-        let bad = |msg: String| Error::invalid(index, "column", format!("'{name}': {msg}"));
+        let bad = |message: String| Error::InvalidColumn {
+            index,
+            column: name.clone(),
+            message,
+        };
         // `item`: the position of a bad value inside a sequence.
         let finite = |v: f64, item: Option<usize>| -> Result<f32> {
             let x = v as f32;
