@@ -56,6 +56,7 @@ from logitsproc_rs.reference import (
     RefBadWordsLogitsProcessor,
     ReferenceSampler,
     RefLogitBiasLogitsProcessor,
+    RefLogitsProcessors,
     RefMinPLogitsProcessor,
     RefMinTokensLogitsProcessor,
     RefPenaltiesLogitsProcessor,
@@ -63,7 +64,6 @@ from logitsproc_rs.reference import (
 )
 from logitsproc_rs.sampler import LOGPROBS_MODES
 from logitsproc_rs.simulate import ChurnSimulator, Request
-from logitsproc_rs.state import LogitsProcessors
 
 # Our MinP keeps a token iff logit >= max + ln(min_p) (logit space, float32); the reference
 # keeps it iff softmax p >= min_p * p_max (vLLM's form). The two agree except for tokens
@@ -302,7 +302,7 @@ def run_churn(
     target_batch: int | None = None,
     finish_prob: float = 1 / 48,
     sampler_every: int = 7,
-    ref_procs: LogitsProcessors | None = None,
+    ref_procs: RefLogitsProcessors | None = None,
     ref_generator_seed_offset: int = 0,
 ) -> ChurnStats:
     """Drive ours and the reference through ``steps`` churn steps; returns what was
@@ -934,13 +934,13 @@ class _WrongMinP(RefMinPLogitsProcessor):
         return float(np.float32(params.min_p)) * 0.5 or None
 
 
-def _refs_with(cls: type) -> LogitsProcessors:
+def _refs_with(cls: type) -> RefLogitsProcessors:
     cfg = EngineConfig(max_num_seqs=8, vocab_size=257)
     base = [RefMinTokensLogitsProcessor, RefLogitBiasLogitsProcessor, RefMinPLogitsProcessor]
     for i, b in enumerate(base):
         if issubclass(cls, b):
             base[i] = cls
-    return LogitsProcessors(c(cfg, torch.device("cpu"), False) for c in base)
+    return RefLogitsProcessors(c(cfg, torch.device("cpu"), False) for c in base)
 
 
 @pytest.mark.parametrize("broken", [_WrongBias, _NoRecheckOnNone])

@@ -22,6 +22,7 @@ from logitsproc_rs import (
 from logitsproc_rs.reference import (
     ReferenceSampler,
     RefLogitBiasLogitsProcessor,
+    RefLogitsProcessors,
 )
 
 INF = math.inf
@@ -53,10 +54,8 @@ RAW = torch.tensor(
 
 def _sampler_pair(mode: str, bias: dict[int, float]):
     cfg = EngineConfig(max_num_seqs=2, vocab_size=6)
-    procs, refs = (
-        LogitsProcessors([make(c, cfg)])
-        for c in (LogitBiasLogitsProcessor, RefLogitBiasLogitsProcessor)
-    )
+    procs = LogitsProcessors([make(LogitBiasLogitsProcessor, cfg)])
+    refs = RefLogitsProcessors([make(RefLogitBiasLogitsProcessor, cfg)])
     added = [(0, SamplingParams(logit_bias=bias), None, []), (1, SamplingParams(), None, [])]
     for p in (*procs.all, *refs.all):
         p.update_state(upd(2, added=added))

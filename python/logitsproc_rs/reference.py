@@ -14,43 +14,220 @@ ids, bad words, penalties) are reference processors here, as they are processors
 ``logitsproc_rs``; ``ref_apply_token_bitmask`` is the grammar bitmask and ``ReferenceSampler``
 the whole pipeline with logprobs. Unlike the fast path they rebuild everything from the
 request's history on every step (penalty counts, bad-word matches), as vLLM 0.25.1 does.
+
+An independent oracle: it imports nothing of the pipeline it checks (only the standard library,
+numpy and torch). Its interface types (``ReferenceProcessor``, ``RefLogitsProcessors``,
+``process_dict_updates``), the sampler's types (``RefSamplingMetadata``, ``RefLogprobsTensors``,
+``RefSamplerOutput``), the processor order (``REFERENCE_ORDER``) and the constants are its own,
+written from vLLM 0.25.1; ``tests/test_reference.py`` checks that they agree with the fast
+path's (a wrong order on either side fails there and in the differential tests).
 """
 
 from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
 
+# Nothing of the pipeline it checks (sampler, state, interface, params, registry, builtin) is
+# imported: its types, order and constants are written here from vLLM 0.25.1 ("the semantics
+# note": the project's notes on vLLM 0.25.1's semantics). Inputs (the engine's ``BatchUpdate``,
+# ``SamplingParams``, a config, a ``SamplingMetadata``) are read by their attributes only.
+
+T = TypeVar("T")
+
+# --- constants ---------------------------------------------------------------------------------
+
+#: Temperature below this is greedy (vLLM ``sampler.py:17``).
+_SAMPLING_EPS = 1e-5
+#: A repetition penalty of 1 is off (vLLM ``SamplingParams``).
+NEUTRAL_REPETITION_PENALTY = 1.0
+#: vLLM's logprobs modes (semantics note §5.1): of the logits as received or as sampled from.
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+#: The engine-wide caps the reference reads (``EngineConfig``; vLLM has none of these
+#: processors, so these are ours): the default when the config does not set one.
+CAP_DEFAULTS: dict[str, int] = {
+    "max_dry_penalty_last_n": 8192,
+    "max_no_repeat_ngram_window": 2048,
+}
+
+
+def _vllm_drafts(config: Any) -> bool:
+    """Speculative decoding in vLLM 0.25.1's own mode (``draft_rows="vllm"``): a config with
+    a ``speculative_config`` whose ``draft_rows`` is ``"vllm"``."""
+    return bool(getattr(config, "speculative_config", None)) and (
+        getattr(config, "draft_rows", "per_position") == "vllm"
+    )
+
+
+# --- the processor interface and its bookkeeping (vLLM 0.25.1, read by duck typing) -----------
+
+
+class ReferenceProcessor:
+    """vLLM 0.25.1's ``LogitsProcessor`` interface (``interface.py``, semantics note §1.3) as
+    the reference's own base: ``update_state(batch_update | None)`` once per step, then
+    ``apply(logits)``."""
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        raise NotImplementedError
+
+    def is_argmax_invariant(self) -> bool:
+        raise NotImplementedError
+
+    def update_state(self, batch_update: Any) -> None:
+        raise NotImplementedError
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _is_swap(direction: Any) -> bool:
+    """vLLM's ``direct == MoveDirectionality.SWAP``, for any enum member named ``SWAP`` (ours,
+    vLLM's) or the value 2."""
+    name = getattr(direction, "name", None)
+    if name is None and isinstance(direction, int) and not isinstance(direction, bool):
+        return direction == 2
+    return name == "SWAP"
+
+
 # vLLM's helper (builtin.py:289-327, kept with its quirks) is the reference's bookkeeping too:
 # added, removed, moved; an added request whose state is None clears its slot; a UNIDIRECTIONAL
 # move discards the destination's old state and empties the source; a SWAP exchanges, also
-# when one side is empty.
-from .errors import RequestError
-from .interface import BatchUpdate, LogitsProcessor, process_dict_updates
-from .params import _SAMPLING_EPS, NEUTRAL_REPETITION_PENALTY, config_vllm_drafts
-from .registry import CAP_DEFAULTS
-from .sampler import LOGPROBS_MODES, LogprobsTensors, SamplerOutput, SamplingMetadata
-from .state import LogitsProcessors
+# when one side is empty. Removals and moves are skipped while the dict is empty, and a
+# removed entry that is falsy does not count as a change.
+def process_dict_updates(
+    req_entries: dict[int, T],
+    batch_update: Any,
+    new_state: Callable[[Any, list[int] | None, list[int]], T | None],
+) -> bool:
+    """vLLM 0.25.1's ``process_dict_updates`` (semantics note §3.0): returns whether the dict
+    changed."""
+    if not batch_update:
+        return False
+    updated = False
+    for index, params, prompt_tok_ids, output_tok_ids in batch_update.added:
+        if (state := new_state(params, prompt_tok_ids, output_tok_ids)) is not None:
+            req_entries[index] = state
+            updated = True
+        elif req_entries.pop(index, None) is not None:
+            updated = True
+    if req_entries:
+        for index in batch_update.removed:
+            if req_entries.pop(index, None):
+                updated = True
+        for a_index, b_index, direct in batch_update.moved:
+            a_entry = req_entries.pop(a_index, None)
+            b_entry = req_entries.pop(b_index, None)
+            if a_entry is not None:
+                req_entries[b_index] = a_entry
+                updated = True
+            if b_entry is not None:
+                updated = True
+                if _is_swap(direct):
+                    req_entries[a_index] = b_entry
+    return updated
+
+
+class RefLogitsProcessors:
+    """vLLM 0.25.1's ``LogitsProcessors`` container (``state.py``, semantics note §2.2): the
+    processors split by ``is_argmax_invariant()``, each group in construction order;
+    ``update_state`` calls every processor's in turn, argmax-invariant ones first (``all``)."""
+
+    def __init__(self, logitsprocs: Iterable[ReferenceProcessor] | None = None) -> None:
+        self.argmax_invariant: list[ReferenceProcessor] = []
+        self.non_argmax_invariant: list[ReferenceProcessor] = []
+        for p in logitsprocs or ():
+            group = self.argmax_invariant if p.is_argmax_invariant() else self.non_argmax_invariant
+            group.append(p)
+
+    @property
+    def all(self) -> Iterator[ReferenceProcessor]:
+        yield from self.argmax_invariant
+        yield from self.non_argmax_invariant
+
+    def update_state(self, batch_update: Any) -> None:
+        for p in self.all:
+            p.update_state(batch_update)
+
+
+# --- the sampler's types (vLLM 0.25.1's field names) --------------------------------------------
+
+
+@dataclass
+class RefSamplingMetadata:
+    """Per-step sampling inputs, one entry per batch row, with vLLM's field names (the
+    ``ReferenceSampler`` reads any object with these attributes). ``top_k`` holds the vocab
+    size for rows without top-k."""
+
+    temperature: torch.Tensor | None
+    all_greedy: bool
+    all_random: bool
+    top_p: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None
+    max_top_k: int | None = None
+    generators: dict[int, torch.Generator] = field(default_factory=dict)
+    max_num_logprobs: int | None = None
+
+
+@dataclass
+class RefLogprobsTensors:
+    """vLLM's ``LogprobsTensors`` (``gather_logprobs`` layout): per row the sampled token
+    first, then the top-n."""
+
+    logprob_token_ids: torch.Tensor  # [B, n + 1] int32
+    logprobs: torch.Tensor  # [B, n + 1] float32
+    selected_token_ranks: torch.Tensor  # [B] int64
+
+
+@dataclass
+class RefSamplerOutput:
+    """What the ``ReferenceSampler`` returns: the tokens, the processed logits the random rows
+    were sampled from and, when asked, the logprobs."""
+
+    sampled_token_ids: torch.Tensor  # [B] int64
+    logits: torch.Tensor
+    logprobs_tensors: RefLogprobsTensors | None = None
+
+
+class _Phases(Protocol):
+    """What the ``ReferenceSampler`` reads of a processor container."""
+
+    @property
+    def argmax_invariant(self) -> Sequence[Any]: ...
+
+    @property
+    def non_argmax_invariant(self) -> Sequence[Any]: ...
+
 
 __all__ = [
+    "CAP_DEFAULTS",
+    "LOGPROBS_MODES",
+    "NEUTRAL_REPETITION_PENALTY",
+    "REFERENCE_ORDER",
+    "SPEC_DECODE_BUILTINS",
     "RefAllowedTokenIdsLogitsProcessor",
     "RefBadWordsLogitsProcessor",
     "RefDryLogitsProcessor",
     "RefEpsilonCutoffLogitsProcessor",
     "RefEtaCutoffLogitsProcessor",
     "RefLogitBiasLogitsProcessor",
+    "RefLogitsProcessors",
+    "RefLogprobsTensors",
     "RefMinPLogitsProcessor",
     "RefMinTokensLogitsProcessor",
     "RefNoRepeatNGramLogitsProcessor",
     "RefPenaltiesLogitsProcessor",
+    "RefSamplerOutput",
+    "RefSamplingMetadata",
     "RefTopNSigmaLogitsProcessor",
     "RefTypicalPLogitsProcessor",
     "RefXTCLogitsProcessor",
+    "ReferenceProcessor",
     "ReferenceSampler",
     "build_reference_logitsprocs",
     "check_outputs",
@@ -58,16 +235,20 @@ __all__ = [
     "ref_apply_bad_words_single_batch",
     "ref_apply_token_bitmask",
     "ref_gather_logprobs",
+    "ref_xtc_seed",
+    "reference_class",
     "reference_of",
+    "reference_stage",
 ]
 
 
-def check_outputs(batch_update: BatchUpdate | None, live: Any) -> None:
+def check_outputs(batch_update: Any, live: Any) -> None:
     """Output lists as vLLM writes them: async placeholders (``-1``, one per step in flight,
     filled in before more tokens are appended) are only ever a suffix. A token after one is
-    refused, as the fast path refuses it: a ``ValueError`` naming the request's index, the
-    field and the position. ``live``: ``(index, output)`` of the lists a processor holds
-    (checked before the update changes anything), then the update's added requests."""
+    refused, as the fast path refuses it: a ``ValueError`` (plain, where the fast path raises
+    its subclass ``RequestError``) naming the request's index, the field and the position.
+    ``live``: ``(index, output)`` of the lists a processor holds (checked before the update
+    changes anything), then the update's added requests."""
     for index, output in live:
         _check_output(index, output)
     for index, _params, _prompt, output in batch_update.added if batch_update else ():
@@ -80,15 +261,16 @@ def _check_output(index: int, output: Any) -> None:
         if isinstance(t, (int, np.integer)) and t == -1:
             first = pos if first is None else first
         elif first is not None:
-            raise RequestError.located(
-                index,
-                "output_tok_ids",
-                f"position {pos} holds a token after the async placeholder (-1) at position "
-                f"{first}: placeholders are only ever a suffix of the output",
+            # The fast path's message (a ``RequestError``, a ``ValueError``); the reference
+            # raises a plain ``ValueError`` so as to import nothing of it.
+            raise ValueError(
+                f"request at index {index}: field 'output_tok_ids': position {pos} holds a "
+                f"token after the async placeholder (-1) at position {first}: placeholders "
+                "are only ever a suffix of the output"
             )
 
 
-class RefMinTokensLogitsProcessor(LogitsProcessor):
+class RefMinTokensLogitsProcessor(ReferenceProcessor):
     """Masks stop tokens (``all_stop_token_ids``: stop ids ∪ EOS) until ``min_tokens`` were
     generated; mirrors ``MinTokensLogitsProcessor`` (builtin.py:165-233). Not argmax-invariant.
 
@@ -113,7 +295,7 @@ class RefMinTokensLogitsProcessor(LogitsProcessor):
             return None
         return (min_tokens, output, set(params.all_stop_token_ids))
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
+    def update_state(self, batch_update: Any) -> None:
         check_outputs(batch_update, ((i, e[1]) for i, e in self.min_toks.items()))
         process_dict_updates(self.min_toks, batch_update, self.new_state)
         for index, (min_tokens, output, _) in list(self.min_toks.items()):
@@ -128,7 +310,7 @@ class RefMinTokensLogitsProcessor(LogitsProcessor):
         return logits
 
 
-class RefLogitBiasLogitsProcessor(LogitsProcessor):
+class RefLogitBiasLogitsProcessor(ReferenceProcessor):
     """Adds each request's ``{token: bias}`` to its row; mirrors ``LogitBiasLogitsProcessor``
     (builtin.py:119-162). Not argmax-invariant. State: slot → the request's ``logit_bias``
     dict (an empty dict counts as none)."""
@@ -140,7 +322,7 @@ class RefLogitBiasLogitsProcessor(LogitsProcessor):
     def is_argmax_invariant(self) -> bool:
         return False
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
+    def update_state(self, batch_update: Any) -> None:
         process_dict_updates(self.biases, batch_update, lambda p, _, __: p.logit_bias or None)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -151,7 +333,7 @@ class RefLogitBiasLogitsProcessor(LogitsProcessor):
         return logits
 
 
-class RefMinPLogitsProcessor(LogitsProcessor):
+class RefMinPLogitsProcessor(ReferenceProcessor):
     """Drops tokens whose probability is below ``min_p`` times the row's top probability;
     mirrors ``MinPLogitsProcessor`` (builtin.py:23-116) in its softmax form. Argmax-invariant.
 
@@ -172,7 +354,7 @@ class RefMinPLogitsProcessor(LogitsProcessor):
         min_p = float(np.float32(params.min_p))  # stored as float32 (54-100)
         return min_p if min_p else None
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
+    def update_state(self, batch_update: Any) -> None:
         process_dict_updates(self.min_p, batch_update, self.new_state)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -297,7 +479,7 @@ def ref_dry_penalties(
     return out
 
 
-class RefDryLogitsProcessor(LogitsProcessor):
+class RefDryLogitsProcessor(ReferenceProcessor):
     """llama.cpp's DRY sampler (``llama_sampler_dry_apply``, ``ref_dry_penalties``), per row,
     recomputed from the sequence on every ``apply``: the sequence is the prompt then the
     **live** output list (up to an async placeholder), over its last ``dry_penalty_last_n``
@@ -332,7 +514,7 @@ class RefDryLogitsProcessor(LogitsProcessor):
         )
         return (p, list(prompt or ()), output)
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
+    def update_state(self, batch_update: Any) -> None:
         check_outputs(batch_update, ((i, e[2]) for i, e in self.rows.items()))
         process_dict_updates(self.rows, batch_update, self.new_state)
 
@@ -349,7 +531,7 @@ class RefDryLogitsProcessor(LogitsProcessor):
         return logits
 
 
-class RefAllowedTokenIdsLogitsProcessor(LogitsProcessor):
+class RefAllowedTokenIdsLogitsProcessor(ReferenceProcessor):
     """Only a request's ``allowed_token_ids`` survive; every other logit of its row becomes
     ``-inf``. vLLM 0.25.1 hard-codes this in its sampler (``sampler.py:396-397``) over a dense
     ``[max_num_seqs, V]`` bool mask kept by ``InputBatch``. Not argmax-invariant.
@@ -374,7 +556,7 @@ class RefAllowedTokenIdsLogitsProcessor(LogitsProcessor):
         ids = getattr(params, "allowed_token_ids", None)
         return None if ids is None else frozenset(int(t) for t in ids)
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
+    def update_state(self, batch_update: Any) -> None:
         process_dict_updates(self.allowed, batch_update, self.new_state)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -445,7 +627,7 @@ def ref_min_tokens_with_drafts(
     return logits
 
 
-class RefBadWordsLogitsProcessor(LogitsProcessor):
+class RefBadWordsLogitsProcessor(ReferenceProcessor):
     """Bad words (``params.bad_words_token_ids``, vLLM's tokenized form): vLLM's
     ``apply_bad_words`` (``ops/bad_words.py:30-36``) per row over the request's **live** output
     list, re-evaluated on every ``apply``. Not argmax-invariant.
@@ -469,7 +651,7 @@ class RefBadWordsLogitsProcessor(LogitsProcessor):
             return None
         return ([list(w) for w in words], output)
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
+    def update_state(self, batch_update: Any) -> None:
         check_outputs(batch_update, ((i, e[1]) for i, e in self.bad_words.items()))
         process_dict_updates(self.bad_words, batch_update, self.new_state)
 
@@ -479,7 +661,7 @@ class RefBadWordsLogitsProcessor(LogitsProcessor):
         return logits
 
 
-class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
+class RefNoRepeatNGramLogitsProcessor(ReferenceProcessor):
     """HF transformers' ``NoRepeatNGramLogitsProcessor`` (``_get_ngrams`` and
     ``_calc_banned_ngram_tokens``), per row, rebuilt from the sequence on every ``apply``: the
     sequence is the prompt then the **live** output list (up to an async placeholder), taken
@@ -527,7 +709,7 @@ class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
         window = getattr(params, "no_repeat_ngram_window", 0) or self.window
         return (int(window), frozenset(getattr(params, "no_repeat_ngram_whitelist", None) or ()))
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
+    def update_state(self, batch_update: Any) -> None:
         check_outputs(batch_update, ((i, e[2]) for i, e in self.rows.items()))
         process_dict_updates(self.rows, batch_update, self.new_state)
         process_dict_updates(self.modes, batch_update, self.new_mode)
@@ -552,7 +734,7 @@ class RefNoRepeatNGramLogitsProcessor(LogitsProcessor):
         return logits
 
 
-class _RefTruncation(LogitsProcessor):
+class _RefTruncation(ReferenceProcessor):
     """The four truncations beyond vLLM (top-n-sigma, typical-p, epsilon, eta): state is slot
     → the request's value as float32, only where it is not off; ``apply`` loops over those
     rows and rewrites each one by itself (``mask_row``, on a ``[1, V]`` view of the row).
@@ -577,7 +759,7 @@ class _RefTruncation(LogitsProcessor):
         value = float(np.float32(_param(params, cls.FIELD, cls.NEUTRAL)))
         return None if cls.is_off(value) else value
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
+    def update_state(self, batch_update: Any) -> None:
         process_dict_updates(self.values, batch_update, self.new_state)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -676,10 +858,23 @@ class RefEtaCutoffLogitsProcessor(_RefTruncation):
         return row.masked_fill(remove, -math.inf)
 
 
-class RefXTCLogitsProcessor(LogitsProcessor):
+_MASK64 = (1 << 64) - 1
+
+
+def ref_xtc_seed(seed: int) -> int:
+    """The seed of a request's XTC generator (ours; llama.cpp seeds its own RNG per sampler):
+    splitmix64's finalizer of ``(seed mod 2**64) xor 0x5854435F53454544`` ("XTC_SEED" in
+    ASCII), in ``[0, 2**64)``."""
+    z = (((int(seed) & _MASK64) ^ 0x5854435F53454544) + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+class RefXTCLogitsProcessor(ReferenceProcessor):
     """XTC (llama.cpp's ``llama_sampler_xtc_apply``), one row at a time. State: slot →
     (probability, threshold) as float32, and the request's own generator when it has a seed
-    (seeded with ``builtin.xtc.xtc_seed(seed)`` on the logits' device); only where XTC is on
+    (seeded with ``ref_xtc_seed(seed)`` on the logits' device); only where XTC is on
     (probability > 0, threshold <= 0.5). ``apply``: ``u`` for every row, drawn as
     ``builtin.xtc.draw_uniforms`` draws it (one batched draw from the global generator unless
     every row is seeded, then each seeded row's own, in row order); then each row with
@@ -696,8 +891,6 @@ class RefXTCLogitsProcessor(LogitsProcessor):
     def new_state(
         self, params: Any, _prompt: list[int] | None, _output: list[int]
     ) -> tuple[float, float, torch.Generator | None] | None:
-        from .builtin.xtc import xtc_seed
-
         prob = float(np.float32(_param(params, "xtc_probability", 0.0)))
         thr = float(np.float32(_param(params, "xtc_threshold", 0.1)))
         if thr == 0.0:  # a positive threshold below float32's range: the smallest float32
@@ -707,10 +900,10 @@ class RefXTCLogitsProcessor(LogitsProcessor):
         seed = getattr(params, "seed", None)
         gen = None
         if seed is not None:
-            gen = torch.Generator(device=self.device).manual_seed(xtc_seed(seed))
+            gen = torch.Generator(device=self.device).manual_seed(ref_xtc_seed(seed))
         return prob, thr, gen
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
+    def update_state(self, batch_update: Any) -> None:
         process_dict_updates(self.state, batch_update, self.new_state)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -736,7 +929,7 @@ class RefXTCLogitsProcessor(LogitsProcessor):
         return logits
 
 
-class RefPenaltiesLogitsProcessor(LogitsProcessor):
+class RefPenaltiesLogitsProcessor(ReferenceProcessor):
     """Repetition, frequency and presence penalties, rebuilt from the full history on every
     ``apply`` as vLLM 0.25.1 does (``ops/penalties.py``, ``layers/utils.py:34-89``). Not
     argmax-invariant; runs after the other non-argmax-invariant processors.
@@ -792,7 +985,7 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
             return None
         return int(last_n)
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
+    def update_state(self, batch_update: Any) -> None:
         check_outputs(batch_update, ((i, e[2]) for i, e in self.penalties.items()))
         process_dict_updates(self.penalties, batch_update, self.new_state)
         process_dict_updates(self.windows, batch_update, self.new_window)
@@ -834,34 +1027,93 @@ class RefPenaltiesLogitsProcessor(LogitsProcessor):
         return logits
 
 
-def reference_of(view: Any) -> type[LogitsProcessor]:
-    """The plain reference of a built-in processor class (its ``REFERENCE``, ``module:Class``)."""
+#: vLLM 0.25.1's sampler order (semantics note §5.1 and §13.1: ``Sampler.forward`` and
+#: ``apply_logits_processors``) as the reference builds it: ``(stage, reference class)``, in the
+#: order of construction. Stages: ``sampler_before``, hard-coded in vLLM's sampler before the
+#: logits processors (allowed ids, then bad words); ``builtin``, vLLM's
+#: ``BUILTIN_LOGITS_PROCESSORS`` (MinTokens, LogitBias, MinP; ``__init__.py:49-53``);
+#: ``opt_in``, ours, built only when asked for, where vLLM builds custom processors (after the
+#: built-ins): no-repeat-ngram and DRY, then the truncations top-n-sigma, typical-p, epsilon,
+#: eta, then XTC (it reads the probabilities they leave); ``sampler_after``, hard-coded after
+#: the custom processors (penalties: repetition, frequency, presence); ``reasoning``, the
+#: thinking budget, last, only with a reasoning config. The sampler runs the
+#: non-argmax-invariant ones in this order before temperature, the argmax-invariant ones (MinP,
+#: the truncations, XTC) in this order after it.
+REFERENCE_ORDER: tuple[tuple[str, str], ...] = (
+    ("sampler_before", "RefAllowedTokenIdsLogitsProcessor"),
+    ("sampler_before", "RefBadWordsLogitsProcessor"),
+    ("builtin", "RefMinTokensLogitsProcessor"),
+    ("builtin", "RefLogitBiasLogitsProcessor"),
+    ("builtin", "RefMinPLogitsProcessor"),
+    ("opt_in", "RefNoRepeatNGramLogitsProcessor"),
+    ("opt_in", "RefDryLogitsProcessor"),
+    ("opt_in", "RefTopNSigmaLogitsProcessor"),
+    ("opt_in", "RefTypicalPLogitsProcessor"),
+    ("opt_in", "RefEpsilonCutoffLogitsProcessor"),
+    ("opt_in", "RefEtaCutoffLogitsProcessor"),
+    ("opt_in", "RefXTCLogitsProcessor"),
+    ("sampler_after", "RefPenaltiesLogitsProcessor"),
+    ("reasoning", "RefThinkingBudgetLogitsProcessor"),
+)
+
+#: What vLLM 0.25.1 builds of its built-ins under speculative decoding: MinTokens only
+#: (semantics note §5.4, §13.2).
+SPEC_DECODE_BUILTINS: tuple[str, ...] = ("RefMinTokensLogitsProcessor",)
+
+
+def reference_class(name: str) -> type[ReferenceProcessor]:
+    """A reference processor class by its name (one of ``REFERENCE_ORDER``'s)."""
+    module = "reference_thinking" if name == "RefThinkingBudgetLogitsProcessor" else "reference"
+    cls: type[ReferenceProcessor] = getattr(
+        importlib.import_module(f"{__package__}.{module}"), name
+    )
+    return cls
+
+
+def reference_stage(stage: str) -> list[str]:
+    """The reference processors of ``stage``, in ``REFERENCE_ORDER``."""
+    return [name for s, name in REFERENCE_ORDER if s == stage]
+
+
+def reference_of(view: Any) -> type[ReferenceProcessor]:
+    """The plain reference of a built-in processor class (its ``REFERENCE``, ``module:Class``,
+    read as an attribute)."""
     module, _, name = view.REFERENCE.partition(":")
-    ref: type[LogitsProcessor] = getattr(importlib.import_module(module), name)
+    ref: type[ReferenceProcessor] = getattr(importlib.import_module(module), name)
     return ref
 
 
 def build_reference_logitsprocs(
-    config: Any, device: torch.device | str, sampler_transforms: bool = True
-) -> LogitsProcessors:
-    """The reference processors in the order of ``logitsproc_rs.build_logitsprocs`` (the
-    built-ins' order, ``builtin.BUILTINS``): allowed ids, bad words, MinTokens, LogitBias, MinP,
-    penalties (with ``sampler_transforms=False`` exactly vLLM's trio, ``__init__.py:49-53,
-    184-217``), and the thinking budget with a reasoning config. With speculative decoding in
-    vLLM's mode (``draft_rows="vllm"``) only MinTokens (plus the sampler transforms), as
-    vLLM."""
-    from . import builtin  # imports the core's views; the reference needs only their order
-
+    config: Any,
+    device: torch.device | str,
+    sampler_transforms: bool = True,
+    opt_in: Iterable[str] = (),
+) -> RefLogitsProcessors:
+    """The reference processors in ``REFERENCE_ORDER``: allowed ids, bad words, MinTokens,
+    LogitBias, MinP, the opt-in processors named in ``opt_in`` (reference class names, e.g.
+    ``"RefXTCLogitsProcessor"``), penalties (with ``sampler_transforms=False`` and no opt-ins
+    exactly vLLM's trio, ``__init__.py:49-53, 184-217``), and the thinking budget with a
+    reasoning config. With speculative decoding in vLLM's mode (``draft_rows="vllm"``) only
+    MinTokens (plus the sampler transforms), as vLLM, which refuses custom processors there.
+    The order of ``logitsproc_rs.build_logitsprocs`` given the opt-ins' views as custom
+    processors in their order (``tests/test_reference.py`` checks it)."""
     device = torch.device(device)
-    before = builtin.SAMPLER_TRANSFORMS_BEFORE if sampler_transforms else []
-    after = list(builtin.SAMPLER_TRANSFORMS_AFTER) if sampler_transforms else []
-    middle = builtin.BUILTIN_LOGITS_PROCESSORS
-    if config_vllm_drafts(config):
-        middle = builtin.SPEC_DECODE_BUILTINS
+    wanted = set(opt_in)
+    unknown = wanted - set(reference_stage("opt_in"))
+    if unknown:
+        raise ValueError(f"not opt-in reference processors: {sorted(unknown)}")
+    before = reference_stage("sampler_before") if sampler_transforms else []
+    after = reference_stage("sampler_after") if sampler_transforms else []
+    middle = reference_stage("builtin")
+    custom = [name for name in reference_stage("opt_in") if name in wanted]
+    if _vllm_drafts(config):
+        if custom:
+            raise ValueError("vLLM 0.25.1 refuses custom processors with speculative decoding")
+        middle = [name for name in middle if name in SPEC_DECODE_BUILTINS]
     if sampler_transforms and getattr(config, "reasoning_config", None) is not None:
-        after += builtin.REASONING_TRANSFORMS
-    classes = [reference_of(v) for v in [*before, *middle, *after]]
-    return LogitsProcessors(cls(config, device, False) for cls in classes)
+        after += reference_stage("reasoning")
+    names = [*before, *middle, *custom, *after]
+    return RefLogitsProcessors(reference_class(n)(config, device, False) for n in names)
 
 
 def ref_apply_token_bitmask(
@@ -892,7 +1144,7 @@ def ref_apply_token_bitmask(
 
 def ref_gather_logprobs(
     logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor
-) -> LogprobsTensors:
+) -> RefLogprobsTensors:
     """vLLM's ``gather_logprobs`` (``ops/logprobs.py:11-27``), row by row: per row the sampled
     token's value and the ``num_logprobs`` largest values with their ids; the rank is the number
     of values ``>=`` the sampled token's (so 1 for the top token, ties counted)."""
@@ -905,7 +1157,7 @@ def ref_gather_logprobs(
         vals.append(torch.cat((row[tok : tok + 1], top.values)))
         ranks.append(int((row >= row[tok]).sum()))
     device = logprobs.device
-    return LogprobsTensors(
+    return RefLogprobsTensors(
         torch.tensor(ids, dtype=torch.int32, device=device).reshape(-1, num_logprobs + 1),
         torch.stack(vals) if vals else logprobs.new_empty((0, num_logprobs + 1)),
         torch.tensor(ranks, dtype=torch.int64, device=device),
@@ -959,6 +1211,37 @@ def _log_softmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows) if rows else logits.to(torch.float32, copy=True)
 
 
+def _check_metadata(md: Any, logits: torch.Tensor) -> None:
+    """Metadata the sampler cannot use, refused with the fast path's messages (a
+    ``ValueError`` naming the field): a per-row tensor that is not one entry per logits row
+    (it would broadcast) or on another device, ``all_greedy`` and ``all_random`` both set, no
+    temperature unless all greedy, a generator outside the rows."""
+    rows = logits.shape[0]
+    for name in ("temperature", "top_p", "top_k"):
+        t = getattr(md, name)
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != rows:
+            shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(
+                f"SamplingMetadata.{name}: expected one entry per logits row ([{rows}]), "
+                f"got {shape}"
+            )
+        if t.device != logits.device:
+            raise ValueError(
+                f"SamplingMetadata.{name}: on {t.device}, the logits on {logits.device}"
+            )
+    if md.all_greedy and md.all_random and rows:
+        raise ValueError("SamplingMetadata: all_greedy and all_random are both set")
+    if not md.all_greedy and md.temperature is None:
+        raise ValueError("SamplingMetadata.temperature: needed unless all_greedy")
+    bad = [i for i in md.generators if not (0 <= i < rows)]
+    if bad:
+        raise ValueError(
+            f"SamplingMetadata.generators: rows {bad[:8]} outside the {rows} logits rows"
+        )
+
+
 class ReferenceSampler:
     """vLLM 0.25.1's order around the sampler (``vllm/v1/sample/sampler.py:72-302`` and the
     runner's grammar bitmask, section 13 of the semantics note), one row at a time:
@@ -969,9 +1252,13 @@ class ReferenceSampler:
     logits the tokens were sampled from).
 
     The exponential noise ``q`` is drawn exactly as ``logitsproc_rs.sampler.random_sample``
-    draws it, so with identically seeded generators both samplers pick the same tokens."""
+    draws it, so with identically seeded generators both samplers pick the same tokens.
 
-    def __init__(self, logitsprocs: LogitsProcessors, logprobs_mode: str = "raw_logprobs") -> None:
+    ``logitsprocs``: any container with ``argmax_invariant`` and ``non_argmax_invariant``
+    lists (``RefLogitsProcessors``); ``metadata``: any object with ``RefSamplingMetadata``'s
+    attributes (the engine's ``SamplingMetadata`` too)."""
+
+    def __init__(self, logitsprocs: _Phases, logprobs_mode: str = "raw_logprobs") -> None:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(
                 f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
@@ -982,12 +1269,12 @@ class ReferenceSampler:
     def __call__(
         self,
         logits: torch.Tensor,
-        metadata: SamplingMetadata,
+        metadata: Any,
         grammar_bitmask: Any = None,
         bitmask_indices: Any = None,
-    ) -> SamplerOutput:
+    ) -> RefSamplerOutput:
         md = metadata
-        md.check(logits)
+        _check_metadata(md, logits)
         mode = self.logprobs_mode
         if grammar_bitmask is not None:  # the runner, before the sampler (section 8.2)
             ref_apply_token_bitmask(logits, grammar_bitmask, bitmask_indices)
@@ -1009,7 +1296,7 @@ class ReferenceSampler:
             out.logprobs_tensors = ref_gather_logprobs(raw, num_logprobs, out.sampled_token_ids)
         return out
 
-    def _sample(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+    def _sample(self, logits: torch.Tensor, md: Any) -> RefSamplerOutput:
         num_rows = logits.shape[0]
 
         # Greedy snapshot before temperature and the argmax-invariant processors (239-241).
@@ -1017,7 +1304,7 @@ class ReferenceSampler:
         if not md.all_random:
             greedy = [int(logits[i].argmax()) for i in range(num_rows)]
             if md.all_greedy:
-                return SamplerOutput(
+                return RefSamplerOutput(
                     torch.tensor(greedy, dtype=torch.int64, device=logits.device), logits
                 )
         assert md.temperature is not None
@@ -1063,4 +1350,6 @@ class ReferenceSampler:
                 continue
             probs = torch.softmax(logits[i], dim=-1)
             sampled.append(int((probs / q[i]).argmax()))
-        return SamplerOutput(torch.tensor(sampled, dtype=torch.int64, device=logits.device), logits)
+        return RefSamplerOutput(
+            torch.tensor(sampled, dtype=torch.int64, device=logits.device), logits
+        )

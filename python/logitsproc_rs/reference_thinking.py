@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from .interface import BatchUpdate, LogitsProcessor
-from .reference import process_dict_updates
+# The reference's own interface and bookkeeping; nothing of the pipeline it checks.
+from .reference import ReferenceProcessor, check_outputs, process_dict_updates
 
 
 def last_occurrence(seq: Sequence[int], pattern: Sequence[int], lo: int = 0) -> int:
@@ -170,7 +170,7 @@ class ReferenceThinking:
         return None
 
 
-class RefThinkingBudgetLogitsProcessor(LogitsProcessor):
+class RefThinkingBudgetLogitsProcessor(ReferenceProcessor):
     """Reference of ``ThinkingBudgetLogitsProcessor``: one ``ReferenceThinking`` per slot,
     stepped once per ``update_state``; ``apply`` writes 1e9 at each forced (row, token)."""
 
@@ -195,9 +195,7 @@ class RefThinkingBudgetLogitsProcessor(LogitsProcessor):
             return None
         return ReferenceThinking(prompt, budget, self.start, self.end), output
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
-        from .reference import check_outputs
-
+    def update_state(self, batch_update: Any) -> None:
         check_outputs(batch_update, ((r, out) for r, (_ref, out) in self.states.items()))
         if batch_update is not None:
             process_dict_updates(self.states, batch_update, self._new_state)

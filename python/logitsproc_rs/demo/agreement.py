@@ -18,6 +18,7 @@ import math
 import torch
 
 from ..params import SamplingType
+from ..reference import RefSamplerOutput
 from ..sampler import SamplerOutput
 from ..simulate import Request
 
@@ -64,7 +65,7 @@ class Agreement:
         step: int,
         rows: list[Request],
         out: SamplerOutput,
-        out_ref: SamplerOutput,
+        out_ref: RefSamplerOutput,
     ) -> str | None:
         """Count one step's agreement; return a message on a real mismatch (None when all
         rows agree or differ only through documented MinP ties)."""

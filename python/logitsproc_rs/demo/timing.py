@@ -21,7 +21,11 @@ from typing import Any, TypeVar
 import torch
 
 from ..interface import BatchUpdate, LogitsProcessor
+from ..reference import ReferenceProcessor
 from ..state import LogitsProcessors
+
+#: A processor of either side: ours or the reference's (which has its own base class).
+Processor = LogitsProcessor | ReferenceProcessor
 
 T = TypeVar("T")
 
@@ -68,7 +72,7 @@ class TimedProcessor(LogitsProcessor):
     """One processor as a sampler sees it, with each ``apply`` call timed into a
     ``Timings``' pending list under ``name``. Everything else is forwarded."""
 
-    def __init__(self, name: str, inner: LogitsProcessor, timings: Timings, sync: bool) -> None:
+    def __init__(self, name: str, inner: Processor, timings: Timings, sync: bool) -> None:
         self.name, self.inner, self.timings, self.sync = name, inner, timings, sync
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -89,7 +93,7 @@ class TimedProcessor(LogitsProcessor):
 
 
 def timed_processors(
-    named: Iterable[tuple[str, LogitsProcessor]], timings: Timings, sync: bool
+    named: Iterable[tuple[str, Processor]], timings: Timings, sync: bool
 ) -> LogitsProcessors:
     """A container for a sampler: the same processors, in the same order, each ``apply``
     timed (``update_state`` goes to the processors themselves, through ``update_all``)."""
@@ -97,7 +101,7 @@ def timed_processors(
 
 
 def update_all(
-    named: Sequence[tuple[str, LogitsProcessor]],
+    named: Sequence[tuple[str, Processor]],
     update: BatchUpdate | None,
     timings: Timings,
     sync: bool,

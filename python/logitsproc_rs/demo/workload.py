@@ -23,6 +23,7 @@ import torch
 from ..builtin import BUILTINS
 from ..interface import BatchUpdate
 from ..params import SamplingParams, SamplingType
+from ..reference import RefLogitsProcessors
 from ..registry import TABLES
 from ..sampler import SamplingMetadata
 from ..simulate import ChurnSimulator, Request
@@ -60,7 +61,7 @@ def processor_name(p: Any) -> str:
     return re.sub(r"^(Reference|Ref)", "", type(p).__name__)
 
 
-def processor_features(procs: LogitsProcessors) -> set[str]:
+def processor_features(procs: LogitsProcessors | RefLogitsProcessors) -> set[str]:
     """The request parameters ``procs`` can serve, from the processor class names."""
     out = set()
     for p in procs.all:
