@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from . import kernels
+from .errors import InputError
 
 _BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
 GRAMMAR_KERNELS = ("builtin", "xgrammar")
@@ -42,40 +43,40 @@ def apply_token_bitmask_(
     dtype or shape, or host-side indices out of range. Never synchronises with the device.
     """
     if kernel not in GRAMMAR_KERNELS:
-        raise ValueError(f"kernel must be one of {GRAMMAR_KERNELS}, got {kernel!r}")
+        raise InputError(f"kernel must be one of {GRAMMAR_KERNELS}, got {kernel!r}")
     if isinstance(bitmask, np.ndarray):
         if bitmask.dtype != np.int32:
-            raise ValueError(f"bitmask must be int32, got numpy {bitmask.dtype}")
+            raise InputError(f"bitmask must be int32, got numpy {bitmask.dtype}")
         bitmask = torch.from_numpy(bitmask)
     if not isinstance(bitmask, torch.Tensor):
-        raise ValueError(f"bitmask must be a numpy array or a tensor, got {type(bitmask).__name__}")
+        raise InputError(f"bitmask must be a numpy array or a tensor, got {type(bitmask).__name__}")
     if bitmask.dtype != torch.int32:
-        raise ValueError(f"bitmask must be int32, got {bitmask.dtype}")
+        raise InputError(f"bitmask must be int32, got {bitmask.dtype}")
     if bitmask.dim() != 2 or bitmask.shape[1] == 0:
-        raise ValueError(
+        raise InputError(
             f"bitmask must be [rows, words] with words >= 1, got {list(bitmask.shape)}"
         )
     if logits.dim() != 2:
-        raise ValueError(f"logits must be [batch, vocab], got {list(logits.shape)}")
+        raise InputError(f"logits must be [batch, vocab], got {list(logits.shape)}")
     n_rows, vocab = logits.shape
     if indices is None:
         if bitmask.shape[0] != n_rows:
-            raise ValueError(
+            raise InputError(
                 f"bitmask has {bitmask.shape[0]} rows but logits have {n_rows} (pass indices)"
             )
         idx = None
     else:
         if isinstance(indices, torch.Tensor):
             if indices.dim() != 1 or indices.dtype not in (torch.int32, torch.int64):
-                raise ValueError("indices must be a 1-D int32/int64 tensor")
+                raise InputError("indices must be a 1-D int32/int64 tensor")
             idx = indices.to(logits.device, dtype=torch.int64, non_blocking=True)
         else:
             host = np.asarray(indices, dtype=np.int64).reshape(-1)
             if host.size and (host.min() < 0 or host.max() >= n_rows):
-                raise ValueError(f"indices must be in [0, {n_rows}), got {host.tolist()}")
+                raise InputError(f"indices must be in [0, {n_rows}), got {host.tolist()}")
             idx = torch.from_numpy(host).to(logits.device, non_blocking=True)
         if bitmask.shape[0] != idx.shape[0]:
-            raise ValueError(
+            raise InputError(
                 f"bitmask has {bitmask.shape[0]} rows but {idx.shape[0]} indices were given"
             )
     if bitmask.shape[0] == 0:
@@ -107,7 +108,7 @@ def _xgrammar_apply(
     try:
         import xgrammar
     except ImportError as e:
-        raise ValueError("kernel='xgrammar' needs xgrammar installed (pip install xgrammar)") from e
+        raise InputError("kernel='xgrammar' needs xgrammar installed (pip install xgrammar)") from e
     if idx is not None:
         # xgrammar takes host row numbers; ours live on the device after the checks above, so
         # it applies to every row (an all-ones row masks nothing): no device-to-host read.

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError, with_context
+from .errors import ConfigError, processor_raised
 from .views import PipelineView
 
 Reader = Callable[[Any], Any]
@@ -199,10 +199,8 @@ class ColumnLogitsProcessor(PipelineView):
         # chained to the original; an interrupt (KeyboardInterrupt...) propagates as itself.
         try:
             return self.transform(logits, cols, active)
-        except ValueError as e:
-            raise with_context(e, f"{type(self).__name__}.apply: ") from e
         except Exception as e:
-            raise RuntimeError(f"{type(self).__name__}.apply raised {e!r}") from e
+            raise processor_raised(f"{type(self).__name__}.apply", e) from e
 
 
 def _draft_columns(

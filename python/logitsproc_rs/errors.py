@@ -111,6 +111,24 @@ class BatchUpdateError(LogitsprocError, ValueError):
     """A malformed batch update (``field``: its list; ``index`` when an entry names one)."""
 
 
+class InputError(LogitsprocError, ValueError):
+    """A call's argument is refused: logits of the wrong shape, dtype, device or layout, a
+    grammar bitmask, sampling metadata, an HF call's parameters (``field`` when it names one)."""
+
+
+class LoadError(LogitsprocError, RuntimeError):
+    """A logits-processor plugin or named class failed to import or load."""
+
+
+class SlotIndexError(LogitsprocError, IndexError, ValueError):
+    """A slot index outside the table: an ``IndexError`` as in vLLM, and a ``ValueError`` like
+    every other bad input (one of ours: ``field`` is ``"index"``)."""
+
+
+class ProcessorError(LogitsprocError, RuntimeError):
+    """A custom processor raised something other than a ``ValueError`` (chained to it)."""
+
+
 class ConfigError(LogitsprocError, ValueError):
     """A bad engine-wide setting (``field``)."""
 
@@ -135,3 +153,13 @@ def with_context(
     if isinstance(error, LogitsprocError):
         return error.with_context(prefix)
     return other(f"{prefix}{error}")
+
+
+def processor_raised(where: str, error: Exception) -> Exception:
+    """The one wrapper for a custom processor that raised (``where``: ``"Class.method"``, and
+    where it runs): a ``ValueError`` keeps its class with ``where: `` before its message, any
+    other ``Exception`` is a ``ProcessorError`` naming ``where`` and the original; raise the
+    result ``from`` the original."""
+    if isinstance(error, ValueError):
+        return with_context(error, f"{where}: ")
+    return ProcessorError(f"{where} raised {error!r}")

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from .builtin import asked_for
-from .errors import ConfigError, RequestError, with_context
+from .errors import ConfigError, InputError, RequestError, with_context
 from .interface import AddedRequest, BatchUpdate
 from .loader import build_logitsprocs, validate_sampling_params
 from .params import _SAMPLING_EPS, EngineConfig, SamplingParams, as_engine_config
@@ -116,7 +116,7 @@ def _row_params(i: int, p: Any) -> Any:
     if p is None:
         return SamplingParams(temperature=0.0)
     if not hasattr(p, "sampling_type"):
-        raise ValueError(
+        raise InputError(
             f"row {i}: expected SamplingParams (or a dict of its fields), got {type(p).__name__}"
         )
     return p
@@ -212,7 +212,7 @@ class HFLogitsProcessor:
     ) -> None:
         self.params = [_row_params(i, p) for i, p in enumerate(params)]
         if not self.params:
-            raise ValueError("params must have one entry per batch row, got none")
+            raise InputError("params must have one entry per batch row, got none")
         self.engine_config = _engine_config(engine_config)
         for i, p in enumerate(self.params):
             try:
@@ -258,7 +258,7 @@ class HFLogitsProcessor:
         _check_call(input_ids, scores)
         rows, length = input_ids.shape
         if rows != len(self.params) or scores.shape[0] != rows:
-            raise ValueError(
+            raise InputError(
                 f"HFLogitsProcessor: {rows} rows of input_ids and {scores.shape[0]} of scores "
                 f"for {len(self.params)} SamplingParams; give one per row. Beam search "
                 "(num_beams > 1) is not supported; with num_return_sequences > 1 repeat each "
@@ -300,7 +300,7 @@ class HFLogitsProcessor:
         if not torch.equal(input_ids[:, : self._prompt.shape[1]], self._prompt):
             return False
         if not torch.equal(input_ids[:, -2].to("cpu", torch.int64), self._last):
-            raise ValueError(
+            raise InputError(
                 "HFLogitsProcessor: the rows' earlier tokens changed between steps (rows "
                 "reordered, as beam search does?); call reset() before a new generation"
             )
@@ -310,7 +310,7 @@ class HFLogitsProcessor:
         rows, vocab = scores.shape
         mask = self.attention_mask
         if mask is not None and tuple(mask.shape) != tuple(input_ids.shape):
-            raise ValueError(
+            raise InputError(
                 f"HFLogitsProcessor: attention_mask of shape {list(mask.shape)} does not match "
                 f"the prompt's input_ids {list(input_ids.shape)}; pass this generation's mask "
                 "to reset() (or to generate())"

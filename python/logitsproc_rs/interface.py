@@ -17,6 +17,8 @@ from enum import Enum
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .errors import RequestError
+
 if TYPE_CHECKING:
     import torch
 
@@ -169,7 +171,7 @@ class AdapterLogitsProcessor(LogitsProcessor):
         if req_lp := self.new_req_logits_processor(params):
             if len(inspect.signature(req_lp).parameters) == 3:
                 if prompt_ids is None:
-                    raise ValueError(
+                    raise RequestError(
                         "Prompt token ids are required for this "
                         "logits processor but were not provided."
                     )

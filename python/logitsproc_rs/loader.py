@@ -20,10 +20,10 @@ from .builtin import (
     SAMPLER_TRANSFORMS_BEFORE,
     SPEC_DECODE_BUILTINS,
 )
-from .errors import BatchUpdateError
+from .errors import BatchUpdateError, ConfigError, LoadError
 from .interface import LogitsProcessor, direction_name
 from .params import as_engine_config, config_vllm_drafts
-from .pipeline import Pipeline, resolve_device
+from .pipeline import Pipeline, resolve_device, unbuilt_opt_in
 from .state import LogitsProcessors
 from .views import PipelineView
 
@@ -71,7 +71,7 @@ def _load_plugins() -> list[type[LogitsProcessor]]:
                 classes.append(ep.load())
             except Exception as e:
                 logger.error("Failed to load LogitsProcessor plugin %s: %s", ep, e)
-                raise RuntimeError(f"Failed to load LogitsProcessor plugin {ep}") from e
+                raise LoadError(f"Failed to load LogitsProcessor plugin {ep}") from e
     return classes
 
 
@@ -81,11 +81,11 @@ def _load_by_names(lps: Sequence[str | type] | None) -> list[type[LogitsProcesso
         if isinstance(lp, type):
             logger.debug(" - Already-loaded logit processor: %s", lp.__name__)
             if not _is_processor_class(lp):
-                raise ValueError(f"{lp.__name__} is not a subclass of LogitsProcessor")
+                raise ConfigError(f"{lp.__name__} is not a subclass of LogitsProcessor")
             classes.append(lp)
             continue
         if not isinstance(lp, str) or lp.count(":") != 1:
-            raise ValueError(
+            raise ConfigError(
                 f"Invalid logits processor FQCN '{lp}'. Expected format: '<module>:<type>'"
             )
         logger.debug("- Loading logits processor %s", lp)
@@ -94,13 +94,13 @@ def _load_by_names(lps: Sequence[str | type] | None) -> list[type[LogitsProcesso
             obj: Any = importlib.import_module(module_path)
         except Exception as e:
             logger.error("Failed to load %sth LogitsProcessor plugin %s: %s", ldx, lp, e)
-            raise RuntimeError(f"Failed to load {ldx}th LogitsProcessor plugin {lp}") from e
+            raise LoadError(f"Failed to load {ldx}th LogitsProcessor plugin {lp}") from e
         for attr in qualname.split("."):
             obj = getattr(obj, attr)
         if not isinstance(obj, type):
-            raise ValueError("Loaded logit processor must be a type.")
+            raise ConfigError("Loaded logit processor must be a type.")
         if not _is_processor_class(obj):
-            raise ValueError(f"{obj.__name__} must be a subclass of LogitsProcessor")
+            raise ConfigError(f"{obj.__name__} must be a subclass of LogitsProcessor")
         classes.append(obj)
     return classes
 
@@ -182,7 +182,7 @@ def build_logitsprocs(
     device = resolve_device(device)
     if is_pooling_model:
         if custom:
-            raise ValueError(STR_POOLING_REJECTS_LOGITSPROCS)
+            raise ConfigError(STR_POOLING_REJECTS_LOGITSPROCS)
         return LogitsProcessors()
     before: list[Any] = list(SAMPLER_TRANSFORMS_BEFORE) if sampler_transforms else []
     after: list[Any] = list(SAMPLER_TRANSFORMS_AFTER) if sampler_transforms else []
@@ -191,7 +191,7 @@ def build_logitsprocs(
     if config_vllm_drafts(vllm_config):
         if custom:
             logger.error("%s Rejected: %s", STR_SPEC_DEC_REJECTS_LOGITSPROCS, custom)
-            raise ValueError(STR_SPEC_DEC_REJECTS_LOGITSPROCS)
+            raise ConfigError(STR_SPEC_DEC_REJECTS_LOGITSPROCS)
         logger.warning(STR_SPEC_DEC_WARNS_MIN_P_LOGIT_BIAS)
         classes = [*before, *SPEC_DECODE_BUILTINS, *after]
     elif getattr(vllm_config, "speculative_config", None):
@@ -201,7 +201,7 @@ def build_logitsprocs(
         refused = [c for c in named if not _draft_ready(c)]
         if refused:
             logger.error("%s Rejected: %s", STR_SPEC_DEC_REJECTS_LOGITSPROCS, refused)
-            raise ValueError(
+            raise ConfigError(
                 f"{STR_SPEC_DEC_REJECTS_LOGITSPROCS} (draft rows: {', '.join(map(_name, refused))} "
                 "neither a logitsproc_rs PipelineView nor APPLIES_TO_DRAFT_ROWS = True)"
             )
@@ -242,6 +242,7 @@ def build_logitsprocs(
             emulate_device=emulate_device,
             max_rows=max_rows,
             kernels=kernels,
+            refuse=unbuilt_opt_in(tables),
         )
     procs = [
         ctor(vllm_config, device, is_pin_memory, pipeline=pipeline)
@@ -278,12 +279,12 @@ def validate_sampling_params(vllm_config: Any, params: Any) -> None:
     if config_vllm_drafts(vllm_config) and (
         (getattr(params, "min_p", 0.0) or 0.0) > 1e-5 or getattr(params, "logit_bias", None)
     ):
-        raise ValueError(STR_SPEC_DEC_REJECTS_MIN_P_LOGIT_BIAS)
+        raise ConfigError(STR_SPEC_DEC_REJECTS_MIN_P_LOGIT_BIAS)
     if (
         getattr(params, "thinking_token_budget", None) is not None
         and getattr(vllm_config, "reasoning_config", None) is None
     ):
-        raise ValueError(
+        raise ConfigError(
             "thinking_token_budget is set but reasoning_config is not configured "
             "(set EngineConfig.reasoning_start_token_ids / reasoning_end_token_ids)"
         )

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from .errors import InputError
+
 #: Logits dtypes transformed in place, exactly as the reference does on the same dtype.
 EXACT_DTYPES = (torch.float32, torch.float64)
 #: Half precision: cast to float32 first (what vLLM's sampler does before its processors).
@@ -38,25 +40,25 @@ def check_tensor(name: str, logits: Any) -> None:
     write would land in several rows)."""
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
         kind = getattr(logits, "dtype", type(logits).__name__)
-        raise ValueError(f"{name}: logits must be a floating-point tensor, got {kind}")
+        raise InputError(f"{name}: logits must be a floating-point tensor, got {kind}")
     dtype = logits.dtype
     if dtype not in EXACT_DTYPES and dtype not in CAST_DTYPES:
-        raise ValueError(
+        raise InputError(
             f"{name}: logits of dtype {dtype} are not supported (float32, float64, float16 "
             "or bfloat16; cast them first, e.g. logits.float())"
         )
     if logits.requires_grad:
-        raise ValueError(
+        raise InputError(
             f"{name}: logits require grad; the transforms work in place, without autograd: "
             "pass logits.detach()"
         )
     if logits.is_inference() and not torch.is_inference_mode_enabled():
-        raise ValueError(
+        raise InputError(
             f"{name}: logits are an inference tensor, written outside inference mode (torch "
             "refuses that): apply inside torch.inference_mode(), or pass logits.clone()"
         )
     if logits.dim() == 2 and rows_overlap(*logits.shape, *logits.stride()):
-        raise ValueError(
+        raise InputError(
             f"{name}: logits rows overlap (shape {list(logits.shape)}, stride "
             f"{list(logits.stride())}: an expanded or strided view); pass "
             "logits.contiguous()"
@@ -80,19 +82,19 @@ def checked_logits(
     where = f"{name}.{method}"
     check_tensor(where, logits)
     if logits.dim() != 2 or logits.shape[0] != rows or logits.shape[1] != vocab_size:
-        raise ValueError(
+        raise InputError(
             f"{where}: logits of shape {list(logits.shape)} do not match {what}: "
             f"expected [{rows}, {vocab_size}] (batch_size from the last step, "
             "vocab_size from the config)"
         )
     if logits.device != device and not (device.type == "cpu" and logits.device.type == "cpu"):
-        raise ValueError(
+        raise InputError(
             f"{where}: logits on {logits.device}, but the processors were built for {device}"
         )
     if rows and logits.stride(1) != 1:
         # Rows may be apart (vLLM slices a padded vocabulary: row stride > vocab_size), but
         # each row must be contiguous: kernels and host code walk a row as one array.
-        raise ValueError(
+        raise InputError(
             f"{where}: logits rows must be contiguous (stride {list(logits.stride())}); "
             "pass logits.contiguous()"
         )
@@ -107,4 +109,4 @@ def check_sampler_logits(logits: Any) -> None:
     in place in the logits' own dtype, before the float32 cast)."""
     check_tensor("Sampler", logits)
     if logits.dim() != 2:
-        raise ValueError(f"Sampler: logits must be 2-D [rows, vocab], got {list(logits.shape)}")
+        raise InputError(f"Sampler: logits must be 2-D [rows, vocab], got {list(logits.shape)}")

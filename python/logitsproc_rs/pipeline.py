@@ -85,8 +85,10 @@ class Pipeline(StableSlots):
 
     ``refuse`` maps tables it does not build to how to get their processor: a request that
     sets a field switching one of them on is refused (a ``RequestError`` naming the field,
-    saying how), never run without it. By default: our opt-in processors' tables it lacks
-    (``unbuilt_opt_in``); vLLM applies its own fields itself when we do not.
+    saying how), never run without it. Given where the whole processor set is known:
+    ``build_logitsprocs`` (our opt-in processors it did not build: ``unbuilt_opt_in``) and
+    the vLLM bridges; a processor built alone (vLLM's way) refuses nothing, as another
+    processor of the engine may apply the field.
     """
 
     def __init__(
@@ -109,7 +111,7 @@ class Pipeline(StableSlots):
         tables = set(tables)
         unknown = tables - TABLES.keys()
         if unknown:
-            raise ValueError(f"unknown tables {sorted(unknown)}")
+            raise ConfigError(f"unknown tables {sorted(unknown)}")
         self.vocab_size = _config_int(config_vocab_size, vllm_config, "vocab_size")
         self.capacity = _config_int(config_max_num_seqs, vllm_config, "max_num_seqs")
         self.spec_tokens = _config_int(config_spec_tokens, vllm_config, "num_speculative_tokens", 0)
@@ -136,7 +138,7 @@ class Pipeline(StableSlots):
             token_feed=token_feed,
             max_rows=max_rows,
             host_kernels=self.device.type == "cpu" and not emulate_device,
-            refuse=sorted((refuse if refuse is not None else unbuilt_opt_in(tables)).items()),
+            refuse=sorted((refuse or {}).items()),
         )
         self.tables = frozenset(tables)
         self.arena = DeviceArena(self.core, self.device, is_pin_memory, emulate_device)
@@ -357,7 +359,7 @@ class Pipeline(StableSlots):
         uploads what changed; processors then ``apply_rows``. A refused layout changes
         nothing."""
         if not self.spec_tokens and not self.stable_slots:
-            raise RuntimeError(
+            raise ProtocolError(
                 "apply_drafts: this pipeline was built without speculative decoding "
                 "(EngineConfig.num_speculative_tokens)"
             )
@@ -487,7 +489,7 @@ def _reasoning_ids(config: Any) -> tuple[list[int], list[int]]:
             "vLLM's reasoning_config has no reasoning token ids (its reasoning_start_str / "
             "reasoning_end_str, or its reasoning_parser, must give both)"
         )
-    raise ValueError(f"ThinkingBudgetLogitsProcessor needs reasoning marker token ids: {where}")
+    raise ConfigError(f"ThinkingBudgetLogitsProcessor needs reasoning marker token ids: {where}")
 
 
 def _config_int(read: Any, config: Any, field: str, least: int = 1) -> int:

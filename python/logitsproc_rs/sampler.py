@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .bitmask import GRAMMAR_KERNELS, apply_token_bitmask_
+from .errors import InputError
 from .logits_check import check_sampler_logits
 from .params import _SAMPLING_EPS, SamplingParams, SamplingType
 from .state import LogitsProcessors
@@ -48,21 +49,21 @@ class SamplingMetadata:
                 continue
             if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != rows:
                 shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise ValueError(
+                raise InputError(
                     f"SamplingMetadata.{name}: expected one entry per logits row ([{rows}]), "
                     f"got {shape}"
                 )
             if t.device != logits.device:
-                raise ValueError(
+                raise InputError(
                     f"SamplingMetadata.{name}: on {t.device}, the logits on {logits.device}"
                 )
         if self.all_greedy and self.all_random and rows:
-            raise ValueError("SamplingMetadata: all_greedy and all_random are both set")
+            raise InputError("SamplingMetadata: all_greedy and all_random are both set")
         if not self.all_greedy and self.temperature is None:
-            raise ValueError("SamplingMetadata.temperature: needed unless all_greedy")
+            raise InputError("SamplingMetadata.temperature: needed unless all_greedy")
         bad = [i for i in self.generators if not (0 <= i < rows)]
         if bad:
-            raise ValueError(
+            raise InputError(
                 f"SamplingMetadata.generators: rows {bad[:8]} outside the {rows} logits rows"
             )
 
@@ -203,11 +204,11 @@ class Sampler:
         """``grammar_kernel``: who applies the grammar bitmask, ``"builtin"`` (ours, no
         dependency) or ``"xgrammar"`` (xgrammar's kernel, as vLLM's runner; needs xgrammar)."""
         if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(
+            raise InputError(
                 f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
             )
         if grammar_kernel not in GRAMMAR_KERNELS:
-            raise ValueError(
+            raise InputError(
                 f"grammar_kernel must be one of {GRAMMAR_KERNELS}, got {grammar_kernel!r}"
             )
         self.logitsprocs = logitsprocs

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .errors import RequestError
+from .errors import ProtocolError, RequestError
 from .host_ints import host_ints
 from .logits_check import checked_logits
 
@@ -163,7 +163,7 @@ class StableSlots:
 
     def _need_stable(self, what: str) -> None:
         if not self.stable_slots:
-            raise RuntimeError(f"{what}: this pipeline was built without stable_slots=True")
+            raise ProtocolError(f"{what}: this pipeline was built without stable_slots=True")
 
 
 def _materialized(obj: Any, field: str, limit: int) -> Any:

@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from .errors import ProtocolError, RequestError, with_context
+from .errors import ProtocolError, RequestError, processor_raised
 from .interface import AddedRequest, BatchUpdate, LogitsProcessor, MovedRequest
 
 
@@ -218,7 +218,5 @@ def _named(p: Any, what: str, fn: Any, *args: Any) -> Any:
     stays one, anything else becomes a ``RuntimeError``), chained to the original."""
     try:
         return fn(*args)
-    except ValueError as e:
-        raise with_context(e, f"{type(p).__name__}.{what}: ") from e
     except Exception as e:
-        raise RuntimeError(f"{type(p).__name__}.{what} raised {e!r}") from e
+        raise processor_raised(f"{type(p).__name__}.{what}", e) from e

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from .errors import ConfigError
 from .interface import BatchUpdate, LogitsProcessor
 from .pipeline import Pipeline
 
@@ -78,7 +79,9 @@ class PipelineView(LogitsProcessor):
                     out.append(k)
                     break
             else:
-                raise ValueError(f"{type(self).__name__}: column {c.name!r} is not in the pipeline")
+                raise ConfigError(
+                    f"{type(self).__name__}: column {c.name!r} is not in the pipeline"
+                )
         return out
 
     def is_argmax_invariant(self) -> bool:

@@ -28,6 +28,7 @@ from logitsproc_rs import (
     SamplingParams,
     build_logitsprocs,
 )
+from logitsproc_rs.builtin import OPT_IN_PROCESSORS
 from logitsproc_rs.reference import ReferenceSampler, build_reference_logitsprocs, reference_of
 
 V = 16
@@ -82,6 +83,15 @@ def _params() -> list[SamplingParams]:
             max_tokens=None,
         ),
     ]
+
+
+# _params sets fields of every opt-in processor: the sampler tests build them all (a pipeline
+# without one refuses its fields).
+REF_OPT_IN = [reference_of(c).__name__ for c in OPT_IN_PROCESSORS]
+
+
+def _every(cfg: Any) -> Any:
+    return build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=OPT_IN_PROCESSORS)
 
 
 def _update() -> BatchUpdate:
@@ -164,7 +174,7 @@ def test_rows_apart_and_single_rows_are_still_taken() -> None:
 
 
 def test_the_sampler_refuses_aliased_rows() -> None:
-    procs = build_logitsprocs(CFG, "cpu", False)
+    procs = _every(CFG)
     procs.update_state(_update())
     md = SamplingMetadata.from_params(_params(), V)
     with pytest.raises(ValueError, match="rows overlap"):
@@ -225,10 +235,10 @@ def test_the_sampler_takes_or_refuses_every_floating_dtype(dtype) -> None:
 
     def run(x: torch.Tensor, reference: bool = False) -> Any:
         if reference:
-            procs = build_reference_logitsprocs(CFG, "cpu")
+            procs = build_reference_logitsprocs(CFG, "cpu", opt_in=REF_OPT_IN)
             procs.update_state(_update())
             return ReferenceSampler(procs)(x, md)
-        procs = build_logitsprocs(CFG, "cpu", False)
+        procs = _every(CFG)
         procs.update_state(_update())
         return Sampler(procs)(x, md)
 
@@ -270,7 +280,7 @@ def test_logits_that_require_grad_are_refused(cls, route, work) -> None:
 
 
 def test_the_sampler_refuses_logits_that_require_grad() -> None:
-    procs = build_logitsprocs(CFG, "cpu", False)
+    procs = _every(CFG)
     procs.update_state(_update())
     md = SamplingMetadata.from_params(_params(), V)
     with pytest.raises(ValueError, match="Sampler: logits require grad"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
-from ..errors import LogitsprocError
+from ..errors import SlotIndexError
 from ..views import PipelineView, Stage
 from ._common import host_kernel_ok
 
@@ -61,8 +61,3 @@ class MinPLogitsProcessor(PipelineView):
                 f"index {shown} is outside [0, {capacity})", index=None, field="index"
             )
         return float(value)
-
-
-class SlotIndexError(LogitsprocError, IndexError, ValueError):
-    """A slot index outside the table: an ``IndexError`` as in vLLM, and a ``ValueError`` like
-    every other bad input (one of ours: ``field`` is ``"index"``)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
+from ..errors import InputError
 from ..pipeline import Pipeline
 from ..views import PipelineView, Stage
 from ._common import host_kernel_ok
@@ -132,7 +133,7 @@ class PenaltiesLogitsProcessor(PipelineView):
                 copy=True,
             )
             if work.dim() != 2 or tuple(work.shape) != (rows, pipe.vocab_size):
-                raise ValueError(
+                raise InputError(
                     f"PenaltiesLogitsProcessor.apply: logits hold {list(work.shape)}, "
                     f"expected [{rows}, {pipe.vocab_size}]"
                 )

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError, LoadError
+
 KERNELS_ENV = "LOGITSPROC_KERNELS"
 BACKENDS = ("auto", "triton", "torch")
 
@@ -36,7 +38,7 @@ _import_error: BaseException | None = None
 def _check(name: Any, where: str) -> str:
     value = str(name).strip().lower()
     if value not in BACKENDS:
-        raise ValueError(f"{where}: expected one of {BACKENDS}, got {name!r}")
+        raise ConfigError(f"{where}: expected one of {BACKENDS}, got {name!r}")
     return value
 
 
@@ -81,7 +83,7 @@ def triton_ops() -> ModuleType:
     """The kernels module, where ``use_triton`` said yes (it does only once triton imported)."""
     mod = ops()
     if mod is None:
-        raise RuntimeError(f"triton does not import: {_import_error}")
+        raise LoadError(f"triton does not import: {_import_error}")
     return mod
 
 
@@ -104,9 +106,9 @@ def use_triton(logits: torch.Tensor, choice: str | None = None, any_float: bool 
     if ops() is None:
         if choice == "auto":
             return False
-        raise RuntimeError(f"{KERNELS_ENV}=triton, but triton does not import: {_import_error}")
+        raise LoadError(f"{KERNELS_ENV}=triton, but triton does not import: {_import_error}")
     if choice == "triton" and logits.device.type == "cpu" and not interpreting():
-        raise RuntimeError(
+        raise LoadError(
             f"{KERNELS_ENV}=triton on CPU tensors needs TRITON_INTERPRET=1 (set before triton "
             "is imported)"
         )

@@ -30,6 +30,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, ClassVar, TypeVar
 
 from ..builtin import BUILTINS
+from ..errors import ConfigError
 from ..pipeline import Pipeline
 from ..views import PipelineView
 from . import _guard
@@ -72,7 +73,7 @@ class Group:
 
     def join(self, member: Bridge) -> None:
         if self.members and self.namespace != member.NAMESPACE:
-            raise ValueError(
+            raise ConfigError(
                 f"{type(member).__name__}: the processors of one runner must read one namespace "
                 f"({self.namespace!r}, not {member.NAMESPACE!r})"
             )
@@ -242,7 +243,7 @@ def make_bridge(
     """A subclass of ``base`` (a bridge's class) for ``cls``: ``VIEW`` is ``cls``, named
     ``name`` in ``module`` (default: ``cls``'s), documented by ``doc(cls)``."""
     if not (isinstance(cls, type) and issubclass(cls, PipelineView)):
-        raise ValueError(
+        raise ConfigError(
             f"bridge: {cls!r} is not a processor built on a Pipeline (a PipelineView: a "
             "ColumnLogitsProcessor subclass or a built-in processor)"
         )

@@ -44,7 +44,7 @@ import torch
 from vllm.v1.sample.logits_processor import LogitsProcessor as VllmLogitsProcessor
 
 from .. import builtin
-from ..errors import with_context
+from ..errors import processor_raised, with_context
 from ..interface import BatchUpdate, process_dict_updates
 from ..pipeline import Pipeline
 from ..step_protocol import update_signature
@@ -290,12 +290,8 @@ class _Bridge(Bridge, VllmLogitsProcessor, metaclass=BridgeType):
             return logits
         try:
             return group.apply(self, logits)
-        except ValueError as e:
-            raise with_context(e, f"{type(self).__name__}.apply (logitsproc_rs.vllm.v1): ") from e
         except Exception as e:
-            raise RuntimeError(
-                f"{type(self).__name__}.apply (logitsproc_rs.vllm.v1): {type(e).__name__}: {e}"
-            ) from e
+            raise processor_raised(f"{type(self).__name__}.apply (logitsproc_rs.vllm.v1)", e) from e
 
 
 def bridge(

@@ -64,7 +64,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 
 from .. import builtin
 from ..columns import ColumnLogitsProcessor
-from ..errors import BatchUpdateError
+from ..errors import BatchUpdateError, processor_raised
 from ..params import _show, config_size, config_spec_tokens
 from ..pipeline import Pipeline
 from ..registry import HISTORY_TABLES, TABLES
@@ -446,7 +446,7 @@ class _Bridge(Bridge, _V2LogitsProcessor, metaclass=BridgeType):
         except Exception as e:
             if isinstance(view, ColumnLogitsProcessor):
                 # A custom transform's failure, named (the pipeline is unaffected).
-                raise RuntimeError(f"{type(self).__name__}.apply raised {e!r}") from e
+                raise processor_raised(f"{type(self).__name__}.apply", e) from e
             raise
         if group.forced:
             logits = group.forced.apply_(logits, group.host_row_slots())
