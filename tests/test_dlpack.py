@@ -16,9 +16,6 @@ from __future__ import annotations
 import ctypes
 import gc
 import math
-import os
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _forkserver import run_python
 
 from logitsproc_rs import BatchUpdate, EngineConfig, MinPLogitsProcessor, MoveDirectionality, _core
 
@@ -505,10 +503,7 @@ def test_no_crash_on_interpreter_shutdown(tmp_path: Path) -> None:
         print("ok", len(keep))
         """
     )
-    src = Path(__file__).resolve().parents[1] / "python"
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    r = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
-    )
+    # A child of the fork server: it ends as any interpreter does (atexit, then finalization).
+    r = run_python(script, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok 100"

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import copy
 import runpy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from _extras import import_extra
+from _forkserver import run_python
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -332,8 +331,13 @@ def test_neutral_kwargs_turn_off_hfs_own_processors(model) -> None:
 
 
 def test_import_is_cheap() -> None:
-    code = "import sys, logitsproc_rs.hf; print('transformers' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    code = (
+        "import sys; assert 'logitsproc_rs.hf' not in sys.modules;"
+        " import logitsproc_rs.hf; print('transformers' in sys.modules)"
+    )
+    # A child of the fork server, which has imported torch and logitsproc_rs, not its hf module.
+    out = run_python(code, timeout=120)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
 

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import random
 import re
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from _forkserver import run_python
 from test_differential import (
     HOT_IDS,
     full_next_token,
@@ -41,7 +39,6 @@ from logitsproc_rs import (
 from logitsproc_rs.simulate import ChurnSimulator
 
 SWAP = MoveDirectionality.SWAP
-SRC = Path(__file__).resolve().parents[1] / "python"
 
 
 def config(max_num_seqs: int, vocab: int) -> EngineConfig:
@@ -382,12 +379,8 @@ def test_a_big_capacity_costs_no_memory_until_used() -> None:
         print(grew // 1024)
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"},
-    )
+    # A child of the fork server: a fresh process's RSS (with PYTHONPATH=python and
+    # OMP_NUM_THREADS=1), without importing torch again.
+    out = run_python(script, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout) < 400, f"building grew the RSS by {out.stdout.strip()} MiB"

@@ -1,11 +1,11 @@
 """Bad configs and capacities: config mappings with unknown fields, duck-typed configs without the
 fields or with bad values, reasoning ids outside the vocabulary, and capacities that cannot be
-allocated or overflow (an ordinary exception, in a subprocess where the process could die; never
-an abort or a panic)."""
+allocated or overflow (an ordinary exception, in a child process where the process could die:
+forked from the tests' fork server, ``tests/_forkserver.py``, or a fresh interpreter where the
+limit is absolute; never an abort or a panic)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from _forkserver import run_python, signal_name
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -165,15 +166,9 @@ def test_huge_capacity_raises_instead_of_aborting(expr: str) -> None:
             print("no error")
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(src), "RUST_BACKTRACE": "0"}
-    r = subprocess.run(
-        [sys.executable, "-c", script, str(src)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert r.returncode == 0, f"process died (rc {r.returncode}): {r.stderr[-500:]}"
+    # Served: the error path imports logitsproc_rs (and torch), 6-11 s per fresh interpreter.
+    r = run_python(script, [str(src)], timeout=120)
+    assert r.returncode == 0, f"process died (rc {signal_name(r.returncode)}): {r.stderr[-500:]}"
     assert r.stdout.startswith("raised"), r.stdout
 
 

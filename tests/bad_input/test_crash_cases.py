@@ -1,9 +1,12 @@
-"""Historical and likely crash cases, each in a subprocess of its own.
+"""Historical and likely crash cases, each in a process of its own.
 
 Each case runs in a child Python with a bounded address space (``RLIMIT_AS``: what the
 interpreter and torch already use plus a few GiB) and a watchdog, so a regression that aborts,
 segfaults, raises pyo3's ``PanicException`` (a ``BaseException``), loops forever or eats the
-machine's memory is one failing test here, not a dead test run. The child prints one line:
+machine's memory is one failing test here, not a dead test run. The child is forked from the
+tests' fork server (``tests/_forkserver.py``: one Python per pytest process that has imported
+torch and logitsproc_rs), not started fresh; ``LOGITSPROC_CRASH_FRESH=1`` starts a fresh
+interpreter per case instead. The child prints one line:
 
 * ``RAISED <type> <message>``: a ``ValueError`` or ``MemoryError`` (the contract for bad input);
 * ``OK <result>``: the call returned;
@@ -15,15 +18,12 @@ and the test checks the line against what the case allows.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
+import _forkserver
 import pytest
-
-SRC = Path(__file__).resolve().parents[2] / "python"
+from _forkserver import run_python, signal_name
 
 # Runs before each case: imports, then the address-space limit (after torch's import, which
 # reserves a lot of virtual memory) and a watchdog that dumps the stack and exits.
@@ -106,19 +106,13 @@ def run_case(body: str, allowed: tuple[str, ...], extra_gib: int = 3, watchdog_s
         + textwrap.dedent(body)
         + EPILOGUE
     )
-    env = {**os.environ, "PYTHONPATH": str(SRC), "RUST_BACKTRACE": "0", "OMP_NUM_THREADS": "1"}
+    # The child's environment: PYTHONPATH=python, RUST_BACKTRACE=0, OMP_NUM_THREADS=1.
     try:
-        r = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=watchdog_s + 60,
-        )
+        r = run_python(script, timeout=watchdog_s + 60)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the child hung past its watchdog: {e}")
     tail = (r.stderr or "")[-1500:]
-    assert r.returncode == 0, f"the child died (rc {r.returncode}); stderr:\n{tail}"
+    assert r.returncode == 0, f"the child died (rc {signal_name(r.returncode)}); stderr:\n{tail}"
     lines = [
         ln
         for ln in r.stdout.splitlines()
@@ -577,3 +571,41 @@ def case():
 """,
         ("OK",),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# The machinery itself: a case that kills its process, or hangs, is a failing test
+
+
+@pytest.mark.parametrize(
+    ("body", "sig"), [("os.abort()", "SIGABRT"), ("ctypes.string_at(0)", "SIGSEGV")]
+)
+def test_a_case_that_kills_its_process_fails_with_the_signal(body: str, sig: str) -> None:
+    """What a regression that aborts or segfaults looks like: ``run_case`` fails naming the
+    signal, and the fork server (when one is used) is still the same process afterwards."""
+    before = None if _forkserver.FRESH else _forkserver.server().pid
+    with pytest.raises(AssertionError, match=rf"the child died \(rc -\d+ \({sig}\)\)"):
+        run_case(
+            f"""
+import ctypes, os
+def case():
+    {body}
+""",
+            ANY_EXCEPTION,
+        )
+    if before is not None:
+        assert _forkserver.server().pid == before
+        run_case("def case():\n    return 1\n", ("OK",))
+
+
+def test_a_case_that_hangs_is_stopped_by_its_watchdog() -> None:
+    with pytest.raises(AssertionError, match=r"the child died \(rc 1\)[\s\S]*Timeout"):
+        run_case(
+            """
+def case():
+    while True:
+        pass
+""",
+            ANY_EXCEPTION,
+            watchdog_s=2,
+        )
