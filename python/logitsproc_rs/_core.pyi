@@ -22,6 +22,7 @@ __all__ = [
     "Pipeline",
     "__version__",
     "field_range_error",
+    "int_item",
     "registry",
     "update_fingerprint",
 ]
@@ -35,6 +36,10 @@ def update_fingerprint(batch_update: Any) -> tuple[int, tuple[Any, ...]]:
 def field_range_error(name: str, value: float) -> str | None:
     """``None`` when ``value`` is inside field ``name``'s declared range (or it has none), else
     the core's refusal (``"must be in [0, 1], got 2"``)."""
+
+def int_item(value: Any) -> int | None:
+    """``value`` as the core reads an int from the caller (a Python int that is no bool, or a
+    numpy integer scalar, within int64), else ``None``; runs none of the caller's code."""
 
 def registry() -> list[
     tuple[str, list[tuple[str, int]], list[tuple[str, str, str, float | int | None, bool]], bool]

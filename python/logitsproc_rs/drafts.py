@@ -18,13 +18,14 @@ rows as a batch of committed requests (rows at position ``j`` in their requests'
 from __future__ import annotations
 
 import itertools
-import operator
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any
 
 import torch
 
+from . import _core
 from .errors import RequestError
+from .params import _show
 
 # Most items read from one list of a layout (an endless iterable ends in an error); the core
 # refuses more rows or drafts than the configuration holds long before.
@@ -102,10 +103,10 @@ def _int_list(seq: Any, field: str, request: int | None = None) -> list[int]:
         at = i if request is None else request
         if isinstance(v, bool):
             raise RequestError.located(at, field, f"item {i} is a bool, not an int")
-        try:
-            out.append(operator.index(v))
-        except TypeError:
-            raise RequestError.located(at, field, f"item {i} is not an int: {v!r}") from None
+        x = _core.int_item(v)  # the core's one rule: no caller code runs
+        if x is None:
+            raise RequestError.located(at, field, f"item {i} is not an int: {_show(v)}")
+        out.append(x)
     return out
 
 

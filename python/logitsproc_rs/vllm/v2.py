@@ -50,7 +50,6 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-import operator
 import weakref
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -62,7 +61,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
     LogitsProcessor as _V2LogitsProcessor,
 )
 
-from .. import builtin
+from .. import _core, builtin
 from ..columns import ColumnLogitsProcessor
 from ..errors import BatchUpdateError, processor_raised
 from ..params import _show, config_size, config_spec_tokens
@@ -188,7 +187,7 @@ class _Group(Group):
         float, a str, a negative or one beyond is a ``BatchUpdateError`` naming the processor
         (``True`` would index numpy as a mask, ``-1`` the last slot)."""
         n = self.known.shape[0]
-        slot = _int_or_none(req_idx)
+        slot = _core.int_item(req_idx)
         if slot is None or not 0 <= slot < n:
             raise BatchUpdateError(
                 f"{type(member).__name__}.add_request(req_idx={_show(req_idx)}) "
@@ -222,7 +221,7 @@ class _Group(Group):
             raise refuse(f"expected a 1-d int array of slots, got {_show(raw)}")
         else:
             items = list(itertools.islice(raw, n + 1))
-            ints = [_int_or_none(v) for v in items]
+            ints = [_core.int_item(v) for v in items]
             for k, v in enumerate(ints):
                 if v is None:
                     raise refuse(f"expected a slot (an int), got {_show(items[k])}", k)
@@ -483,17 +482,6 @@ def _temperature(params: Any) -> float:
     except (OverflowError, ValueError):
         return 1.0
     return f if math.isfinite(f) else 1.0
-
-
-def _int_or_none(v: Any) -> int | None:
-    """An int (numpy's too, any ``__index__``), or ``None`` for a bool or a non-int. An
-    interrupt raised by ``__index__`` propagates."""
-    if isinstance(v, bool):
-        return None
-    try:
-        return operator.index(v)
-    except TypeError:
-        return None
 
 
 def bridge(

@@ -57,6 +57,14 @@ mod _core {
             .collect()
     }
 
+    /// `value` as the core reads an int from the caller (`history::int_item`: a Python int
+    /// that is no bool, or a numpy integer scalar, within int64), else `None`. Runs none of the
+    /// caller's code (no `__index__`): every surface reads ints by this one rule.
+    #[pyfunction]
+    fn int_item(value: &Bound<'_, PyAny>) -> Option<i64> {
+        super::history::int_item(value).ok()
+    }
+
     /// What the core says of `value` in field `name`'s declared range: `None` inside it (or
     /// for a field without one), else the refusal ("must be in [0, 1], got 2"). The front
     /// ends check ranges with this, so each range and its message are declared once.
