@@ -112,3 +112,22 @@ def test_no_python_source_restates_a_declared_range() -> None:
         for attr in RANGED:
             pattern = rf"{attr}\W[^\n]{{0,40}}must be in [\[(]"
             assert not re.search(pattern, text), (path, attr)
+
+
+def test_engine_config_caps_are_the_registry_caps() -> None:
+    """Every per-request cap is an ``EngineConfig`` field defaulting to the registry's value."""
+    from logitsproc_rs import EngineConfig
+    from logitsproc_rs.registry import CAP_DEFAULTS
+
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    for cap, default in CAP_DEFAULTS.items():
+        assert defaults.get(cap) == default, cap
+
+
+def test_the_front_end_caps_name_no_cap_of_their_own() -> None:
+    """vLLM's front-end checks (``vllm/_guard.py``) take every cap from the registry."""
+    from logitsproc_rs.registry import CAP_DEFAULTS
+
+    text = (PACKAGE / "vllm" / "_guard.py").read_text()
+    named = [c for c in CAP_DEFAULTS if c in text]
+    assert named == [], named

@@ -42,12 +42,18 @@ def int_item(value: Any) -> int | None:
     numpy integer scalar, within int64), else ``None``; runs none of the caller's code."""
 
 def registry() -> list[
-    tuple[str, list[tuple[str, int]], list[tuple[str, str, str, float | int | None, bool]], bool]
+    tuple[
+        str,
+        list[tuple[str, int]],
+        list[tuple[str, str, str, float | int | None, bool, list[str], str]],
+        bool,
+    ]
 ]:
     """The core's registry: ``(name, caps, fields, history)`` per built-in table in reading
     order; ``caps`` as (engine-config name, default), ``fields`` as (name, SamplingParams
-    attribute, kind, neutral value, tunes: whether it only tunes its processor), ``history``:
-    whether its requests' outputs are read."""
+    attribute, kind, neutral value, tunes: whether it only tunes its processor, caps: the
+    per-request caps bounding it, item: what an error calls one entry), ``history``: whether
+    its requests' outputs are read."""
 
 PAGE_SIZE: int
 SECTION_ALIGN: int

@@ -30,6 +30,11 @@ class Field:
     #: Whether it only tunes its processor (set alone it changes nothing); the other fields
     #: switch the processor on, and a pipeline without it refuses them.
     tunes: bool
+    #: The per-request caps bounding it (engine-config names): a list's length (for lists of
+    #: lists, then each list's), or an int's value.
+    caps: tuple[str, ...]
+    #: What an error calls one entry of a list field ("word").
+    item: str
 
     def is_set(self, value: Any) -> bool:
         """Whether ``value`` (as a request holds it) sets this field."""
@@ -54,7 +59,12 @@ class Table:
 
 
 TABLES: dict[str, Table] = {
-    name: Table(name, dict(caps), tuple(Field(*f) for f in fields), history)
+    name: Table(
+        name,
+        dict(caps),
+        tuple(Field(n, a, k, v, tunes, tuple(c), item) for n, a, k, v, tunes, c, item in fields),
+        history,
+    )
     for name, caps, fields, history in _core.registry()
 }
 

@@ -120,6 +120,10 @@ pub struct FieldSpec {
     pub tunes: bool,
     /// The values a number field accepts (checked with [`FieldSpec::checked`]).
     pub range: Option<Range>,
+    /// An `Int` field's per-request cap (engine-config name): its value is at most the cap.
+    pub cap: Option<&'static str>,
+    /// What one entry of a list field is called in an error ("word": "200 words exceed").
+    pub item: &'static str,
 }
 
 impl FieldSpec {
@@ -131,6 +135,30 @@ impl FieldSpec {
             when_positive: None,
             tunes: false,
             range: None,
+            cap: None,
+            item: "entry",
+        }
+    }
+
+    /// The same `Int` field, at most the per-request cap named `cap`.
+    pub const fn capped(mut self, cap: &'static str) -> Self {
+        self.cap = Some(cap);
+        self
+    }
+
+    /// The same list field, one entry of which an error calls `item`.
+    pub const fn item(mut self, item: &'static str) -> Self {
+        self.item = item;
+        self
+    }
+
+    /// Every per-request cap bounding the field, by engine-config name: a list's length (and
+    /// for lists of lists, each list's), or an `Int`'s value.
+    pub fn caps(&self) -> Vec<&'static str> {
+        match &self.kind {
+            FieldKind::Ids { cap, .. } | FieldKind::Bias { cap } => vec![*cap],
+            FieldKind::IdLists { lists, len } => vec![*lists, *len],
+            _ => self.cap.into_iter().collect(),
         }
     }
 

@@ -25,12 +25,17 @@ import torch
 
 from ..errors import RequestError
 from ..params import SamplingParams
-from ..registry import CAP_DEFAULTS
+from ..registry import CAP_DEFAULTS, TABLES, Field
 from ._fields import FIELD_TABLE, dict_label
 
 logger = logging.getLogger("logitsproc_rs")
 
 _NEUTRAL = SamplingParams(max_tokens=None)
+
+
+def _field(attr: str) -> Field:
+    """The registry's field read from ``attr`` (or named ``attr``)."""
+    return next(f for t in TABLES.values() for f in t.fields if attr in (f.attr, f.name))
 
 
 def check_caps(
@@ -41,85 +46,53 @@ def check_caps(
     label: Callable[[str], str] | None = None,
 ) -> None:
     """The per-request caps of ``tables``, at the front end (``RequestError`` naming the field
-    as ``label(name)``, the form the request used: ``_fields.read_namespace``). The min-tokens
-    count is what the worker's table holds: the stop ids the request names (its own and the
-    namespace's) plus EOS. ``label`` defaults to the Python form's."""
+    as ``label(name)``, the form the request used: ``_fields.read_namespace``). Which cap
+    bounds which field, its default and what an entry is called come from the core's registry;
+    what is counted is what the worker's table holds: distinct allowed ids, and for min-tokens
+    the stop ids the request names (its own and the namespace's) plus EOS, which the engine
+    adds after the front end. ``label`` defaults to the Python form's."""
     tables = set(tables)
     label = label or dict_label()
 
-    def over(name: str, count: int, cap: int, what: str = "entries") -> None:
-        if count > cap:
-            raise RequestError.located(
-                None,
-                name,
-                f"{count} {what} exceed the per-request cap of {cap}",
-                label=label(name),
-                where=where,
-            )
+    def refuse(name: str, detail: str) -> None:
+        raise RequestError.located(None, name, detail, label=label(name), where=where)
 
+    def over(name: str, count: int, cap: str, what: str = "entries") -> None:
+        if count > CAP_DEFAULTS[cap]:
+            refuse(name, f"{count} {what} exceed the per-request cap of {CAP_DEFAULTS[cap]}")
+
+    def counted(attr: str, count: int, what: str = "entries") -> None:
+        over(attr, count, _field(attr).caps[0], what)
+
+    for t in TABLES.values():
+        if t.name not in tables:
+            continue
+        for f in t.fields:
+            if not f.caps:
+                continue
+            if f.kind == "int":
+                # The core checks these whether or not the processor is on for the request
+                # (size or multiplier 0), so the front end does too.
+                value, cap = getattr(ours, f.attr), f.caps[0]
+                if value > CAP_DEFAULTS[cap]:
+                    refuse(
+                        f.attr,
+                        f"{value} is above the per-request cap of {CAP_DEFAULTS[cap]} ({cap})",
+                    )
+            elif f.kind == "id_lists":
+                lists = getattr(ours, f.attr)
+                if lists:
+                    over(f.attr, len(lists), f.caps[0], f"{f.item}s")
+                    over(f.attr, max(map(len, lists)), f.caps[1], f"tokens in a {f.item}")
     if "logit_bias" in tables and ours.logit_bias:
-        over("logit_bias", len(ours.logit_bias), CAP_DEFAULTS["max_logit_bias_entries"])
+        counted("logit_bias", len(ours.logit_bias))
     if "min_tokens" in tables and ours.min_tokens:
         named = set(ours.stop_token_ids or ()) | set(getattr(request, "stop_token_ids", None) or ())
-        over(
-            "stop_token_ids",
-            len(named) + 1,
-            CAP_DEFAULTS["max_stop_token_ids"],
-            "stop ids (with EOS)",
-        )
-    if "bad_words" in tables and ours.bad_words_token_ids:
-        words = ours.bad_words_token_ids
-        over("bad_words_token_ids", len(words), CAP_DEFAULTS["max_bad_words"], "words")
-        over(
-            "bad_words_token_ids",
-            max(map(len, words)),
-            CAP_DEFAULTS["max_bad_word_len"],
-            "tokens in a word",
-        )
+        counted("stop_token_ids", len(named) + 1, "stop ids (with EOS)")
     if "allowed" in tables and ours.allowed_token_ids:
-        over(
-            "allowed_token_ids",
-            len(set(ours.allowed_token_ids)),
-            CAP_DEFAULTS["max_allowed_token_ids"],
-        )
-
-    def above(name: str, value: int, cap: str) -> None:
-        if value > CAP_DEFAULTS[cap]:
-            raise RequestError.located(
-                None,
-                name,
-                f"{value} is above the per-request cap of {CAP_DEFAULTS[cap]} ({cap})",
-                label=label(name),
-                where=where,
-            )
-
-    # The core checks these whether or not the processor is on for the request (size or
-    # multiplier 0), so the front end does too.
-    if "no_repeat_ngram" in tables:
-        above("no_repeat_ngram_size", ours.no_repeat_ngram_size, "max_no_repeat_ngram_size")
-        above("no_repeat_ngram_window", ours.no_repeat_ngram_window, "max_no_repeat_ngram_window")
-        if ours.no_repeat_ngram_whitelist:
-            over(
-                "no_repeat_ngram_whitelist",
-                len(ours.no_repeat_ngram_whitelist),
-                CAP_DEFAULTS["max_no_repeat_ngram_whitelist"],
-            )
-    if "dry" in tables:
-        above("dry_penalty_last_n", ours.dry_penalty_last_n, "max_dry_penalty_last_n")
-        if ours.dry_sequence_breakers:
-            breakers = ours.dry_sequence_breakers
-            over(
-                "dry_sequence_breakers",
-                len(breakers),
-                CAP_DEFAULTS["max_dry_sequence_breakers"],
-                "breakers",
-            )
-            over(
-                "dry_sequence_breakers",
-                max(map(len, breakers)),
-                CAP_DEFAULTS["max_dry_sequence_breaker_len"],
-                "tokens in a breaker",
-            )
+        counted("allowed_token_ids", len(set(ours.allowed_token_ids)))
+    if "no_repeat_ngram" in tables and ours.no_repeat_ngram_whitelist:
+        counted("no_repeat_ngram_whitelist", len(ours.no_repeat_ngram_whitelist))
 
 
 def refused_index(error: ValueError, candidates: Iterable[int]) -> int | None:

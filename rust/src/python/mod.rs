@@ -49,7 +49,7 @@ mod _core {
                             FieldKind::IdLists { .. } => ("id_lists", py.None().into_bound(py)),
                             FieldKind::Bias { .. } => ("bias", py.None().into_bound(py)),
                         };
-                        (f.name, f.attr, kind, neutral, f.tunes).into_pyobject(py)
+                        (f.name, f.attr, kind, neutral, f.tunes, f.caps(), f.item).into_pyobject(py)
                     })
                     .collect::<PyResult<Vec<_>>>()?;
                 (b.name, b.caps.to_vec(), fields, b.history).into_pyobject(py)

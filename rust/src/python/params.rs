@@ -339,7 +339,10 @@ fn read_id_lists(
             return Err(bad_value(
                 index,
                 field,
-                format!("more words than the per-request cap of {}", f.cap),
+                format!(
+                    "more {}s than the per-request cap of {}",
+                    f.spec.item, f.cap
+                ),
             ));
         }
         let w = w.map_err(|e| {

@@ -31,7 +31,8 @@ pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
         len: "max_bad_word_len",
     },
 )
-.from_attr("bad_words_token_ids")];
+.from_attr("bad_words_token_ids")
+.item("word")];
 
 pub struct BadWordsParams<H> {
     pub words: Vec<Vec<i64>>,

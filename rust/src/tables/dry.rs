@@ -55,7 +55,9 @@ pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("dry_multiplier", FieldKind::Float { neutral: 0.0 }),
     FieldSpec::new("dry_base", FieldKind::Float { neutral: 1.75 }).tunes(),
     FieldSpec::new("dry_allowed_length", FieldKind::Int { neutral: 2 }).tunes(),
-    FieldSpec::new("dry_penalty_last_n", FieldKind::Int { neutral: -1 }).tunes(),
+    FieldSpec::new("dry_penalty_last_n", FieldKind::Int { neutral: -1 })
+        .capped("max_dry_penalty_last_n")
+        .tunes(),
     FieldSpec::new(
         "dry_sequence_breakers",
         FieldKind::IdLists {
@@ -63,6 +65,7 @@ pub const FIELDS: &[FieldSpec] = &[
             len: "max_dry_sequence_breaker_len",
         },
     )
+    .item("breaker")
     .tunes(),
 ];
 

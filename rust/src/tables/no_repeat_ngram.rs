@@ -45,8 +45,11 @@ pub const CAPS: &[(&str, usize)] = &[
 
 /// The request fields no-repeat-ngram reads (size 0: off; the others as in the module's doc).
 pub const FIELDS: &[FieldSpec] = &[
-    FieldSpec::new("no_repeat_ngram_size", FieldKind::Int { neutral: 0 }),
-    FieldSpec::new("no_repeat_ngram_window", FieldKind::Int { neutral: 0 }).tunes(),
+    FieldSpec::new("no_repeat_ngram_size", FieldKind::Int { neutral: 0 })
+        .capped("max_no_repeat_ngram_size"),
+    FieldSpec::new("no_repeat_ngram_window", FieldKind::Int { neutral: 0 })
+        .capped("max_no_repeat_ngram_window")
+        .tunes(),
     FieldSpec::new("no_repeat_ngram_output_only", FieldKind::Bool).tunes(),
     FieldSpec::new(
         "no_repeat_ngram_whitelist",
