@@ -204,6 +204,10 @@ class Pipeline:
     def status_into(self, out: list[int]) -> None:
         """``status`` written into an existing list (no new container per step)."""
 
+    def triples_add(self, table: str) -> bool | None:
+        """Whether ``table``'s triples add to the logits (else they put their values);
+        ``None`` for a table without triples."""
+
     def unsafe_apply_cpu(
         self,
         table: str,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
 from .. import kernels
+from ..kernels import pipeline_choice
+from ..views import PipelineView
 
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
@@ -80,3 +84,25 @@ def _as_dtype_of(logits: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
     """The table's float32 values in the logits' dtype (float64 logits: exact, as vLLM's
     ``logits[idx] += float32`` promotes); ``index_put_`` wants the dtypes equal."""
     return vals if vals.dtype == logits.dtype else vals.to(logits.dtype)
+
+
+class TripleView(PipelineView):
+    """A built-in whose one table exports sparse triples (bad words, DRY, logit bias,
+    MinTokens, the n-gram ban, the thinking budget): its apply is the table's triples, put
+    into the logits or added to them as the core's table says (``triples_add``), by Rust on
+    host float32 logits, else by torch or Triton. A subclass is a declaration: ``TABLES``,
+    ``STAGE``, ``REFERENCE``, its fields' docs."""
+
+    def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
+        pipe = self._pipe
+        (table,) = self.TABLES
+        n = pipe.count(f"rows.{table}" if rowspace else table)
+        if not n or host_sparse_(pipe, table, logits, rowspace):
+            return logits
+        return self._write(logits, *pipe.triples(table, n, rowspace), pipeline_choice(pipe))
+
+    @functools.cached_property
+    def _write(self) -> Callable[..., torch.Tensor]:
+        """``add_sparse_`` or ``put_sparse_``, as the core's table says (asked once)."""
+        (table,) = self.TABLES
+        return add_sparse_ if self._pipe.core.triples_add(table) else put_sparse_

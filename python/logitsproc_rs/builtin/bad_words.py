@@ -7,13 +7,12 @@ from collections.abc import Sequence
 import torch
 
 from ..errors import RequestError
-from ..kernels import pipeline_choice
-from ..views import PipelineView, Stage
-from ._common import host_sparse_, put_sparse_
+from ..views import Stage
+from ._common import TripleView
 from .min_tokens import _spec_apply
 
 
-class BadWordsLogitsProcessor(PipelineView):
+class BadWordsLogitsProcessor(TripleView):
     """Not argmax-invariant. Reads ``params.bad_words_token_ids`` (vLLM's tokenized bad words).
 
     Matching runs in Rust over the tails of the outputs, once per step.
@@ -23,13 +22,6 @@ class BadWordsLogitsProcessor(PipelineView):
     ARGMAX_INVARIANT = False
     STAGE = Stage.SAMPLER_BEFORE
     REFERENCE = "logitsproc_rs.reference:RefBadWordsLogitsProcessor"
-
-    def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
-        pipe = self._pipe
-        n = pipe.count("rows.bad_words" if rowspace else "bad_words")
-        if not n or host_sparse_(pipe, "bad_words", logits, rowspace):
-            return logits
-        return put_sparse_(logits, *pipe.triples("bad_words", n, rowspace), pipeline_choice(pipe))
 
     def apply_with_spec_decode(
         self,

@@ -10,14 +10,11 @@ added to the logits.
 
 from __future__ import annotations
 
-import torch
-
-from ..kernels import pipeline_choice
-from ..views import PipelineView, Stage
-from ._common import add_sparse_, host_sparse_
+from ..views import Stage
+from ._common import TripleView
 
 
-class DryLogitsProcessor(PipelineView):
+class DryLogitsProcessor(TripleView):
     """Not argmax-invariant: a penalty can change the top token. Reads ``params.dry_multiplier``
     (0: off), ``dry_base``, ``dry_allowed_length``, ``dry_penalty_last_n`` and
     ``dry_sequence_breakers``."""
@@ -26,10 +23,3 @@ class DryLogitsProcessor(PipelineView):
     ARGMAX_INVARIANT = False
     STAGE = Stage.OPT_IN
     REFERENCE = "logitsproc_rs.reference:RefDryLogitsProcessor"
-
-    def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
-        pipe = self._pipe
-        n = pipe.count("rows.dry" if rowspace else "dry")
-        if not n or host_sparse_(pipe, "dry", logits, rowspace):
-            return logits
-        return add_sparse_(logits, *pipe.triples("dry", n, rowspace), pipeline_choice(pipe))

@@ -9,11 +9,11 @@ import torch
 from ..kernels import pipeline_choice
 from ..logits_check import checked_logits
 from ..pipeline import Pipeline
-from ..views import PipelineView, Stage
-from ._common import host_sparse_, put_sparse_
+from ..views import Stage
+from ._common import TripleView, put_sparse_
 
 
-class MinTokensLogitsProcessor(PipelineView):
+class MinTokensLogitsProcessor(TripleView):
     """Not argmax-invariant. Its state follows each request's output, so a step without a
     batch change still re-checks lengths."""
 
@@ -22,13 +22,6 @@ class MinTokensLogitsProcessor(PipelineView):
     STAGE = Stage.BUILTIN
     REFERENCE = "logitsproc_rs.reference:RefMinTokensLogitsProcessor"
     WITH_SPEC_DECODE = True
-
-    def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
-        pipe = self._pipe
-        n = pipe.count("rows.min_tokens" if rowspace else "min_tokens")
-        if not n or host_sparse_(pipe, "min_tokens", logits, rowspace):
-            return logits
-        return put_sparse_(logits, *pipe.triples("min_tokens", n, rowspace), pipeline_choice(pipe))
 
     def apply_with_spec_decode(
         self, logits: torch.Tensor, num_draft_tokens: Sequence[int]

@@ -8,25 +8,14 @@ covers the last ``max_no_repeat_ngram_window`` tokens (see ``rust/src/tables/no_
 
 from __future__ import annotations
 
-import torch
-
-from ..kernels import pipeline_choice
-from ..views import PipelineView, Stage
-from ._common import host_sparse_, put_sparse_
+from ..views import Stage
+from ._common import TripleView
 
 
-class NoRepeatNGramLogitsProcessor(PipelineView):
+class NoRepeatNGramLogitsProcessor(TripleView):
     """Not argmax-invariant: it bans tokens. Reads ``params.no_repeat_ngram_size`` (0: off)."""
 
     TABLES = ("no_repeat_ngram",)
     ARGMAX_INVARIANT = False
     STAGE = Stage.OPT_IN
     REFERENCE = "logitsproc_rs.reference:RefNoRepeatNGramLogitsProcessor"
-
-    def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
-        pipe = self._pipe
-        n = pipe.count("rows.no_repeat_ngram" if rowspace else "no_repeat_ngram")
-        if not n or host_sparse_(pipe, "no_repeat_ngram", logits, rowspace):
-            return logits
-        triples = pipe.triples("no_repeat_ngram", n, rowspace)
-        return put_sparse_(logits, *triples, pipeline_choice(pipe))

@@ -10,14 +10,11 @@ tokens. Unlike 0.25.1, a SWAP with one empty side moves the state instead of dup
 
 from __future__ import annotations
 
-import torch
-
-from ..kernels import pipeline_choice
-from ..views import PipelineView, Stage
-from ._common import host_sparse_, put_sparse_
+from ..views import Stage
+from ._common import TripleView
 
 
-class ThinkingBudgetLogitsProcessor(PipelineView):
+class ThinkingBudgetLogitsProcessor(TripleView):
     """Not argmax-invariant; runs last among the non-invariant processors (after penalties).
 
     Needs ``reasoning_start_token_ids`` / ``reasoning_end_token_ids`` in the config (vLLM's
@@ -28,10 +25,3 @@ class ThinkingBudgetLogitsProcessor(PipelineView):
     ARGMAX_INVARIANT = False
     STAGE = Stage.REASONING
     REFERENCE = "logitsproc_rs.reference_thinking:RefThinkingBudgetLogitsProcessor"
-
-    def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
-        pipe = self._pipe
-        n = pipe.count("rows.thinking" if rowspace else "thinking")
-        if not n or host_sparse_(pipe, "thinking", logits, rowspace):
-            return logits
-        return put_sparse_(logits, *pipe.triples("thinking", n, rowspace), pipeline_choice(pipe))

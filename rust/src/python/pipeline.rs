@@ -633,6 +633,14 @@ impl Pipeline {
         self.write_status(out)
     }
 
+    /// Whether table `table`'s triples add to the logits (`true`) or put their values
+    /// (`false`); `None` for a table without triples (or not in the pipeline). The views
+    /// apply them so, from the table's own word.
+    fn triples_add(&self, table: &str) -> Option<bool> {
+        let (_, adds) = self.inner.tables().named(table)?.triples()?;
+        Some(adds)
+    }
+
     /// Table `table` applied by Rust on CPU logits, in place, from its own state (the CPU
     /// path). The caller passes `tensor.data_ptr()` after checking the dtype (float32, or
     /// float64 with `float64`), device CPU, unit column stride and shape; `mapped` lines rows
