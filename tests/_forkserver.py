@@ -15,11 +15,13 @@ as an interpreter does (``SystemExit``, uncaught exceptions through ``sys.except
 finalization and atexit handlers); the server reports its wait status. A child that the server has
 to kill past the timeout takes its process group with it. The server outlives any child; if the
 server itself dies, the case in flight fails with the server's log and the next case starts a new
-one.
+one. A child maps what the server maps (so a case's ``RLIMIT_AS`` relative to its ``VmSize`` means
+what it meant in a fresh interpreter) and costs ~0.4 s on an idle machine, nearly all of it its
+exit (the C libraries' exit handlers write to pages it shares with the server: copy on write).
 
-Environment variables read when an interpreter or torch starts (``PYTHON*``, ``OMP_*``, ``LD_*``
-...) are those of the server's start: a call asking for different values gets a server started
-with them.
+Environment variables read when an interpreter or torch starts (``STARTUP_PREFIXES``: ``PYTHON*``,
+``OMP_*``, ``LD_*`` ...) are those of the server's start: a call asking for different values gets a
+server started with them.
 
 ``LOGITSPROC_CRASH_FRESH=1`` runs every case in a fresh interpreter instead (the old way, for
 debugging a case: same command, same environment).
@@ -51,6 +53,8 @@ ENV = {"PYTHONPATH": str(SRC), "RUST_BACKTRACE": "0", "OMP_NUM_THREADS": "1"}
 FRESH = os.environ.get("LOGITSPROC_CRASH_FRESH") == "1"
 
 # Read at interpreter / library start-up: a child cannot change them, so they key the server.
+# (Not every TORCH* variable: torch reads most when used, and sets TORCHINDUCTOR_CACHE_DIR in
+# os.environ itself once transformers is imported, which would restart the server mid-session.)
 STARTUP_PREFIXES = (
     "PYTHON",
     "OMP_",
@@ -60,7 +64,8 @@ STARTUP_PREFIXES = (
     "OPENBLAS_",
     "LD_",
     "MALLOC_",
-    "TORCH",
+    "TORCH_CPP_",
+    "TORCH_SHOW_CPP_STACKTRACES",
     "PYTORCH_",
     "CUDA_",
 )
