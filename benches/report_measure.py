@@ -399,7 +399,8 @@ def bench_trio_update(
         progress(f"  trio update_state, B={b}")
         cfg = EngineConfig(max_num_seqs=b, vocab_size=vocab)
         ours, ref = bench_python.trio(cfg, dev)
-        ours2, _ = bench_python.trio(cfg, dev)
+        # One call is one pipeline for the three: what build_logitsprocs gives vLLM's list.
+        ours2 = build_logitsprocs(cfg, dev, dev.type == "cuda", sampler_transforms=False)
         vllm = bench_python.VllmTrio(b, dev)
         runs = {k: Samples() for k in TRIO_KEYS}
         pkg = None

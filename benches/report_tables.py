@@ -322,7 +322,10 @@ def markdown_report(
     md.append("## 3. MinTokens + LogitBias + MinP `update_state` per step\n")
     md.append(
         f"vLLM's three built-ins and ordinary traffic for them (`trio_params`), "
-        f"{cfg['trio_steps']} steps after {cfg['trio_warm']} warm-up.\n"
+        f"{cfg['trio_steps']} steps after {cfg['trio_warm']} warm-up. **loop**: the three built "
+        f"vLLM's way, each on a pipeline of its own; **one call**: "
+        f"`build_logitsprocs(..., sampler_transforms=False)` (exactly vLLM's list, one "
+        f"pipeline).\n"
     )
     rows = []
     for b, r in res.trio_up.items():
