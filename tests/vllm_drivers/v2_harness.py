@@ -162,14 +162,21 @@ _ROUTED = (
 )
 
 
-def namespaced(sp: Any) -> Any:
+def namespaced(sp: Any, tables: Any = None) -> Any:
     """The same request as it reaches our bridges in namespace mode: the built-ins' fields in
     ``extra_args["logitsproc_rs"]`` (only those set), the ordinary fields left at vLLM's
-    defaults, the rest (EOS, temperature, column fields in extra_args) unchanged."""
+    defaults, the rest (EOS, temperature, column fields in extra_args) unchanged. ``tables``:
+    only the fields those tables read (for a runner that loaded only their processors, which
+    refuses a field of any other)."""
     from logitsproc_rs import SamplingParams
+    from logitsproc_rs.registry import FIELD_TABLE
 
     plain = SamplingParams()
-    ns = {f: getattr(sp, f) for f in _ROUTED if getattr(sp, f) != getattr(plain, f)}
+    ns = {
+        f: getattr(sp, f)
+        for f in _ROUTED
+        if getattr(sp, f) != getattr(plain, f) and (tables is None or FIELD_TABLE[f] in tables)
+    }
     extra = dict(sp.extra_args or {})
     if ns and FIELDS == "wire":
         from logitsproc_rs.vllm._fields import to_wire

@@ -317,7 +317,10 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
         for k, st in mrv2.items():
             mrv2_acts[k][slot] = bool(st.add_request(slot, mp))
         for name, procs in ours.items():
-            h.add_to_sampler(procs, ours_needs[name], slot, h.namespaced(sp))
+            # Each set's runner loaded only its processors: it gets only their fields, as
+            # MRV2's own state of that set reads only its own.
+            tables = {t for p in procs for t in type(p).VIEW.TABLES}
+            h.add_to_sampler(procs, ours_needs[name], slot, h.namespaced(sp, tables))
 
     for step in range(steps):
         # Churn: finishes free the slot only (MRV2 never tells a processor); a preempted
