@@ -3,7 +3,9 @@ failed-closed request logs)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 
 class Records(logging.Handler):
@@ -19,3 +21,21 @@ def capture() -> Records:
     records = Records()
     logging.getLogger("logitsproc_rs").addHandler(records)
     return records
+
+
+@contextlib.contextmanager
+def only_errors() -> Iterator[Records]:
+    """The ERROR lines logged inside the block, even where the driver has raised the logger's
+    level to keep failed-closed requests quiet; none reach the root logger meanwhile."""
+    log = logging.getLogger("logitsproc_rs")
+    records = Records()
+    level, propagate = log.level, log.propagate
+    log.addHandler(records)
+    log.setLevel(logging.ERROR)
+    log.propagate = False
+    try:
+        yield records
+    finally:
+        log.removeHandler(records)
+        log.setLevel(level)
+        log.propagate = propagate

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import log_records
 import torch
 import v1_harness  # noqa: F401  (paths, threads)
 from v1_harness import import_vllm, result
@@ -158,37 +159,20 @@ UNBUILT = [
 TUNING_ONLY = [("dry_base", 2.0), ("xtc_threshold", 0.3), ("no_repeat_ngram_window", 4)]
 
 
-class Logged(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def unbuilt(out: dict[str, Any]) -> None:
     """Namespaced fields of processors the engine did not load."""
-    log = logging.getLogger("logitsproc_rs")
     for field, value in UNBUILT + TUNING_ONLY:
         eng, twin = Engine("routed"), Engine("routed")
-        handler = Logged()
-        log.addHandler(handler)
-        level, log.propagate = log.level, False
-        log.setLevel(logging.ERROR)
         error = None
-        try:
-            eng.step([(3, request("routed", **{field: value}))], size=4)
-        except BaseException as e:
-            error = e
-        finally:
-            log.removeHandler(handler)
-            log.setLevel(level)
-            log.propagate = True
+        with log_records.only_errors() as logged:
+            try:
+                eng.step([(3, request("routed", **{field: value}))], size=4)
+            except BaseException as e:
+                error = e
         twin.step([(3, request("routed"))], size=4)
         r = described(error)
         r["forced"] = sorted(eng.bridges[0]._group.forced.rows)
-        r["logged"] = handler.messages
+        r["logged"] = logged.messages
         r["same"] = torch.equal(eng.logits(1), twin.logits(1))
         out[f"unbuilt[{field}]"] = r
 

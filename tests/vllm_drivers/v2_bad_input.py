@@ -14,6 +14,7 @@ import logging
 import sys
 from typing import Any
 
+import log_records
 import numpy as np
 import torch
 import v2_harness as h
@@ -264,40 +265,23 @@ UNBUILT = [
 TUNING_ONLY = [("dry_base", 2.0), ("xtc_threshold", 0.3)]
 
 
-class Logged(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.ERROR)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def unbuilt_cases() -> dict[str, Any]:
     """Namespaced fields of processors the runner did not load: failed closed and logged."""
     out: dict[str, Any] = {}
-    log = logging.getLogger("logitsproc_rs")
     for field, value in UNBUILT + TUNING_ONLY:
         sp = SamplingParams(extra_args={"logitsproc_rs": {field: value}})
         world = World(FEW)
-        handler = Logged()
-        log.addHandler(handler)
-        level, log.propagate = log.level, False
-        log.setLevel(logging.ERROR)
         error = None
-        try:
-            slot = world.rs.add_request([1], [])
-            h.add_to_sampler(world.procs, world.needs, slot, sp)
-        except BaseException as e:
-            error = e
-        finally:
-            log.removeHandler(handler)
-            log.setLevel(level)
-            log.propagate = True
+        with log_records.only_errors() as logged:
+            try:
+                slot = world.rs.add_request([1], [])
+                h.add_to_sampler(world.procs, world.needs, slot, sp)
+            except BaseException as e:
+                error = e
         r = described(error)
         r["forced"] = sorted(int(k) for k in world.group.forced.rows)
         r["slot"] = slot
-        r["logged"] = handler.messages
+        r["logged"] = logged.messages
         out[f"unbuilt[{field}]"] = r
     return out
 
