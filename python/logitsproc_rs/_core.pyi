@@ -33,9 +33,11 @@ def update_fingerprint(batch_update: Any) -> tuple[int, tuple[Any, ...]]:
     """``(fingerprint, objects)`` of a batch update's structure; hold ``objects`` while
     comparing."""
 
-def field_range_error(name: str, value: float) -> str | None:
+def field_range_error(name: str, value: float, caps: dict[str, int] | None = None) -> str | None:
     """``None`` when ``value`` is inside field ``name``'s declared range (or it has none), else
-    the core's refusal (``"must be in [0, 1], got 2"``)."""
+    the core's refusal (``"must be in [0, 1], got 2"``). An int field takes an int within
+    int64 (``TypeError`` else); ``caps`` (engine-config name -> value) checks a range's cap
+    end, skipped when its cap is not given."""
 
 def int_item(value: Any) -> int | None:
     """``value`` as the core reads an int from the caller (a Python int that is no bool, or a

@@ -5,78 +5,256 @@
 use crate::error::{Error, Result};
 use crate::tables::columns::ColumnValue;
 
-/// The values a number field accepts: an interval, each end open or closed, and a note the
-/// error adds (what the ends mean: "(0: off)"). Declared once, on the field; the tables
-/// check with it and the Python front ends ask the core (`_core.field_range_error`), so the
-/// range and its message live here alone.
+/// A float as an error shows it: as Rust writes it ("2", "0.5", "inf"), or in exponent form
+/// where that would be long ("1e-50", not fifty zeros).
+struct Shown(f64);
+
+impl std::fmt::Display for Shown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let plain = self.0.to_string();
+        if plain.len() > 20 {
+            write!(f, "{:e}", self.0)
+        } else {
+            f.write_str(&plain)
+        }
+    }
+}
+
+/// One end of a [`Range`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum End {
+    /// This value, included.
+    Closed(f64),
+    /// This value, excluded.
+    Open(f64),
+    /// As far as a float32 goes: the field is stored as a float32, which must be finite.
+    Finite,
+    /// The per-request cap of this engine-config name, included: checked where the cap is
+    /// known (the tables); a front end that knows no engine checks the rest of the range.
+    Cap(&'static str),
+    /// None: any int the core reads (an int field's upper end, [`INT_RANGE`]).
+    Unbounded,
+}
+
+impl End {
+    /// Whether `x` is on the inside of this end (`lo`: as the lower end, else the upper);
+    /// `cap` is the value of a [`End::Cap`] end, unchecked when `None`. NaN never is.
+    fn admits(self, x: f64, lo: bool, cap: Option<u64>) -> bool {
+        match self {
+            End::Closed(e) if lo => x >= e,
+            End::Closed(e) => x <= e,
+            End::Open(e) if lo => x > e,
+            End::Open(e) => x < e,
+            End::Finite => x.is_finite(),
+            End::Cap(_) => !x.is_nan() && cap.is_none_or(|c| x <= c as f64),
+            End::Unbounded => !x.is_nan(),
+        }
+    }
+
+    /// This end's value in a bracketed range, if it has one ("1", "max_dry_penalty_last_n").
+    fn shown(self) -> Option<String> {
+        match self {
+            End::Closed(e) | End::Open(e) => Some(e.to_string()),
+            End::Cap(name) => Some(name.to_string()),
+            End::Finite | End::Unbounded => None,
+        }
+    }
+}
+
+/// The values a number field accepts: its ends, whether it is an int field, and a note the
+/// error adds (what some values mean: "(0: off)"). Declared once, on the field
+/// ([`FieldSpec::range`]); the tables check with it ([`FieldSpec::checked`],
+/// [`FieldSpec::checked_int`]) and the Python front ends ask the core
+/// (`_core.field_range_error`), so each range and its message live here alone.
+///
+/// A float range with a [`End::Finite`] end holds float32 values: a value is checked as the
+/// float32 it is stored as (rounded to nearest), so "finite" is float32's and "> 0" is what
+/// stays above 0 as a float32. Every message has one form, from the declaration: "must be
+/// in [0, 1] (0: off), got 2", "must be a finite float32 >= 1, got 0.5", "must be an int
+/// in [0, max_no_repeat_ngram_size] (0: off), got -1"; a value above a known cap adds it:
+/// "got 200 > max_no_repeat_ngram_size = 128". A value inside every end it is checked
+/// against gets no message, so a front end without the caps says the same words as the core
+/// of every value it refuses.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Range {
-    pub lo: f64,
-    pub hi: f64,
-    pub lo_open: bool,
-    pub hi_open: bool,
+    pub lo: End,
+    pub hi: End,
+    /// An `Int` or `OptInt` field's range (checked with [`Range::int_error`]).
+    pub int: bool,
     pub note: &'static str,
 }
 
 impl Range {
-    /// `[lo, hi]`.
+    /// A float in `[lo, hi]`.
     pub const fn closed(lo: f64, hi: f64) -> Self {
         Range {
-            lo,
-            hi,
-            lo_open: false,
-            hi_open: false,
+            lo: End::Closed(lo),
+            hi: End::Closed(hi),
+            int: false,
             note: "",
         }
     }
 
-    /// The same interval without its lower end.
+    /// A finite float32 `>= lo`.
+    pub const fn at_least(lo: f64) -> Self {
+        Range {
+            lo: End::Closed(lo),
+            hi: End::Finite,
+            int: false,
+            note: "",
+        }
+    }
+
+    /// Any finite float32.
+    pub const fn finite() -> Self {
+        Range {
+            lo: End::Finite,
+            hi: End::Finite,
+            int: false,
+            note: "",
+        }
+    }
+
+    /// An int `>= lo` (no upper end but the core's [`INT_RANGE`]; see [`Range::up_to_cap`]).
+    pub const fn int_at_least(lo: i64) -> Self {
+        Range {
+            lo: End::Closed(lo as f64),
+            hi: End::Unbounded,
+            int: true,
+            note: "",
+        }
+    }
+
+    /// The same range without its lower end's value.
     pub const fn open_lo(mut self) -> Self {
-        self.lo_open = true;
+        if let End::Closed(e) = self.lo {
+            self.lo = End::Open(e);
+        }
         self
     }
 
-    /// The same interval without its upper end.
+    /// The same range without its upper end's value.
     pub const fn open_hi(mut self) -> Self {
-        self.hi_open = true;
+        if let End::Closed(e) = self.hi {
+            self.hi = End::Open(e);
+        }
         self
     }
 
-    /// The same interval, its error saying `note` after it.
+    /// The same range, at most the per-request cap named `cap` (engine-config name).
+    pub const fn up_to_cap(mut self, cap: &'static str) -> Self {
+        self.hi = End::Cap(cap);
+        self
+    }
+
+    /// The same range, its error saying `note` after it.
     pub const fn note(mut self, note: &'static str) -> Self {
         self.note = note;
         self
     }
 
-    /// Whether `x` is inside (NaN never is).
-    pub fn contains(&self, x: f64) -> bool {
-        let above = if self.lo_open {
-            x > self.lo
-        } else {
-            x >= self.lo
-        };
-        let below = if self.hi_open {
-            x < self.hi
-        } else {
-            x <= self.hi
-        };
-        above && below
+    /// The engine cap bounding it, if any (by engine-config name).
+    pub fn cap(&self) -> Option<&'static str> {
+        match (self.lo, self.hi) {
+            (End::Cap(c), _) | (_, End::Cap(c)) => Some(c),
+            _ => None,
+        }
     }
 
-    /// What the error says of a value outside: "must be in [0, 1) (0: off), got 2".
-    pub fn refusal(&self, x: f64) -> String {
-        format!(
-            "must be in {}{}, {}{}{}, got {x}",
-            if self.lo_open { "(" } else { "[" },
-            self.lo,
-            self.hi,
-            if self.hi_open { ")" } else { "]" },
-            if self.note.is_empty() {
-                String::new()
-            } else {
-                format!(" {}", self.note)
-            },
-        )
+    /// Whether it holds float32 values (an end is [`End::Finite`]).
+    fn float32(&self) -> bool {
+        !self.int && (self.lo == End::Finite || self.hi == End::Finite)
+    }
+
+    /// Whether `x` (a value as checked: an int's as a float, a float32 range's rounded to
+    /// float32) is inside, its cap end checked against `cap` when known.
+    fn admits(&self, x: f64, cap: Option<u64>) -> bool {
+        self.lo.admits(x, true, cap) && self.hi.admits(x, false, cap)
+    }
+
+    /// The values it takes, as its error says them: "in [0, 1) (0: off)", "a finite float32
+    /// > 0", "an int >= 1", "an int in [0, max_no_repeat_ngram_size]".
+    pub fn describe(&self) -> String {
+        let kind = if self.int {
+            "an int"
+        } else if self.float32() {
+            "a finite float32"
+        } else {
+            ""
+        };
+        let bound = match (self.lo.shown(), self.hi.shown()) {
+            (Some(lo), Some(hi)) => format!(
+                "in {}{lo}, {hi}{}",
+                if matches!(self.lo, End::Open(_)) {
+                    "("
+                } else {
+                    "["
+                },
+                if matches!(self.hi, End::Open(_)) {
+                    ")"
+                } else {
+                    "]"
+                },
+            ),
+            (Some(lo), None) => {
+                let op = if matches!(self.lo, End::Open(_)) {
+                    ">"
+                } else {
+                    ">="
+                };
+                format!("{op} {lo}")
+            }
+            (None, Some(hi)) => {
+                let op = if matches!(self.hi, End::Open(_)) {
+                    "<"
+                } else {
+                    "<="
+                };
+                format!("{op} {hi}")
+            }
+            (None, None) => String::new(),
+        };
+        let mut out = [kind, bound.as_str()]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ");
+        if !self.note.is_empty() {
+            out.push(' ');
+            out.push_str(self.note);
+        }
+        out
+    }
+
+    /// The refusal of `shown` (the value as the caller sent it), or `None` when `x` is
+    /// inside; `cap` the value of the cap end (unchecked when `None`).
+    fn refusal(&self, x: f64, shown: &dyn std::fmt::Display, cap: Option<u64>) -> Option<String> {
+        if self.admits(x, cap) {
+            return None;
+        }
+        let above_cap = match (self.cap(), cap) {
+            (Some(name), Some(c)) if self.admits(x, None) => format!(" > {name} = {c}"),
+            _ => String::new(),
+        };
+        Some(format!(
+            "must be {}, got {shown}{above_cap}",
+            self.describe()
+        ))
+    }
+
+    /// What the error says of a float field's value outside ("must be in [0, 1], got 2"), or
+    /// `None` inside (NaN never is).
+    pub fn float_error(&self, x: f64) -> Option<String> {
+        debug_assert!(!self.int, "an int range checked as a float");
+        let checked = if self.float32() { x as f32 as f64 } else { x };
+        self.refusal(checked, &Shown(x), None)
+    }
+
+    /// What the error says of an int field's value outside ("must be an int >= 1, got 0"),
+    /// or `None` inside; `cap` the value of its cap end, if it has one and it is known.
+    pub fn int_error(&self, x: i64, cap: Option<u64>) -> Option<String> {
+        debug_assert!(self.int, "a float range checked as an int");
+        self.refusal(x as f64, &x, cap)
     }
 }
 
@@ -118,10 +296,9 @@ pub struct FieldSpec {
     /// pipeline without the table refuses a request that sets one of those
     /// (`python::params::Reader`'s guards), rather than dropping it.
     pub tunes: bool,
-    /// The values a number field accepts (checked with [`FieldSpec::checked`]).
+    /// The values a number field accepts (checked with [`FieldSpec::checked`] or
+    /// [`FieldSpec::checked_int`]), an int's per-request cap among them ([`Range::up_to_cap`]).
     pub range: Option<Range>,
-    /// An `Int` field's per-request cap (engine-config name): its value is at most the cap.
-    pub cap: Option<&'static str>,
     /// What one entry of a list field is called in an error ("word": "200 words exceed").
     pub item: &'static str,
 }
@@ -135,15 +312,8 @@ impl FieldSpec {
             when_positive: None,
             tunes: false,
             range: None,
-            cap: None,
             item: "entry",
         }
-    }
-
-    /// The same `Int` field, at most the per-request cap named `cap`.
-    pub const fn capped(mut self, cap: &'static str) -> Self {
-        self.cap = Some(cap);
-        self
     }
 
     /// The same list field, one entry of which an error calls `item`.
@@ -158,7 +328,7 @@ impl FieldSpec {
         match &self.kind {
             FieldKind::Ids { cap, .. } | FieldKind::Bias { cap } => vec![*cap],
             FieldKind::IdLists { lists, len } => vec![*lists, *len],
-            _ => self.cap.into_iter().collect(),
+            _ => self.range.and_then(|r| r.cap()).into_iter().collect(),
         }
     }
 
@@ -168,12 +338,30 @@ impl FieldSpec {
         self
     }
 
-    /// `x` when the field's range holds it, else the error naming request `index` and the
-    /// field (a field without a range takes anything).
+    /// A float field's `x` when its range holds it, else the error naming request `index` and
+    /// the field (a field without a range takes anything).
     pub fn checked(&self, index: usize, x: f64) -> Result<f64> {
-        match &self.range {
-            Some(r) if !r.contains(x) => Err(Error::invalid(index, self.name, r.refusal(x))),
-            _ => Ok(x),
+        match self.range.and_then(|r| r.float_error(x)) {
+            Some(message) => Err(Error::invalid(index, self.name, message)),
+            None => Ok(x),
+        }
+    }
+
+    /// An int field's `x` when its range holds it, else the error naming request `index` and
+    /// the field; `cap` the value of the range's cap (a table passes the one it was built with).
+    pub fn checked_int(&self, index: usize, x: i64, cap: Option<usize>) -> Result<i64> {
+        debug_assert_eq!(
+            cap.is_some(),
+            self.range.is_some_and(|r| r.cap().is_some()),
+            "{}: a cap is passed exactly for a range with a cap end",
+            self.name
+        );
+        match self
+            .range
+            .and_then(|r| r.int_error(x, cap.map(|c| c as u64)))
+        {
+            Some(message) => Err(Error::invalid(index, self.name, message)),
+            None => Ok(x),
         }
     }
 
@@ -331,5 +519,81 @@ impl Fields {
             (Some(Value::Bias(v)), _) => !v.is_empty(),
             (Some(_), _) => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One message form for every shape of range, generated from the declaration.
+    #[test]
+    fn each_shape_of_range_says_its_values_in_one_form() {
+        let unit = Range::closed(0.0, 1.0).open_lo().note("(1: off)");
+        assert_eq!(unit.float_error(1.0), None);
+        assert_eq!(
+            unit.float_error(0.0).unwrap(),
+            "must be in (0, 1] (1: off), got 0"
+        );
+        let base = Range::at_least(1.0);
+        assert_eq!(base.float_error(f64::from(f32::MAX)), None);
+        assert_eq!(
+            base.float_error(0.5).unwrap(),
+            "must be a finite float32 >= 1, got 0.5"
+        );
+        assert!(base.float_error(f64::INFINITY).is_some());
+        assert!(base.float_error(f64::NAN).is_some());
+        assert_eq!(
+            base.float_error(1e39).unwrap(),
+            "must be a finite float32 >= 1, got 1e39",
+            "inf as a float32"
+        );
+        let positive = Range::at_least(0.0).open_lo();
+        assert_eq!(
+            positive.float_error(1e-50).unwrap(),
+            "must be a finite float32 > 0, got 1e-50",
+            "0 as a float32"
+        );
+        assert_eq!(positive.float_error(1e-45), None);
+        let finite = Range::finite().note("(<= 0: off)");
+        assert_eq!(finite.float_error(-3.0), None);
+        assert_eq!(
+            finite.float_error(f64::NEG_INFINITY).unwrap(),
+            "must be a finite float32 (<= 0: off), got -inf"
+        );
+        let from_one = Range::int_at_least(1);
+        assert_eq!(from_one.int_error(i64::MAX, None), None);
+        assert_eq!(
+            from_one.int_error(0, None).unwrap(),
+            "must be an int >= 1, got 0"
+        );
+        let window = Range::int_at_least(-1).up_to_cap("max_w").note("(-1: all)");
+        assert_eq!(window.cap(), Some("max_w"));
+        assert_eq!(window.int_error(100, Some(100)), None);
+        assert_eq!(window.int_error(101, None), None, "no cap known: unchecked");
+        let below = "must be an int in [-1, max_w] (-1: all), got -2";
+        assert_eq!(window.int_error(-2, None).unwrap(), below);
+        assert_eq!(
+            window.int_error(-2, Some(100)).unwrap(),
+            below,
+            "the same words"
+        );
+        assert_eq!(
+            window.int_error(101, Some(100)).unwrap(),
+            "must be an int in [-1, max_w] (-1: all), got 101 > max_w = 100"
+        );
+    }
+
+    #[test]
+    fn checked_names_the_request_and_the_field() {
+        let spec = FieldSpec::new("k", FieldKind::Int { neutral: 0 })
+            .range(Range::int_at_least(0).up_to_cap("max_k"));
+        assert_eq!(spec.caps(), vec!["max_k"]);
+        assert_eq!(spec.checked_int(3, 4, Some(4)).unwrap(), 4);
+        let e = spec.checked_int(3, 5, Some(4)).unwrap_err().to_string();
+        assert!(
+            e.contains("index 3") && e.contains("'k'") && e.contains("got 5"),
+            "{e}"
+        );
     }
 }

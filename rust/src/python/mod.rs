@@ -66,16 +66,36 @@ mod _core {
     }
 
     /// What the core says of `value` in field `name`'s declared range: `None` inside it (or
-    /// for a field without one), else the refusal ("must be in [0, 1], got 2"). The front
-    /// ends check ranges with this, so each range and its message are declared once.
+    /// for a field without one), else the refusal ("must be in [0, 1], got 2"). An int field
+    /// takes an int (`int_item`'s rule), a float field a number; `caps` (engine-config name
+    /// -> value) checks a range's cap end, which is skipped when its cap is not given. The
+    /// front ends check ranges with this, so each range and its message are declared once.
     #[pyfunction]
-    fn field_range_error(name: &str, value: f64) -> Option<String> {
-        let spec = crate::tables::BUILTINS
+    #[pyo3(signature = (name, value, caps = None))]
+    fn field_range_error(
+        name: &str,
+        value: &Bound<'_, PyAny>,
+        caps: Option<std::collections::HashMap<String, u64>>,
+    ) -> PyResult<Option<String>> {
+        let Some(range) = crate::tables::BUILTINS
             .iter()
             .flat_map(|b| b.fields)
-            .find(|f| f.name == name || f.attr == name)?;
-        let range = spec.range?;
-        (!range.contains(value)).then(|| range.refusal(value))
+            .find(|f| f.name == name || f.attr == name)
+            .and_then(|f| f.range)
+        else {
+            return Ok(None);
+        };
+        if range.int {
+            let x = super::history::int_item(value).map_err(|_| {
+                pyo3::exceptions::PyTypeError::new_err(format!(
+                    "{name} is an int field: its value must be an int within int64"
+                ))
+            })?;
+            let cap = range.cap().and_then(|c| caps.as_ref()?.get(c).copied());
+            Ok(range.int_error(x, cap))
+        } else {
+            Ok(range.float_error(value.extract::<f64>()?))
+        }
     }
 
     /// `(fingerprint, objects)` of a batch update's structure (see `update::fingerprint`):

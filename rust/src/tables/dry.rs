@@ -25,7 +25,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::{HistoryId, TokenHistory};
 use crate::limits::check_token;
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
@@ -52,11 +52,20 @@ const FLOAT_MAX_LOG: f32 = 88.722_84;
 
 /// The request fields DRY reads (`dry_multiplier` 0: off).
 pub const FIELDS: &[FieldSpec] = &[
-    FieldSpec::new("dry_multiplier", FieldKind::Float { neutral: 0.0 }),
-    FieldSpec::new("dry_base", FieldKind::Float { neutral: 1.75 }).tunes(),
-    FieldSpec::new("dry_allowed_length", FieldKind::Int { neutral: 2 }).tunes(),
+    FieldSpec::new("dry_multiplier", FieldKind::Float { neutral: 0.0 })
+        .range(Range::at_least(0.0).note("(0: off)")),
+    FieldSpec::new("dry_base", FieldKind::Float { neutral: 1.75 })
+        .range(Range::at_least(1.0))
+        .tunes(),
+    FieldSpec::new("dry_allowed_length", FieldKind::Int { neutral: 2 })
+        .range(Range::int_at_least(1))
+        .tunes(),
     FieldSpec::new("dry_penalty_last_n", FieldKind::Int { neutral: -1 })
-        .capped("max_dry_penalty_last_n")
+        .range(
+            Range::int_at_least(-1)
+                .up_to_cap("max_dry_penalty_last_n")
+                .note("(-1: the whole sequence up to the cap; 0: off)"),
+        )
         .tunes(),
     FieldSpec::new(
         "dry_sequence_breakers",
@@ -486,40 +495,10 @@ impl<H: TokenHistory> DryState<H> {
         prompt: Option<&[i64]>,
         output: H,
     ) -> Result<Option<Entry<H>>> {
-        let m32 = multiplier as f32;
-        if multiplier.is_nan() || multiplier < 0.0 || !m32.is_finite() {
-            return Err(Error::invalid(
-                index,
-                "dry_multiplier",
-                format!("must be a finite number >= 0 (0: off), got {multiplier}"),
-            ));
-        }
-        let b32 = base as f32;
-        if base.is_nan() || base < 1.0 || !b32.is_finite() {
-            return Err(Error::invalid(
-                index,
-                "dry_base",
-                format!("must be a finite number >= 1, got {base}"),
-            ));
-        }
-        if allowed < 1 {
-            return Err(Error::invalid(
-                index,
-                "dry_allowed_length",
-                format!("must be an int >= 1, got {allowed}"),
-            ));
-        }
-        if last_n < -1 || (last_n > 0 && last_n as u64 > self.max_window as u64) {
-            return Err(Error::invalid(
-                index,
-                "dry_penalty_last_n",
-                format!(
-                    "must be -1 (the whole sequence, up to {}), 0 (off) or in [1, {}] \
-                     (max_dry_penalty_last_n), got {last_n}",
-                    self.max_window, self.max_window
-                ),
-            ));
-        }
+        let m32 = FIELDS[0].checked(index, multiplier)? as f32;
+        let b32 = FIELDS[1].checked(index, base)? as f32;
+        FIELDS[2].checked_int(index, allowed, None)?;
+        FIELDS[3].checked_int(index, last_n, Some(self.max_window))?;
         let mut cut = Vec::with_capacity(breakers.len());
         for b in breakers {
             if b.is_empty() {

@@ -8,7 +8,7 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
@@ -26,7 +26,7 @@ pub const CAPS: &[(&str, usize)] = &[("max_stop_token_ids", 128)];
 /// The request fields MinTokens reads: the stop ids only when `min_tokens` > 0 (a plain
 /// request's stop ids are not capped by this table).
 pub const FIELDS: &[FieldSpec] = &[
-    FieldSpec::new("min_tokens", FieldKind::Int { neutral: 0 }),
+    FieldSpec::new("min_tokens", FieldKind::Int { neutral: 0 }).range(Range::int_at_least(0)),
     FieldSpec::new(
         "stop_token_ids",
         FieldKind::Ids {
@@ -102,13 +102,7 @@ impl<H: TokenHistory> MinTokensState<H> {
     /// Checks one request and decides whether it needs an entry at all (vLLM: none when
     /// min_tokens is 0 or the output is already long enough).
     pub fn check(&self, index: usize, p: MinTokensParams<H>) -> Result<Option<Entry<H>>> {
-        if p.min_tokens < 0 {
-            return Err(Error::invalid(
-                index,
-                "min_tokens",
-                format!("must be >= 0, got {}", p.min_tokens),
-            ));
-        }
+        let min_tokens = FIELDS[0].checked_int(index, p.min_tokens, None)? as usize;
         if p.stop_token_ids.len() > self.max_stop_ids {
             return Err(Error::TooManyEntries {
                 index,
@@ -124,7 +118,6 @@ impl<H: TokenHistory> MinTokensState<H> {
                 stop.push(t);
             }
         }
-        let min_tokens = p.min_tokens as usize;
         if min_tokens == 0 || p.output_len >= min_tokens {
             return Ok(None);
         }

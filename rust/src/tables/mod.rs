@@ -268,6 +268,34 @@ pub const BUILTINS: &[Builtin] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fields::{End, FieldKind};
+
+    /// Every declared range fits its field: an int range on an int field, a float range on a
+    /// float field, and a cap end naming one of its table's caps.
+    #[test]
+    fn every_declared_range_fits_its_field() {
+        for b in BUILTINS {
+            for f in b.fields {
+                let Some(r) = f.range else { continue };
+                let int = matches!(f.kind, FieldKind::Int { .. } | FieldKind::OptInt);
+                assert!(
+                    int || matches!(f.kind, FieldKind::Float { .. }),
+                    "{}",
+                    f.name
+                );
+                assert_eq!(r.int, int, "{}", f.name);
+                assert!(r.int || (r.hi != End::Unbounded && r.lo != End::Unbounded));
+                assert!(
+                    !matches!(r.lo, End::Cap(_)),
+                    "{}: a cap is an upper end",
+                    f.name
+                );
+                if let Some(cap) = r.cap() {
+                    assert!(b.caps.iter().any(|(c, _)| *c == cap), "{}: {cap}", f.name);
+                }
+            }
+        }
+    }
 
     /// The draft bound a too-large cap's error states is the largest that fits: the bound
     /// itself passes, one more is refused (it stated one too many, "1024 is outside [1, 1024]").

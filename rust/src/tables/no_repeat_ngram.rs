@@ -28,7 +28,7 @@ use std::sync::OnceLock;
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::{HistoryId, TokenHistory};
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
@@ -45,10 +45,17 @@ pub const CAPS: &[(&str, usize)] = &[
 
 /// The request fields no-repeat-ngram reads (size 0: off; the others as in the module's doc).
 pub const FIELDS: &[FieldSpec] = &[
-    FieldSpec::new("no_repeat_ngram_size", FieldKind::Int { neutral: 0 })
-        .capped("max_no_repeat_ngram_size"),
+    FieldSpec::new("no_repeat_ngram_size", FieldKind::Int { neutral: 0 }).range(
+        Range::int_at_least(0)
+            .up_to_cap("max_no_repeat_ngram_size")
+            .note("(0: off)"),
+    ),
     FieldSpec::new("no_repeat_ngram_window", FieldKind::Int { neutral: 0 })
-        .capped("max_no_repeat_ngram_window")
+        .range(
+            Range::int_at_least(0)
+                .up_to_cap("max_no_repeat_ngram_window")
+                .note("(0: the cap)"),
+        )
         .tunes(),
     FieldSpec::new("no_repeat_ngram_output_only", FieldKind::Bool).tunes(),
     FieldSpec::new(
@@ -357,26 +364,8 @@ impl<H: TokenHistory> NoRepeatNGramState<H> {
         output: H,
         mode: Mode,
     ) -> Result<Option<Entry<H>>> {
-        if n < 0 || n as u64 > self.max_n as u64 {
-            return Err(Error::invalid(
-                index,
-                "no_repeat_ngram_size",
-                format!(
-                    "must be in [0, {}] (max_no_repeat_ngram_size), got {n}",
-                    self.max_n
-                ),
-            ));
-        }
-        if mode.window < 0 || mode.window as u64 > self.window as u64 {
-            return Err(Error::invalid(
-                index,
-                "no_repeat_ngram_window",
-                format!(
-                    "must be in [0, {}] (0: max_no_repeat_ngram_window), got {}",
-                    self.window, mode.window
-                ),
-            ));
-        }
+        FIELDS[0].checked_int(index, n, Some(self.max_n))?;
+        FIELDS[1].checked_int(index, mode.window, Some(self.window))?;
         let mut whitelist = mode.whitelist;
         for &t in &whitelist {
             if t < 0 || t as u64 >= self.vocab_size as u64 {

@@ -28,7 +28,7 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
@@ -53,12 +53,15 @@ pub const PROMPT_FLAG: i32 = 1 << 30;
 /// The request fields the penalties read; any of them off its neutral value makes the
 /// prompt read too.
 pub const FIELDS: &[FieldSpec] = &[
-    FieldSpec::new("repetition_penalty", FieldKind::Float { neutral: 1.0 }),
+    FieldSpec::new("repetition_penalty", FieldKind::Float { neutral: 1.0 })
+        .range(Range::at_least(0.0).open_lo().note("(1: off)")),
     FieldSpec::new("frequency_penalty", FieldKind::Float { neutral: 0.0 })
         .range(Range::closed(-2.0, 2.0)),
     FieldSpec::new("presence_penalty", FieldKind::Float { neutral: 0.0 })
         .range(Range::closed(-2.0, 2.0)),
-    FieldSpec::new("penalty_last_n", FieldKind::OptInt).tunes(),
+    FieldSpec::new("penalty_last_n", FieldKind::OptInt)
+        .range(Range::int_at_least(-1).note("(None or -1: the whole history; 0: off)"))
+        .tunes(),
 ];
 
 /// One added request's penalty parameters.
@@ -312,29 +315,17 @@ impl<H: TokenHistory> PenaltiesState<H> {
     }
 
     pub fn check(&self, index: usize, p: PenaltyParams<H>) -> Result<Option<Entry<H>>> {
-        let rep = p.repetition_penalty;
-        // Checked after the float32 cast the apply uses: a float64 beyond float32's range, or
-        // below its smallest value, would turn logits into inf or NaN.
-        let rep32 = rep as f32;
-        if !(rep32.is_finite() && rep32 > 0.0) {
-            return Err(Error::invalid(
-                index,
-                "repetition_penalty",
-                format!("must be finite and > 0 as a float32, got {rep}"),
-            ));
-        }
+        // Checked as the float32 the apply uses (the range's `Finite` end): a float64 beyond
+        // float32's range, or below its smallest value, would turn logits into inf or NaN.
+        let rep = FIELDS[0].checked(index, p.repetition_penalty)?;
         FIELDS[1].checked(index, p.frequency_penalty)?;
         FIELDS[2].checked(index, p.presence_penalty)?;
         let last_n = match p.last_n {
-            None | Some(-1) => None,
-            Some(n) if n >= 0 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
-            Some(n) => {
-                return Err(Error::invalid(
-                    index,
-                    "penalty_last_n",
-                    format!("must be -1 or None (whole history), 0 (off) or > 0, got {n}"),
-                ))
-            }
+            None => None,
+            Some(n) => match FIELDS[3].checked_int(index, n, None)? {
+                -1 => None,
+                n => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+            },
         };
         let values = (
             rep as f32,

@@ -30,7 +30,7 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_config_token;
@@ -49,7 +49,8 @@ pub struct ThinkingConfig {
 }
 
 /// The request fields the thinking budget reads; a budget (even −1) makes the prompt read.
-pub const FIELDS: &[FieldSpec] = &[FieldSpec::new("thinking_token_budget", FieldKind::OptInt)];
+pub const FIELDS: &[FieldSpec] = &[FieldSpec::new("thinking_token_budget", FieldKind::OptInt)
+    .range(Range::int_at_least(-1).note("(None or -1: unlimited)"))];
 
 /// One added request's parameters.
 pub struct ThinkingParams<H> {
@@ -445,15 +446,11 @@ impl<H: TokenHistory> ThinkingState<H> {
     /// Checks one request; `None` when it is not tracked.
     pub fn check(&self, index: usize, p: ThinkingParams<H>) -> Result<Option<Entry<H>>> {
         let budget = match p.budget {
-            None | Some(-1) => return Ok(None),
-            Some(b) if b < 0 => {
-                return Err(Error::invalid(
-                    index,
-                    "thinking_token_budget",
-                    format!("must be a non-negative integer or -1 for unlimited, got {b}"),
-                ))
-            }
-            Some(b) => b,
+            None => return Ok(None),
+            Some(b) => match FIELDS[0].checked_int(index, b, None)? {
+                -1 => return Ok(None),
+                b => b,
+            },
         };
         Ok(Some(Entry::new(
             budget,

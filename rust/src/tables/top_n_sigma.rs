@@ -2,17 +2,18 @@
 //! logits other than -inf, mask every logit below `max - n * sigma` (population std). One float32
 //! per slot on the generic float-parameter table; the apply is in `builtin/top_n_sigma.py`.
 
-use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec};
+use crate::error::Result;
+use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
 use crate::tables::Build;
 
 /// The request field it reads (`top_n_sigma`; 0.0 is off).
-pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
-    "top_n_sigma",
-    FieldKind::Float { neutral: 0.0 },
-)];
+pub const FIELDS: &[FieldSpec] =
+    &[
+        FieldSpec::new("top_n_sigma", FieldKind::Float { neutral: 0.0 })
+            .range(Range::finite().note("(<= 0: off)")),
+    ];
 
 /// Its declaration on the generic float-parameter table.
 pub static SPEC: FloatParams = FloatParams {
@@ -24,15 +25,7 @@ pub static SPEC: FloatParams = FloatParams {
 
 /// A finite number; n <= 0 is off (llama.cpp), stored as the neutral 0.
 pub fn check(index: usize, v: &[f64]) -> Result<Option<Values>> {
-    let n = v[0];
-    let stored = n as f32;
-    if !stored.is_finite() {
-        return Err(Error::invalid(
-            index,
-            "top_n_sigma",
-            format!("must be a finite number (<= 0: off), got {n}"),
-        ));
-    }
+    let stored = FIELDS[0].checked(index, v[0])? as f32;
     Ok((stored > 0.0).then(|| float_params::values(&[stored])))
 }
 
