@@ -89,6 +89,30 @@ def _real(name: str, v: Any) -> float:
     return x
 
 
+def _int(name: str, v: Any) -> int:
+    """The one reader of an int request field: an int (not a bool) within the core's range
+    (``INT_FIELD_RANGE``), else a ``RequestError`` naming the field; the caller checks the
+    field's own range (``_in_declared_range``)."""
+    if not _is_int(v):
+        raise RequestError(f"{name} must be an int, got {_show(v)}", field=name)
+    lo, hi = INT_FIELD_RANGE
+    if not lo <= v <= hi:
+        raise RequestError(
+            f"{name} must be in [{lo}, {hi}] (what the core reads), got {_show(v)}", field=name
+        )
+    return v
+
+
+def _in_declared_range(name: str, x: float) -> None:
+    """``x`` (read by ``_real``, or ``_int`` for an int field) inside field ``name``'s range as
+    the core's registry declares it, else a ``RequestError`` naming the field with the core's
+    own words (``_core.field_range_error``). A range's engine cap (``dry_penalty_last_n <=
+    max_dry_penalty_last_n``) is the core's to check: the front end knows no engine."""
+    detail = _core.field_range_error(name, x)
+    if detail is not None:
+        raise RequestError(f"{name} {detail}", field=name)
+
+
 def _in_range(
     name: str,
     x: float,
@@ -184,25 +208,12 @@ def _id_lists(name: str, lists: Any, what: str) -> list[list[int]]:
 
 def validate_thinking_token_budget(budget: Any) -> int | None:
     """vLLM's rule: None -> None; -1 -> None (unlimited); an int >= 0 is kept; anything else
-    (bool, float, other negative) is an error."""
+    (bool, float, other negative) is an error (the range is the core's declaration)."""
     if budget is None:
         return None
-    if not _is_int(budget):
-        raise RequestError(
-            f"thinking_token_budget must be an int, got {type(budget).__name__}",
-            field="thinking_token_budget",
-        )
-    if budget == -1:
-        return None
-    if budget < 0:
-        raise RequestError(
-            f"thinking_token_budget must be -1 (unlimited) or >= 0, got {budget}",
-            field="thinking_token_budget",
-        )
-    return budget
-
-
-_F32_MAX = 3.4028234663852886e38  # top_n_sigma is stored as a float32
+    budget = _int("thinking_token_budget", budget)
+    _in_declared_range("thinking_token_budget", budget)
+    return None if budget == -1 else budget
 
 
 @dataclass
@@ -289,70 +300,38 @@ class SamplingParams:
     def _read_registry_fields(self) -> None:
         """Every float and int field the core's tables read (the registry), through the one
         reader of its kind, before any field's own range: a float field by ``_real`` (None is
-        the neutral value, set by the field's own check), an int field an int (not a bool)
-        within the core's range (``INT_FIELD_RANGE``; None only for an optional one)."""
+        the neutral value, set by ``_verify_ranges``), an int field by ``_int`` (None only for
+        an optional one)."""
         for name in _FIELDS_OF_KIND["float"]:
             v = getattr(self, name, None)
             if v is not None:
                 _real(name, v)
-        lo, hi = INT_FIELD_RANGE
         for kind in ("int", "opt_int"):
             for name in _FIELDS_OF_KIND[kind]:
                 v = getattr(self, name, None)
                 if v is None and (kind == "opt_int" or not hasattr(self, name)):
                     continue
-                if not _is_int(v):
-                    raise RequestError(f"{name} must be an int, got {_show(v)}", field=name)
-                if not lo <= v <= hi:
-                    raise RequestError(
-                        f"{name} must be in [{lo}, {hi}] (what the core reads), got {_show(v)}",
-                        field=name,
-                    )
+                _int(name, v)
 
     def _verify_ranges(self) -> None:
-        """Every float field of the core's registry in its declared range (the core's own
-        check and message: ``_core.field_range_error``). None reads as the neutral value where
-        the field's type allows it (ours beyond vLLM's; vLLM's own take no None);
-        top_n_sigma <= 0 is off."""
+        """Every number field of the core's registry (floats and ints) in its declared range:
+        the core's own check and words (``_in_declared_range``), after ``_read_registry_fields``
+        read it. None reads as a float's neutral value where the field's type allows it (ours
+        beyond vLLM's; vLLM's own take no None), and an optional int's None is unset;
+        top_n_sigma <= 0 is off (stored as 0.0)."""
         for name in _FIELDS_OF_KIND["float"]:
             v = getattr(self, name)
             if v is None and name in _NONE_IS_NEUTRAL:
                 setattr(self, name, NEUTRAL[name])
                 continue
             x = _real(name, v)
-            if name == "top_n_sigma":
-                if not math.isfinite(x) or x > _F32_MAX:
-                    raise RequestError(
-                        f"top_n_sigma must be a finite number (<= 0: off), got {x}", field=name
-                    )
-                if x <= 0:
-                    self.top_n_sigma = 0.0
-            detail = _core.field_range_error(name, x)
-            if detail is not None:
-                raise RequestError(f"{name} {detail}", field=name)
-
-    def _verify_dry(self) -> None:
-        """The DRY fields: the ranges the core checks (``rust/src/tables/dry.rs``); the window's
-        and the breakers' caps are the engine's, checked by the core."""
-        for name, lo in (("dry_multiplier", 0.0), ("dry_base", 1.0)):
-            x = _real(name, getattr(self, name))
-            if not lo <= x <= _F32_MAX:
-                raise RequestError(f"{name} must be a finite number >= {lo:g}, got {x}", field=name)
-        if self.dry_allowed_length < 1:
-            raise RequestError(
-                f"dry_allowed_length must be an int >= 1, got {self.dry_allowed_length!r}",
-                field="dry_allowed_length",
-            )
-        if self.dry_penalty_last_n < -1:
-            raise RequestError(
-                "dry_penalty_last_n must be -1 (whole sequence), 0 (off) or a positive int, "
-                f"got {self.dry_penalty_last_n!r}",
-                field="dry_penalty_last_n",
-            )
-        if self.dry_sequence_breakers is not None:
-            self.dry_sequence_breakers = _id_lists(
-                "dry_sequence_breakers", self.dry_sequence_breakers, "sequence"
-            )
+            _in_declared_range(name, x)
+            if name == "top_n_sigma" and x <= 0:
+                self.top_n_sigma = 0.0
+        for name in _FIELDS_OF_KIND["int"] + _FIELDS_OF_KIND["opt_int"]:
+            v = getattr(self, name, None)
+            if v is not None:
+                _in_declared_range(name, v)
 
     def _verify(self) -> None:
         self._read_registry_fields()
@@ -363,11 +342,6 @@ class SamplingParams:
         if not _is_int(self.n) or self.n < 1:
             raise RequestError(f"n must be an int >= 1, got {_show(self.n)}", field="n")
         self._verify_ranges()
-        number("repetition_penalty", 0.0, math.inf, lo_open=True)
-        if math.isinf(self.repetition_penalty):
-            raise RequestError(
-                "repetition_penalty must be finite and > 0, got inf", field="repetition_penalty"
-            )
         number("temperature", 0.0, math.inf)
         if math.isinf(self.temperature):
             raise RequestError("temperature must be finite, got inf", field="temperature")
@@ -383,33 +357,10 @@ class SamplingParams:
             raise RequestError(
                 f"max_tokens must be an int >= 1, got {_show(self.max_tokens)}", field="max_tokens"
             )
-        if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            raise RequestError(
-                f"min_tokens must be an int >= 0, got {_show(self.min_tokens)}", field="min_tokens"
-            )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise RequestError(
                 f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}",
                 field="min_tokens",
-            )
-        if self.penalty_last_n is not None and (
-            not _is_int(self.penalty_last_n) or self.penalty_last_n < -1
-        ):
-            raise RequestError(
-                f"penalty_last_n must be None or -1 (whole history), 0 (off) or an int > 0, "
-                f"got {self.penalty_last_n!r}",
-                field="penalty_last_n",
-            )
-        if not _is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
-            raise RequestError(
-                f"no_repeat_ngram_size must be an int >= 0, got {_show(self.no_repeat_ngram_size)}",
-                field="no_repeat_ngram_size",
-            )
-        if not _is_int(self.no_repeat_ngram_window) or self.no_repeat_ngram_window < 0:
-            raise RequestError(
-                f"no_repeat_ngram_window must be an int >= 0 (0: the engine's window), "
-                f"got {self.no_repeat_ngram_window!r}",
-                field="no_repeat_ngram_window",
             )
         if not isinstance(self.no_repeat_ngram_output_only, bool):
             raise RequestError(
@@ -421,7 +372,10 @@ class SamplingParams:
             self.no_repeat_ngram_whitelist = _token_ids(
                 "no_repeat_ngram_whitelist", self.no_repeat_ngram_whitelist
             )
-        self._verify_dry()
+        if self.dry_sequence_breakers is not None:
+            self.dry_sequence_breakers = _id_lists(
+                "dry_sequence_breakers", self.dry_sequence_breakers, "sequence"
+            )
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise RequestError(
                 f"logprobs must be an int >= 0, got {_show(self.logprobs)}", field="logprobs"
