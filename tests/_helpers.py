@@ -17,6 +17,11 @@ def upd(batch_size: int, *, removed=(), added=(), moved=()) -> BatchUpdate:
     )
 
 
+def built(cls: type, cfg: Any) -> Any:
+    """A processor class built as vLLM builds it, on the CPU, not pinned."""
+    return cls(cfg, torch.device("cpu"), False)
+
+
 def step(procs, update) -> None:
     for p in procs:
         p.update_state(update)
@@ -28,6 +33,26 @@ def applied(proc, logits: torch.Tensor) -> torch.Tensor:
 
 def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
     assert torch.equal(a, b), f"\n{a}\n!=\n{b}"
+
+
+def assert_unchanged(before: Any, after: Any, where: str = "state") -> None:
+    """Two snapshots of the same state are equal, exactly: dicts key by key, lists and tuples
+    item by item, tensors by ``torch.equal``, the rest by ``==``; the message names the path of
+    the first difference (``state['buffers'][2] changed``)."""
+    if isinstance(before, torch.Tensor):
+        assert isinstance(after, torch.Tensor) and torch.equal(before, after), f"{where} changed"
+    elif isinstance(before, dict):
+        assert isinstance(after, dict), f"{where}: {type(after).__name__}, not a dict"
+        assert before.keys() == after.keys(), f"{where}: keys {sorted(before)} -> {sorted(after)}"
+        for k in before:
+            assert_unchanged(before[k], after[k], f"{where}[{k!r}]")
+    elif isinstance(before, (list, tuple)):
+        assert type(after) is type(before), f"{where}: {type(after).__name__}"
+        assert len(before) == len(after), f"{where}: length {len(before)} -> {len(after)}"
+        for i, (x, y) in enumerate(zip(before, after, strict=True)):
+            assert_unchanged(x, y, f"{where}[{i}]")
+    else:
+        assert before == after, f"{where}: {before!r} -> {after!r}"
 
 
 TABLE = {

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
-from _helpers import applied, step, upd
+from _helpers import applied, built, step, upd
 
 from logitsproc_rs import (
     BadWordsLogitsProcessor,
@@ -27,10 +26,6 @@ V = 8
 CFG = EngineConfig(max_num_seqs=4, vocab_size=V)
 
 
-def make(cls: type, cfg: EngineConfig = CFG) -> Any:
-    return cls(cfg, torch.device("cpu"), False)
-
-
 def bw(*words: list[int]) -> SimpleNamespace:
     return SimpleNamespace(bad_words_token_ids=[list(w) for w in words])
 
@@ -41,7 +36,7 @@ def banned(proc, rows: int) -> list[set[int]]:
 
 
 def test_single_token_bad_word_always_banned():
-    ours, ref = make(BadWordsLogitsProcessor), make(RefBadWordsLogitsProcessor)
+    ours, ref = built(BadWordsLogitsProcessor, CFG), built(RefBadWordsLogitsProcessor, CFG)
     out = []
     step((ours, ref), upd(1, added=[(0, bw([3], [6]), [3, 6], out)]))
     for _ in range(3):
@@ -64,7 +59,7 @@ def test_single_token_bad_word_always_banned():
     ],
 )
 def test_multi_token_bad_word_only_on_prefix_match(output, expected):
-    ours, ref = make(BadWordsLogitsProcessor), make(RefBadWordsLogitsProcessor)
+    ours, ref = built(BadWordsLogitsProcessor, CFG), built(RefBadWordsLogitsProcessor, CFG)
     step((ours, ref), upd(1, added=[(0, bw([5, 6, 7], [6, 7]), None, list(output))]))
     assert banned(ours, 1) == banned(ref, 1) == [expected]
 
@@ -72,7 +67,7 @@ def test_multi_token_bad_word_only_on_prefix_match(output, expected):
 def test_bad_word_longer_than_output_plus_one_is_skipped():
     """vLLM skips a word longer than ``len(output) + 1``: [2, 3, 4] with output [3] bans
     nothing even though the output ends with part of its prefix."""
-    ours, ref = make(BadWordsLogitsProcessor), make(RefBadWordsLogitsProcessor)
+    ours, ref = built(BadWordsLogitsProcessor, CFG), built(RefBadWordsLogitsProcessor, CFG)
     out = [3]
     step((ours, ref), upd(1, added=[(0, bw([2, 3, 4]), None, out)]))
     assert banned(ours, 1) == banned(ref, 1) == [set()]
@@ -83,7 +78,7 @@ def test_bad_word_longer_than_output_plus_one_is_skipped():
 
 
 def test_bad_words_reevaluated_on_none_steps():
-    ours, ref = make(BadWordsLogitsProcessor), make(RefBadWordsLogitsProcessor)
+    ours, ref = built(BadWordsLogitsProcessor, CFG), built(RefBadWordsLogitsProcessor, CFG)
     out0, out1 = [], [9 % V]
     step(
         (ours, ref),
@@ -102,7 +97,7 @@ def test_bad_words_reevaluated_on_none_steps():
 
 
 def test_bad_words_move_with_request():
-    ours, ref = make(BadWordsLogitsProcessor), make(RefBadWordsLogitsProcessor)
+    ours, ref = built(BadWordsLogitsProcessor, CFG), built(RefBadWordsLogitsProcessor, CFG)
     step((ours, ref), upd(3, added=[(0, bw([1]), None, []), (2, bw([2]), None, [])]))
     step((ours, ref), upd(3, moved=[(0, 1, SWAP)]))
     assert banned(ours, 3) == banned(ref, 3) == [set(), {1}, {2}]
@@ -116,7 +111,7 @@ def test_bad_word_prefix_filled_between_update_state_and_apply_bans():
     """vLLM's async order: the output's last token is a ``-1`` placeholder at
     ``update_state`` and is filled in place before the sampler; vLLM matches bad words at
     sampling time, so [5, 6] bans 6 right after 5 was generated. Expected: 6 banned."""
-    ours, ref = make(BadWordsLogitsProcessor), make(RefBadWordsLogitsProcessor)
+    ours, ref = built(BadWordsLogitsProcessor, CFG), built(RefBadWordsLogitsProcessor, CFG)
     out = [1]
     step((ours, ref), upd(1, added=[(0, bw([5, 6]), None, out)]))
     out.append(-1)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _helpers import applied, assert_same, step, upd
+from _helpers import applied, assert_same, built, step, upd
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -30,10 +30,6 @@ SWAP = MoveDirectionality.SWAP
 UNI = MoveDirectionality.UNIDIRECTIONAL
 V = 8
 CFG = EngineConfig(max_num_seqs=4, vocab_size=V)
-
-
-def make(cls: type, cfg: EngineConfig = CFG) -> Any:
-    return cls(cfg, torch.device("cpu"), False)
 
 
 def make_emulated(cls: type, cfg: EngineConfig = CFG) -> Any:
@@ -73,7 +69,7 @@ def pen(rep: float = 1.0, freq: float = 0.0, pres: float = 0.0) -> SimpleNamespa
 
 def test_penalty_math_tiny_incl_negative_zero_and_neg_inf():
     """Row 0: rep 2, freq 0.5, pres 0.25, prompt [1, 2, 4], output [2, 3, 3, 6]."""
-    ours, ref = make(PenaltiesLogitsProcessor), make(RefPenaltiesLogitsProcessor)
+    ours, ref = built(PenaltiesLogitsProcessor, CFG), built(RefPenaltiesLogitsProcessor, CFG)
     out0, out1 = [2, 3, 3, 6], [1]
     step(
         (ours, ref),
@@ -98,7 +94,7 @@ def test_penalty_math_tiny_incl_negative_zero_and_neg_inf():
 
 
 def test_repetition_below_one_boosts_and_zero_logit_is_multiplied():
-    ours, ref = make(PenaltiesLogitsProcessor), make(RefPenaltiesLogitsProcessor)
+    ours, ref = built(PenaltiesLogitsProcessor, CFG), built(RefPenaltiesLogitsProcessor, CFG)
     step((ours, ref), upd(1, added=[(0, pen(rep=0.5), None, [0, 1, 2])]))
     logits = torch.tensor([[4.0, -3.0, 0.0, 4.0, -3.0, 0.0, 1.0, 1.0]])
     expected = torch.tensor([[8.0, -1.5, 0.0, 4.0, -3.0, 0.0, 1.0, 1.0]])
@@ -107,7 +103,7 @@ def test_repetition_below_one_boosts_and_zero_logit_is_multiplied():
 
 
 def test_prompt_only_tokens_get_repetition_but_not_frequency_or_presence():
-    ours, ref = make(PenaltiesLogitsProcessor), make(RefPenaltiesLogitsProcessor)
+    ours, ref = built(PenaltiesLogitsProcessor, CFG), built(RefPenaltiesLogitsProcessor, CFG)
     # Only frequency / presence: prompt-only tokens must be untouched.
     step((ours, ref), upd(2, added=[(0, pen(1.0, 2.0, 2.0), [1, 2], [2]), (1, pen(1.5), [1], [])]))
     logits = torch.full((2, V), 3.0)
@@ -119,7 +115,7 @@ def test_prompt_only_tokens_get_repetition_but_not_frequency_or_presence():
 
 
 def test_counts_move_with_their_request_on_swap_and_condense():
-    ours, ref = make(PenaltiesLogitsProcessor), make(RefPenaltiesLogitsProcessor)
+    ours, ref = built(PenaltiesLogitsProcessor, CFG), built(RefPenaltiesLogitsProcessor, CFG)
     outs = [[1, 1], [2], [3, 3, 3]]
     added = [(i, pen(1.0, 1.0, 0.0), None, outs[i]) for i in range(3)]
     step((ours, ref), upd(3, added=added))
@@ -155,7 +151,7 @@ def test_counted_equals_output_after_1000_tokens():
     """Incremental counting stays exact over a long generation with async placeholders,
     shrinks and a SWAP on the way."""
     cfg = EngineConfig(max_num_seqs=4, vocab_size=50)
-    ours, ref = make(PenaltiesLogitsProcessor, cfg), make(RefPenaltiesLogitsProcessor, cfg)
+    ours, ref = built(PenaltiesLogitsProcessor, cfg), built(RefPenaltiesLogitsProcessor, cfg)
     rng = np.random.default_rng(0)
     out, other = [], [7]
     step(
@@ -188,8 +184,8 @@ def test_more_count_updates_than_one_upload_chunk():
     Rust. Both must match the reference."""
     cfg = EngineConfig(max_num_seqs=2, vocab_size=30_000)
     dev = make_emulated(PenaltiesLogitsProcessor, cfg)
-    host = make(PenaltiesLogitsProcessor, cfg)
-    ref = make(RefPenaltiesLogitsProcessor, cfg)
+    host = built(PenaltiesLogitsProcessor, cfg)
+    ref = built(RefPenaltiesLogitsProcessor, cfg)
     assert (
         not dev.pipeline.host_kernels and dev.pipeline.device_state["penalties"].cells is not None
     )
@@ -217,7 +213,7 @@ def test_more_count_updates_than_one_upload_chunk():
 
 
 def test_placeholder_is_counted_once_filled():
-    ours, ref = make(PenaltiesLogitsProcessor), make(RefPenaltiesLogitsProcessor)
+    ours, ref = built(PenaltiesLogitsProcessor, CFG), built(RefPenaltiesLogitsProcessor, CFG)
     out = [1]
     step((ours, ref), upd(1, added=[(0, pen(freq=1.0), None, out)]))
     out.append(-1)
@@ -239,7 +235,7 @@ def test_placeholder_filled_between_update_state_and_apply_is_counted():
     placeholder, then ``update_async_output_token_ids`` fills it in place *before* the
     sampler, and vLLM's penalties (built from the lists at sampling time) count the token in
     that same step. Expected: token 4 penalised at this step."""
-    ours, ref = make(PenaltiesLogitsProcessor), make(RefPenaltiesLogitsProcessor)
+    ours, ref = built(PenaltiesLogitsProcessor, CFG), built(RefPenaltiesLogitsProcessor, CFG)
     out = [1]
     step((ours, ref), upd(1, added=[(0, pen(freq=1.0), None, out)]))
     out.append(-1)
@@ -254,7 +250,7 @@ def test_placeholder_filled_between_update_state_and_apply_is_counted():
 def test_shrink_then_regrow_to_same_length_recounts():
     """An output list edited in place between two steps (last token dropped, a different one
     appended: same length) must be counted as it now is, as vLLM's rebuild does."""
-    ours, ref = make(PenaltiesLogitsProcessor), make(RefPenaltiesLogitsProcessor)
+    ours, ref = built(PenaltiesLogitsProcessor, CFG), built(RefPenaltiesLogitsProcessor, CFG)
     out = [1, 2, 3]
     step((ours, ref), upd(1, added=[(0, pen(freq=1.0), None, out)]))
     del out[-1:]

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import assert_unchanged
 
 from logitsproc_rs import (
     BUILTIN_LOGITS_PROCESSORS,
@@ -122,13 +123,6 @@ def snapshot(proc: Any, rows: int = 3) -> dict[str, Any]:
     return {"apply": out.clone(), "counters": counters(proc), "buffers": host_buffers(proc)}
 
 
-def assert_same(before: dict[str, Any], after: dict[str, Any]) -> None:
-    assert torch.equal(before["apply"], after["apply"])
-    assert before["counters"] == after["counters"]
-    for a, b in zip(before["buffers"], after["buffers"], strict=True):
-        assert torch.equal(a, b)
-
-
 def err_re(index: int | None, field: str) -> str:
     if index is None:
         return rf"\b{re.escape(field)}\b"
@@ -170,7 +164,7 @@ def check_rejected(
         proc.update_state(update)
     if extra is not None:
         assert extra in str(ei.value)
-    assert_same(before, snapshot(proc))
+    assert_unchanged(before, snapshot(proc))
 
     # Hidden state too: the same valid follow-up gives the same result as a processor that never
     # saw the bad update (a None step, then a churn step with a remove, an add and moves).
@@ -185,7 +179,7 @@ def check_rejected(
     for p in (proc, twin_proc):
         p.update_state(None)
         p.update_state(follow)
-    assert_same(snapshot(twin_proc), snapshot(proc))
+    assert_unchanged(snapshot(twin_proc), snapshot(proc))
 
 
 # The small config and one-request update the logits and call checks use.

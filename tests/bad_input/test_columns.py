@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _helpers import assert_unchanged
 
 from logitsproc_rs import (
     ArrayColumn,
@@ -131,22 +132,6 @@ class World:
         }
 
 
-def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        if k == "seen":
-            assert a[k].keys() == b[k].keys()
-            for c in a[k]:
-                assert torch.equal(a[k][c], b[k][c]), c
-        elif k == "buffers":
-            for x, y in zip(a[k], b[k], strict=True):
-                assert torch.equal(x, y)
-        elif isinstance(a[k], torch.Tensor):
-            assert torch.equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
-
-
 def bad_update(sp: Any) -> BatchUpdate:
     """A valid add and a move before the bad request at index 4."""
     return BatchUpdate(
@@ -182,10 +167,10 @@ def check_refused(
         assert type(e) is expect, repr(e)
     if match is not None:
         assert re.search(match, str(e)), str(e)
-    assert_same(before, world.snapshot())
+    assert_unchanged(before, world.snapshot())
     follow_up(world)
     follow_up(twin)
-    assert_same(twin.snapshot(), world.snapshot())
+    assert_unchanged(twin.snapshot(), world.snapshot())
     return e
 
 
@@ -701,8 +686,8 @@ def test_interrupt_while_reading_a_step_propagates(exc_type: type, where: str) -
     with pytest.raises(exc_type) as ei:
         proc.update_state(update)
     assert ei.value is exc
-    _checks.assert_same(before, _checks.snapshot(proc))
+    assert_unchanged(before, _checks.snapshot(proc))
     for w in (world, twin):
         w.step_all(None)
     for name in world.procs:
-        _checks.assert_same(_checks.snapshot(twin.procs[name]), _checks.snapshot(world.procs[name]))
+        assert_unchanged(_checks.snapshot(twin.procs[name]), _checks.snapshot(world.procs[name]))

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import assert_unchanged
 
 from logitsproc_rs import RequestError, SamplingParams
 from logitsproc_rs.hf import HFLogitsProcessor
@@ -45,17 +46,12 @@ def state(p: HFLogitsProcessor) -> list[Any]:
     return [dict(core.active()), core.status(), list(p.procs.pipeline.status), p._len, bufs]
 
 
-def assert_same(a: list[Any], b: list[Any]) -> None:
-    assert a[:4] == b[:4]
-    assert all(torch.equal(x, y) for x, y in zip(a[4], b[4], strict=True))
-
-
 def check_refused_then_retry(input_ids: Any, s: Any, match: str) -> None:
     p, twin = started(), started()
     before = state(p)
     with pytest.raises(ValueError, match=match):
         p(input_ids, s)
-    assert_same(before, state(p))
+    assert_unchanged(before, state(p))
     # The corrected call, then one more step: as if the bad call never happened.
     got = [p(NEXT, scores(2)), p(torch.cat([NEXT, torch.tensor([[5], [5]])], 1), scores(3))]
     want = [
@@ -63,7 +59,7 @@ def check_refused_then_retry(input_ids: Any, s: Any, match: str) -> None:
         twin(torch.cat([NEXT, torch.tensor([[5], [5]])], 1), scores(3)),
     ]
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-    assert_same(state(twin), state(p))
+    assert_unchanged(state(twin), state(p))
 
 
 @pytest.mark.parametrize("token", [V, V + 3, 2**40, -5, -1, -(2**63)])
@@ -125,7 +121,7 @@ def test_a_refused_first_step_leaves_nothing_behind() -> None:
     twin = HFLogitsProcessor(PARAMS)
     assert torch.equal(p(PROMPT, scores(0)), twin(PROMPT, scores(0)))
     assert torch.equal(p(IDS, scores(1)), twin(IDS, scores(1)))
-    assert_same(state(twin), state(p))
+    assert_unchanged(state(twin), state(p))
 
 
 @pytest.mark.parametrize(

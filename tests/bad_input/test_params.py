@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _helpers import assert_unchanged
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -33,7 +34,6 @@ from ._checks import (
     P,
     V,
     World,
-    assert_same,
     bad_update,
     check_rejected,
     snapshot,
@@ -157,7 +157,7 @@ def test_params_missing_attribute_reads_as_unset(proc: str) -> None:
     before = snapshot(p, rows=4)
     twin = World().procs[proc]
     twin.update_state(BatchUpdate(4, [], [(3, P(), None, [])], []))
-    assert_same(snapshot(twin, rows=4), before)
+    assert_unchanged(snapshot(twin, rows=4), before)
 
 
 @pytest.mark.parametrize("output", [(1, 2), None, "abc", 5])
@@ -498,7 +498,7 @@ def test_a_direction_whose_name_raises_an_interrupt_propagates() -> None:
     before = snapshot(proc)
     with pytest.raises(KeyboardInterrupt):
         proc.update_state(BatchUpdate(3, [], [], [(0, 2, Direction())]))
-    assert_same(before, snapshot(proc))
+    assert_unchanged(before, snapshot(proc))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import applied, assert_same, upd
+from _helpers import applied, assert_same, built, upd
 
 from logitsproc_rs import (
     AllowedTokenIdsLogitsProcessor,
@@ -27,16 +27,12 @@ V = 8
 CFG = EngineConfig(max_num_seqs=4, vocab_size=V)
 
 
-def make(cls: type, cfg: EngineConfig = CFG) -> Any:
-    return cls(cfg, torch.device("cpu"), False)
-
-
 BASE_OUT = [1, 2, 2]
 
 
 def _world(cls: type):
     """A processor with two valid requests and one grown output list."""
-    p = make(cls)
+    p = built(cls, CFG)
     full = SimpleNamespace(
         repetition_penalty=1.5,
         frequency_penalty=0.5,

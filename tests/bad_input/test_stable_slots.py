@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _helpers import assert_unchanged
 
 from logitsproc_rs import BatchUpdate, EngineConfig, SamplingParams, build_logitsprocs
 from logitsproc_rs.errors import LogitsprocError, RequestError
@@ -59,15 +60,6 @@ def state(procs: Any) -> dict[str, Any]:
     }
 
 
-def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
-    for k in a:
-        if k == "views":
-            for i, (x, y) in enumerate(zip(a[k], b[k], strict=True)):
-                assert torch.equal(x, y), f"arena section {i} changed"
-        else:
-            assert a[k] == b[k], k
-
-
 def follow_up(procs: Any) -> torch.Tensor:
     pipe = procs.pipeline
     out = pipe.apply(logits(4), [1, 2, 2, 1], sampled_token_ids=[3, 2], slots=[1, 4])
@@ -95,7 +87,7 @@ def check_refused(
         assert e.index == index, e
     if position is not None:
         assert f"position {position}" in str(e), e
-    assert_same(before, state(procs))
+    assert_unchanged(before, state(procs))
     assert torch.equal(follow_up(twin), follow_up(procs)), "hidden state changed"
     return e
 
@@ -242,7 +234,7 @@ def test_sampled_tokens_for_a_list_feed_request_are_the_containers_error() -> No
         pipe.step_slots([1], [3], [1])
     assert ei.value.field == "sampled_token_ids" and ei.value.index == 0, ei.value
     assert "token_feed=True" in str(ei.value)
-    assert_same(before, state(procs))
+    assert_unchanged(before, state(procs))
     listed = build_logitsprocs(CFG, "cpu", False)
     with pytest.raises(RequestError) as ei:
         listed.update_state(None, sampled_token_ids=[3])
@@ -307,7 +299,7 @@ def test_logits_whose_rows_overlap_are_refused_by_every_apply(kind: str) -> None
         with pytest.raises(ValueError, match="overlap"):
             p.apply_rows(x)
         assert not x.any(), f"{type(p).__name__} wrote refused logits"
-    assert_same(before, state(procs))
+    assert_unchanged(before, state(procs))
     v1 = build_logitsprocs(CFG, "cpu", False)
     v1.update_state(BatchUpdate(3, [], [(i, _params(i), [1], []) for i in range(3)], []))
     for p in v1.all:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _helpers import assert_unchanged
 
 from logitsproc_rs import BatchUpdate, EngineConfig, SamplingParams, build_logitsprocs
 from logitsproc_rs.errors import LogitsprocError, RequestError
@@ -77,18 +78,6 @@ def snapshot(procs: Any) -> dict[str, Any]:
     }
 
 
-def assert_same(a: dict[str, Any], b: dict[str, Any]) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        if k == "views":
-            for i, (x, y) in enumerate(zip(a[k], b[k], strict=True)):
-                assert torch.equal(x, y), f"arena section {i} changed"
-        elif k == "logits":
-            assert torch.equal(a[k], b[k]), "logits changed"
-        else:
-            assert a[k] == b[k], k
-
-
 def follow_up(procs: Any) -> None:
     """A valid feed and a churn step: what hidden state (histories, counts) would show."""
     procs.update_state(None, sampled_token_ids=[6, 2, -1])
@@ -123,10 +112,10 @@ def check_refused(
             assert e.index == index, e
         if position is not None:
             assert f"position {position}" in str(e), e
-    assert_same(before, snapshot(procs))
+    assert_unchanged(before, snapshot(procs))
     follow_up(procs)
     follow_up(twin)
-    assert_same(snapshot(twin), snapshot(procs))
+    assert_unchanged(snapshot(twin), snapshot(procs))
     return e
 
 
@@ -318,7 +307,7 @@ def test_a_lying_len_is_not_trusted() -> None:
     procs, twin = world(), world()
     procs.update_state(None, sampled_token_ids=LyingLen([5, 6, 7]))
     twin.update_state(None, sampled_token_ids=[5, 6, 7])
-    assert_same(snapshot(twin), snapshot(procs))
+    assert_unchanged(snapshot(twin), snapshot(procs))
 
 
 GOOD_FEEDS: list[tuple[str, Any]] = [
@@ -345,7 +334,7 @@ def test_every_integer_form_of_a_feed_is_the_same_feed(kind: str, feed: Any) -> 
     procs.update_state(one_add(), sampled_token_ids=feed)
     plain = [int(t) for t in (feed.tolist() if hasattr(feed, "tolist") else [5, -1, 7])]
     twin.update_state(one_add(), sampled_token_ids=plain)
-    assert_same(snapshot(twin), snapshot(procs))
+    assert_unchanged(snapshot(twin), snapshot(procs))
 
 
 # --- the slots of a feed keyed by slot --------------------------------------------------------
@@ -464,7 +453,7 @@ def test_a_placeholder_left_in_the_middle_of_a_live_list_is_refused() -> None:
     for target in (ours, ref):
         with pytest.raises(ValueError, match=r"index 1\b.*output_tok_ids.*position 2\b"):
             target.update_state(None)
-    assert_same(before, snapshot(ours))
+    assert_unchanged(before, snapshot(ours))
     outs[1][1] = 6  # the engine repairs it: both go on
     ours.update_state(None)
     ref.update_state(None)

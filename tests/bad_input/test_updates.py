@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from _helpers import assert_unchanged
 
 from logitsproc_rs import (
     BatchUpdate,
@@ -35,7 +36,6 @@ from ._checks import (
     P,
     V,
     World,
-    assert_same,
     bad_update,
     check_rejected,
     err_re,
@@ -212,13 +212,13 @@ def test_rejected_update_on_every_processor_of_a_vllm_like_update() -> None:
         with pytest.raises(ValueError, match=err_re(3, "logit_bias")):
             shared.procs[name].update_state(update)
         for other, p in shared.procs.items():
-            assert_same(befores[other], snapshot(p))
+            assert_unchanged(befores[other], snapshot(p))
 
     world = World(alone=True)
     before = snapshot(world.procs[LOGIT_BIAS])
     with pytest.raises(ValueError, match=err_re(3, "logit_bias")):
         world.procs[LOGIT_BIAS].update_state(update)
-    assert_same(before, snapshot(world.procs[LOGIT_BIAS]))
+    assert_unchanged(before, snapshot(world.procs[LOGIT_BIAS]))
     world.procs[MIN_P].update_state(update)
     world.procs[MIN_TOKENS].update_state(update)
     assert dict(world.procs[MIN_P].pipeline.core.active())["min_p"] == 3
@@ -242,7 +242,7 @@ def test_apply_shape_mismatch(proc: str, shape: tuple[int, ...]) -> None:
     with pytest.raises(ValueError, match=r"shape|rows|vocab|batch"):
         p.apply(x)
     assert torch.equal(x, x0), "rejected logits must not be modified"
-    assert_same(before, snapshot(p))
+    assert_unchanged(before, snapshot(p))
 
 
 def test_bools_are_not_indices_counts_or_token_ids() -> None:
@@ -405,7 +405,7 @@ def test_keyboard_interrupt_from_user_code_propagates_untouched(proc, where, err
     with pytest.raises(error) as ei:
         p.update_state(_fatal_updates(raised)[where])
     assert ei.value is raised
-    assert_same(before, snapshot(p))
+    assert_unchanged(before, snapshot(p))
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt, SystemExit], ids=lambda e: e.__name__)
