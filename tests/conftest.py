@@ -9,17 +9,32 @@ import torch
 def _engine_tests(session: pytest.Session):
     """``tests/test_vllm_engine.py`` if any of its tests was collected and selected."""
     for item in getattr(session, "items", []):
-        module = getattr(item, "module", None)
-        if module is not None and module.__name__ == "test_vllm_engine":
-            return module
+        if _is_engine_test(item):
+            return item.module
     return None
+
+
+def _is_engine_test(item: pytest.Item) -> bool:
+    module = getattr(item, "module", None)
+    return module is not None and module.__name__ == "test_vllm_engine"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The real-engine tests go last (their engines run in the background meanwhile, and the
+    tests after them in file order would otherwise wait for those engines too); the ones that
+    are soaks get their mark before ``-m`` selects."""
+    engine = [i for i in items if _is_engine_test(i)]
+    if engine:
+        items[:] = [i for i in items if not _is_engine_test(i)] + engine
+        engine[0].module.mark_soaks(engine)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the real-engine scenarios the selected tests need now, in the background, so
     they run while the other tests do (``test_vllm_engine.plan``)."""
     module = _engine_tests(session)
-    if module is not None:
+    if module is not None and not session.config.option.collectonly:
         module.plan([i for i in session.items if getattr(i, "module", None) is module])
 
 

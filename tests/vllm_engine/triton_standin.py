@@ -8,9 +8,9 @@ Triton runs every kernel in its interpreter on torch CPU tensors and needs no co
 needs a backend whose driver says it is active. This registers one under the name vLLM's CPU
 build looks for. Nothing of vLLM is patched: the engine, its runner and its kernels are its own.
 The stand-in compiles nothing (every method that would is an error), so a kernel that escaped
-the interpreter would fail loudly rather than run something else. Of Triton's interpreter, one
-redundant step is skipped (below), for speed: a kernel's helpers no longer re-patch the language
-their launch already patched.
+the interpreter would fail loudly rather than run something else. Of Triton's interpreter, two
+costs are cut (below), for speed: a kernel's helpers no longer re-patch the language their launch
+already patched, and integer ops are not overflow-checked (as in a non-debug compiled kernel).
 """
 
 from __future__ import annotations
@@ -136,3 +136,13 @@ def _launch(self, *args, **kwargs):
 if _ORIGINAL_PATCH_LANG is not None:
     _interp._patch_lang = _patch_lang
     _interp.GridExecutor.__call__ = _launch
+
+# The interpreter also checks every 8-32-bit integer add, sub and mul for overflow (a cast to
+# int64, two compares and an assert per op: a third of an MRV2 step here). Compiled Triton emits
+# those checks only into a debug build (``debug=True``), which vLLM's kernels are not; so this
+# interprets them as a GPU runs them.
+_builder = getattr(_interp, "interpreter_builder", None) if _ORIGINAL_PATCH_LANG else None
+if _builder is not None and hasattr(_builder.options, "sanitize_overflow"):
+    import dataclasses
+
+    _builder.options = dataclasses.replace(_builder.options, sanitize_overflow=False)
