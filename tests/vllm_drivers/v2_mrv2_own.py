@@ -67,6 +67,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import v2_harness as h  # noqa: E402
 
+# Triton's interpreter without two of its costs (the kernels compute the same; a third of the
+# time here): tests/vllm_engine/interpreter_speed.py, shared with the real MRV2 engine tests.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vllm_engine"))
+import interpreter_speed  # noqa: E402, F401
+
 # vLLM's own CPU patches for MRV2 (what its CPU model runner imports): host "UVA" buffers,
 # a CPU async_tensor_h2d, no pinned memory, PENALTIES_BLOCK_SIZE = 1024.
 import vllm.v1.worker.cpu.shm  # noqa: E402, F401
