@@ -81,8 +81,13 @@ def vllm_version(request) -> str:
     return str(request.param)
 
 
+def _engine_path(version: str) -> Path:
+    """Where a vLLM version's engine environment keeps its python (``make extras``)."""
+    return CACHE / f"vllm-engine-{version}" / "bin" / "python"
+
+
 def _engine_python(version: str) -> Path:
-    python = CACHE / f"vllm-engine-{version}" / "bin" / "python"
+    python = _engine_path(version)
     if not python.exists():
         script = INSTALLERS[version]
         missing(f"no vLLM engine at {python} (make extras, tests/extras/{script})")
@@ -169,13 +174,14 @@ def _needs(item: pytest.Item) -> set[tuple[str, str]]:
     params = params.params if params is not None else {}
     out = set()
     for name in item.fixturenames:
-        if name in ("ours", "plain", "pickled", "served", "ours_profile"):
-            if "vllm_version" in params:
-                out.add((params["vllm_version"], name))
-            if name == "plain":  # ``vllms_own`` compares 0.25.1's with the newer engine's
-                out.add((VERSIONS[0], name))
-        elif name.startswith("mrv2") and name in _EXPECTED_S:
+        if name not in _EXPECTED_S:  # a scenario's fixture has the scenario's name
+            continue
+        if name.startswith("mrv2"):
             out.add((MRV2_VERSION, name))
+        elif "vllm_version" in params:
+            out.add((params["vllm_version"], name))
+        if name == "plain":  # ``vllms_own`` compares 0.25.1's with the newer engine's
+            out.add((VERSIONS[0], name))
     for key in ("loaded", "run"):
         if key in params:
             runner, version = params[key].split("-", 1)
@@ -201,8 +207,8 @@ def plan(items: list[pytest.Item]) -> None:
     Nothing starts where an engine is missing: its tests skip or fail as they would."""
     needed = set().union(*(_needs(i) for i in items))
     for version, name in sorted(needed, key=lambda vn: -_EXPECTED_S[vn[1]]):
-        python = CACHE / f"vllm-engine-{version}" / "bin" / "python"
-        if python.exists() and (CACHE / f"vllm-engine-{VERSIONS[0]}" / "bin" / "python").exists():
+        python = _engine_path(version)
+        if python.exists() and _engine_path(VERSIONS[0]).exists():  # (it writes the model)
             _scenario(python, name)
 
 
