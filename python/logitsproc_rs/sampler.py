@@ -6,6 +6,10 @@ custom ones, penalties, thinking budget) → (all-greedy batch: argmax, stop) �
 temperature (greedy rows ÷ 1) → argmax-invariant processors (MinP, custom: the opt-in
 truncations top-n-sigma → typical-p → epsilon → eta, then XTC; docs/semantics.md) → top-k → top-p →
 exponential-race sampling with per-request generators → greedy/random merge → logprobs.
+
+``sampling`` picks how top-k / top-p and the draw run (``tail.py``): ``exact`` (the default:
+vLLM 0.25.1's tokens without its sort), ``batch_invariant`` (counter-based noise: a request's
+tokens do not depend on its batch) or ``sort`` (vLLM's torch code as it is).
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ from .errors import InputError
 from .logits_check import check_sampler_logits
 from .params import _SAMPLING_EPS, SamplingParams, SamplingType
 from .state import LogitsProcessors
+from .tail import (
+    check_mode,
+    check_torch_stream,
+    gumbel_race,
+    mask_top_k_top_p_,
+    random_sample_exact,
+)
 
 
 @dataclass
@@ -27,7 +38,9 @@ class SamplingMetadata:
     """Per-step sampling inputs, one entry per batch row (vLLM's field names).
 
     ``top_k`` holds ``vocab_size`` for rows without top-k; ``max_top_k`` is its host-side max,
-    so top-k needs no device sync.
+    so top-k needs no device sync. ``seeds`` and ``positions`` (host ints, one per row) key the
+    ``batch_invariant`` draw's noise: a row's request seed (or, unseeded, a key the engine
+    drew for the request once), and a counter that advances by one per token sampled for it.
     """
 
     temperature: torch.Tensor | None
@@ -38,6 +51,8 @@ class SamplingMetadata:
     max_top_k: int | None = None
     generators: dict[int, torch.Generator] = field(default_factory=dict)
     max_num_logprobs: int | None = None
+    seeds: list[int | None] | None = None
+    positions: list[int] | None = None
 
     def check(self, logits: torch.Tensor) -> None:
         """One entry per logits row, on the logits' device: a shorter tensor would broadcast
@@ -74,8 +89,12 @@ class SamplingMetadata:
         vocab_size: int,
         device: torch.device | str = "cpu",
         generators: dict[int, torch.Generator] | None = None,
+        positions: Sequence[int] | None = None,
+        keys: Sequence[int | None] | None = None,
     ) -> SamplingMetadata:
-        """Build from the batch's per-row params (``None`` rows are treated as greedy)."""
+        """Build from the batch's per-row params (``None`` rows are treated as greedy).
+        ``positions`` and ``keys`` (the key of an unseeded row's request) feed the
+        ``batch_invariant`` draw: a row's seed is its ``params.seed``, else its key."""
         temps, top_ps, top_ks = [], [], []
         logprobs = None
         for p in params:
@@ -103,6 +122,13 @@ class SamplingMetadata:
             max_top_k=max(top_ks) if use_top_k else None,
             generators=dict(generators or {}),
             max_num_logprobs=logprobs,
+            seeds=None
+            if positions is None
+            else [
+                p.seed if p is not None and p.seed is not None else (keys[i] if keys else None)
+                for i, p in enumerate(params)
+            ],
+            positions=None if positions is None else list(positions),
         )
 
 
@@ -200,9 +226,11 @@ class Sampler:
         logitsprocs: LogitsProcessors,
         logprobs_mode: str = "raw_logprobs",
         grammar_kernel: str = "builtin",
+        sampling: str = "exact",
     ) -> None:
         """``grammar_kernel``: who applies the grammar bitmask, ``"builtin"`` (ours, no
-        dependency) or ``"xgrammar"`` (xgrammar's kernel, as vLLM's runner; needs xgrammar)."""
+        dependency) or ``"xgrammar"`` (xgrammar's kernel, as vLLM's runner; needs xgrammar).
+        ``sampling``: ``"exact"``, ``"batch_invariant"`` or ``"sort"`` (module docs)."""
         if logprobs_mode not in LOGPROBS_MODES:
             raise InputError(
                 f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}"
@@ -211,9 +239,13 @@ class Sampler:
             raise InputError(
                 f"grammar_kernel must be one of {GRAMMAR_KERNELS}, got {grammar_kernel!r}"
             )
+        check_mode(sampling)
+        if sampling == "exact":
+            check_torch_stream()
         self.logitsprocs = logitsprocs
         self.logprobs_mode = logprobs_mode
         self.grammar_kernel = grammar_kernel
+        self.sampling = sampling
 
     def apply_logits_processors(self, logits: torch.Tensor) -> torch.Tensor:
         """Phase 1: the processors that may change the argmax, on every row."""
@@ -257,7 +289,9 @@ class Sampler:
         assert md.temperature is not None
         logits = apply_temperature(logits, md.temperature, md.all_random)
         logits = self.logitsprocs.apply_each(self.logitsprocs.argmax_invariant, logits)
-        return apply_top_k_top_p(logits, md.top_k, md.top_p, md.max_top_k)
+        if self.sampling == "sort":
+            return apply_top_k_top_p(logits, md.top_k, md.top_p, md.max_top_k)
+        return mask_top_k_top_p_(logits, md.top_k, md.top_p)
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         """Phase 2: greedy snapshot, temperature, argmax-invariant processors, top-k/top-p,
@@ -268,10 +302,54 @@ class Sampler:
             greedy = logits.argmax(dim=-1).view(-1)
             if md.all_greedy:
                 return SamplerOutput(greedy, logits)
+        if self.sampling == "batch_invariant":
+            self._check_invariant_inputs(logits, md)
         logits = self.random_logits(logits, md)
-        probs = logits.softmax(dim=-1, dtype=torch.float32)
-        sampled = random_sample(probs, md.generators)
+        sampled = self.draw(logits, md)
         if greedy is not None:
             assert md.temperature is not None  # random rows exist: not all greedy
             sampled = torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)
         return SamplerOutput(sampled, logits)
+
+    def _check_invariant_inputs(self, logits: torch.Tensor, md: SamplingMetadata) -> None:
+        if logits.device.type != "cpu":
+            raise InputError(
+                f"sampling='batch_invariant' runs on CPU logits here, got {logits.device}"
+            )
+        rows = logits.shape[0]
+        if md.positions is None or md.seeds is None:
+            raise InputError(
+                "sampling='batch_invariant': SamplingMetadata.positions and seeds are needed "
+                "(SamplingMetadata.from_params(..., positions=, keys=))"
+            )
+        if len(md.positions) != rows or len(md.seeds) != rows:
+            raise InputError(
+                f"SamplingMetadata.positions / seeds: expected {rows} entries, got "
+                f"{len(md.positions)} / {len(md.seeds)}"
+            )
+        random = self._random_rows(md, rows)
+        missing = [i for i in range(rows) if random[i] and md.seeds[i] is None]
+        if missing:
+            raise InputError(
+                f"sampling='batch_invariant': rows {missing[:8]} sample randomly with neither "
+                "a seed nor a request key (SamplingMetadata.from_params(..., keys=))"
+            )
+
+    @staticmethod
+    def _random_rows(md: SamplingMetadata, rows: int) -> list[bool]:
+        if md.all_random:
+            return [True] * rows
+        assert md.temperature is not None
+        return (md.temperature >= _SAMPLING_EPS).tolist()
+
+    def draw(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """The random rows' tokens from their processed (masked) logits."""
+        rows = logits.shape[0]
+        if self.sampling == "batch_invariant":
+            assert md.seeds is not None and md.positions is not None
+            seeds = [0 if s is None else s for s in md.seeds]
+            return gumbel_race(logits, seeds, md.positions, self._random_rows(md, rows))
+        probs = logits.softmax(dim=-1, dtype=torch.float32)
+        if self.sampling == "exact" and probs.device.type == "cpu":
+            return random_sample_exact(probs, md.generators, self._random_rows(md, rows))
+        return random_sample(probs, md.generators)

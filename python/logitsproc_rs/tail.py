@@ -1,12 +1,63 @@
-"""The sampling tail without a sort: top-k / top-p kept sets and the draw (issue 27).
+"""The sampling tail without a sort: top-k / top-p kept sets and the draw, in two modes.
 
-Work in progress: ``mask_top_k_top_p_`` is the entry point other modules call; its CPU body
-moves to Rust (``_core``) in the next commits.
+- ``exact``: vLLM 0.25.1's tokens. The kept set is found without sorting (Rust, CPU), the
+  probabilities are torch's own ``softmax`` of the masked row, and the exponential race
+  ``argmax(probs / q)`` reads torch's CPU generators in Rust: the same ``q`` torch draws, the
+  same stream positions consumed, the states written back. Only the draws that can still
+  win are computed.
+- ``batch_invariant``: the Gumbel race ``argmax(x + g)`` over the kept set with counter-based
+  noise ``g = G(seed, position, token)`` (``noise.rs``): a request's token depends on its own
+  logits, seed and position only, never on its batch, its row or the batch size.
+
+Top-p's boundary is decided in float64; where torch's float32 cumulative sums could decide it
+otherwise (the boundary within ``TOP_P_MARGIN`` of ``1 - p``) or where torch's unstable sort
+decides it (a run of equal values cut by the boundary), the row goes through vLLM's sort
+path instead, and ``TAIL_STATS`` counts it. So the kept set always equals the sort path's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
+
+from . import _core
+from .errors import InputError
+
+#: The sampling modes of the ``Sampler``: ``exact`` and ``batch_invariant`` above, ``sort``
+#: vLLM 0.25.1's torch code as it is (its sort, then ``exponential_``).
+SAMPLING_MODES = ("exact", "batch_invariant", "sort")
+
+
+@dataclass
+class TailStats:
+    """Rows through the sort-free kept set, and rows it handed to the sort path."""
+
+    rows_masked: int = 0
+    rows_sorted: int = 0
+
+
+TAIL_STATS = TailStats()
+
+
+def _host_f32(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() == 2 and (
+        t.shape[1] <= 1 or t.stride(1) == 1
+    )
+
+
+def _sort_rows(
+    logits: torch.Tensor, rows: list[int], k: torch.Tensor | None, p: torch.Tensor | None
+) -> None:
+    from .sampler import apply_top_k_top_p
+
+    idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    sub = logits.index_select(0, idx)
+    ks = None if k is None else k.index_select(0, idx)
+    ps = None if p is None else p.index_select(0, idx)
+    out = apply_top_k_top_p(sub, ks, ps, None if ks is None else int(ks.max()))
+    logits.index_copy_(0, idx, out)
 
 
 def mask_top_k_top_p_(
@@ -14,8 +65,103 @@ def mask_top_k_top_p_(
 ) -> torch.Tensor:
     """In place: ``-inf`` outside each row's kept set, vLLM 0.25.1's (``top_k``: int64 ``[B]``,
     ``vocab_size`` or more for a row without top-k; ``top_p``: float32 ``[B]``, 1 for a row
-    without top-p). Returns ``logits``."""
-    from .sampler import apply_top_k_top_p
+    without top-p). Float32 CPU logits take the sort-free path; other logits (CUDA, float64)
+    vLLM's sort path. Returns ``logits``."""
+    if top_k is None and top_p is None:
+        return logits
+    rows, vocab = logits.shape
+    if not _host_f32(logits):
+        _sort_rows(logits, list(range(rows)), top_k, top_p)
+        return logits
+    ks = None if top_k is None else top_k.tolist()
+    ps = None if top_p is None else top_p.tolist()
+    stride = logits.stride(0) if rows > 1 else vocab
+    left = _core.unsafe_mask_top_k_top_p(logits.data_ptr(), rows, vocab, stride, ks, ps)
+    TAIL_STATS.rows_masked += rows - len(left)
+    if left:
+        TAIL_STATS.rows_sorted += len(left)
+        _sort_rows(logits, left, top_k, top_p)
+    return logits
 
-    max_top_k = int(top_k.max()) if top_k is not None else None
-    return apply_top_k_top_p(logits, top_k, top_p, max_top_k)
+
+def _state_bytes(g: torch.Generator) -> bytes:
+    return bytes(g.get_state().numpy())
+
+
+def _set_state(g: torch.Generator, state: bytes) -> None:
+    g.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+
+
+_STREAM_CHECKED: bool | None = None
+
+
+def check_torch_stream() -> None:
+    """``InputError`` unless this torch's CPU ``exponential_`` draws the numbers the race
+    reproduces (checked once per process, on 4,099 draws across two state refills)."""
+    global _STREAM_CHECKED
+    if _STREAM_CHECKED is None:
+        g = torch.Generator().manual_seed(20_261_204)
+        state = _state_bytes(g)
+        want = torch.empty(4_099).exponential_(generator=g)
+        got = torch.tensor(_core.exponential_draws(state, 4_099), dtype=torch.float32)
+        _STREAM_CHECKED = bool(torch.equal(got, want))
+    if not _STREAM_CHECKED:
+        raise InputError(
+            f"sampling='exact': torch {torch.__version__}'s CPU exponential_ does not draw the "
+            "numbers logitsproc_rs reproduces; use sampling='sort' (vLLM's torch code)"
+        )
+
+
+def random_sample_exact(
+    probs: torch.Tensor, generators: dict[int, torch.Generator], need: Sequence[bool]
+) -> torch.Tensor:
+    """vLLM 0.25.1's ``random_sample(probs, generators)`` on float32 CPU probabilities,
+    token for token, and the generators left where torch's draws would leave them. ``need``:
+    rows whose token is wanted (the others only advance the streams; their token is 0)."""
+    rows, vocab = probs.shape
+    default = torch.default_generator if len(generators) != rows else None
+    unique: dict[int, int] = {}
+    gens: list[torch.Generator] = []
+    seeded: list[tuple[int, int]] = []
+    for row, g in generators.items():
+        if id(g) not in unique:
+            unique[id(g)] = len(gens)
+            gens.append(g)
+        seeded.append((row, unique[id(g)]))
+    stride = probs.stride(0) if rows > 1 else vocab
+    tokens, default_state, states = _core.unsafe_exponential_race(
+        probs.data_ptr(),
+        rows,
+        vocab,
+        stride,
+        list(need),
+        None if default is None else _state_bytes(default),
+        seeded,
+        [_state_bytes(g) for g in gens],
+    )
+    if default is not None and default_state is not None:
+        _set_state(default, default_state)
+    for g, s in zip(gens, states):
+        _set_state(g, s)
+    return torch.tensor(tokens, dtype=torch.int64)
+
+
+def gumbel_race(
+    logits: torch.Tensor,
+    seeds: Sequence[int],
+    positions: Sequence[int],
+    need: Sequence[bool],
+) -> torch.Tensor:
+    """The batch-invariant draw over each row's finite logits (float32 CPU): ``argmax(x +
+    G(seed, position, token))``, the lowest token on ties; rows not in ``need`` get 0."""
+    rows, vocab = logits.shape
+    stride = logits.stride(0) if rows > 1 else vocab
+    tokens = _core.unsafe_gumbel_race(
+        logits.data_ptr(), rows, vocab, stride, list(need), list(seeds), list(positions)
+    )
+    return torch.tensor(tokens, dtype=torch.int64)
+
+
+def check_mode(mode: str) -> None:
+    if mode not in SAMPLING_MODES:
+        raise InputError(f"sampling must be one of {SAMPLING_MODES}, got {mode!r}")

@@ -18,6 +18,7 @@ pub mod limits;
 pub mod pipeline;
 pub mod processor;
 pub mod row_space;
+pub mod sampling;
 pub mod sparse;
 pub mod table;
 pub mod tables;

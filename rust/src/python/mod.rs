@@ -7,6 +7,7 @@ mod errors;
 mod history;
 mod params;
 mod pipeline;
+mod sampling;
 mod update;
 
 use pyo3::prelude::*;
@@ -17,6 +18,11 @@ mod _core {
     use super::buffer::HostBufferView;
     #[pymodule_export]
     use super::pipeline::Pipeline;
+    #[pymodule_export]
+    use super::sampling::{
+        exponential_draws, gumbel_noise, unsafe_exponential_race, unsafe_gumbel_race,
+        unsafe_mask_top_k_top_p,
+    };
 
     use pyo3::prelude::*;
 

@@ -1,0 +1,212 @@
+//! Bindings of the sort-free sampling tail (`crate::sampling`): module functions over the
+//! memory of CPU tensors the Python caller (`logitsproc_rs/tail.py`) has checked (float32,
+//! CPU, unit column stride, the shape given). The work runs with the GIL released.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::buffer::logits_rows;
+use crate::sampling::for_each_row_mut;
+use crate::sampling::kept::{mask_row, RowOutcome, Scratch};
+use crate::sampling::mt19937::Mt19937;
+use crate::sampling::noise::{gumbel, gumbel_race_row, row_key, token_bits};
+use crate::sampling::race::{exponential_race as race, RaceScratch, Streams};
+
+fn per_row<T: Copy>(v: &Option<Vec<T>>, rows: usize, name: &str) -> PyResult<()> {
+    match v {
+        Some(v) if v.len() != rows => Err(PyValueError::new_err(format!(
+            "{name}: {} entries for {rows} rows",
+            v.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Top-k (`top_k[r] >= vocab`: off) and top-p (`top_p[r] >= 1`: off) kept sets, masked to
+/// -inf in place; returns the rows left untouched because only the sort can decide them.
+#[pyfunction]
+#[pyo3(signature = (ptr, rows, vocab, row_stride, top_k=None, top_p=None))]
+pub fn unsafe_mask_top_k_top_p(
+    py: Python<'_>,
+    ptr: usize,
+    rows: usize,
+    vocab: usize,
+    row_stride: usize,
+    top_k: Option<Vec<i64>>,
+    top_p: Option<Vec<f32>>,
+) -> PyResult<Vec<usize>> {
+    per_row(&top_k, rows, "top_k")?;
+    per_row(&top_p, rows, "top_p")?;
+    // SAFETY: the Python caller checked the tensor (see the module docs).
+    let data = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
+    let outcomes = py.detach(|| {
+        for_each_row_mut(
+            data,
+            rows,
+            vocab,
+            row_stride,
+            rows * vocab,
+            |row, r, s: &mut Scratch| {
+                let k = top_k
+                    .as_ref()
+                    .map(|k| k[r])
+                    .filter(|&k| k > 0)
+                    .map(|k| k as usize);
+                let p = top_p.as_ref().map(|p| p[r]);
+                mask_row(row, k, p, s)
+            },
+        )
+    });
+    Ok(outcomes
+        .into_iter()
+        .enumerate()
+        .filter(|(_, o)| *o == RowOutcome::NeedsSort)
+        .map(|(r, _)| r)
+        .collect())
+}
+
+fn generator(bytes: &[u8]) -> PyResult<Mt19937> {
+    Mt19937::from_torch_state(bytes).map_err(|e| PyValueError::new_err(e.0))
+}
+
+fn state_bytes<'py>(py: Python<'py>, old: &[u8], g: &Mt19937) -> Bound<'py, PyBytes> {
+    let mut out = old.to_vec();
+    g.write_torch_state(&mut out);
+    PyBytes::new(py, &out)
+}
+
+/// vLLM 0.25.1's `random_sample` on torch's CPU streams: `default_state` (the default
+/// generator's `get_state()` bytes, `None` when every row has its own), `seeded` as `(row,
+/// index into states)` in the generators' dict order. Returns the tokens and the states after
+/// the draws (write them back with `set_state`).
+#[pyfunction]
+pub fn unsafe_exponential_race<'py>(
+    py: Python<'py>,
+    ptr: usize,
+    rows: usize,
+    vocab: usize,
+    row_stride: usize,
+    need: Vec<bool>,
+    default_state: Option<Vec<u8>>,
+    seeded: Vec<(usize, usize)>,
+    states: Vec<Vec<u8>>,
+) -> PyResult<(
+    Vec<i64>,
+    Option<Bound<'py, PyBytes>>,
+    Vec<Bound<'py, PyBytes>>,
+)> {
+    per_row(&Some(need.clone()), rows, "need")?;
+    if let Some(&(r, g)) = seeded
+        .iter()
+        .find(|&&(r, g)| r >= rows || g >= states.len())
+    {
+        return Err(PyValueError::new_err(format!(
+            "seeded row {r} (generator {g}) outside {rows} rows / {} generators",
+            states.len()
+        )));
+    }
+    let mut default = default_state.as_deref().map(generator).transpose()?;
+    let mut gens = states
+        .iter()
+        .map(|s| generator(s))
+        .collect::<PyResult<Vec<_>>>()?;
+    // SAFETY: the Python caller checked the tensor (see the module docs).
+    let probs: &[f32] = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
+    let tokens = py.detach(|| {
+        let streams = Streams {
+            default: default.as_mut(),
+            seeded: &seeded,
+            generators: &mut gens,
+        };
+        race(
+            probs,
+            rows,
+            vocab,
+            row_stride,
+            &need,
+            streams,
+            &mut RaceScratch::default(),
+        )
+    });
+    let default_out = match (&default_state, &default) {
+        (Some(old), Some(g)) => Some(state_bytes(py, old, g)),
+        _ => None,
+    };
+    let outs = states
+        .iter()
+        .zip(&gens)
+        .map(|(old, g)| state_bytes(py, old, g))
+        .collect();
+    Ok((tokens, default_out, outs))
+}
+
+/// The batch-invariant Gumbel race over each needed row's finite entries, keyed by
+/// (`seeds[r]`, `positions[r]`) (64-bit patterns); rows without a finite entry and rows not
+/// needed get token 0.
+#[pyfunction]
+pub fn unsafe_gumbel_race(
+    py: Python<'_>,
+    ptr: usize,
+    rows: usize,
+    vocab: usize,
+    row_stride: usize,
+    need: Vec<bool>,
+    seeds: Vec<i64>,
+    positions: Vec<i64>,
+) -> PyResult<Vec<i64>> {
+    for (name, n) in [
+        ("need", need.len()),
+        ("seeds", seeds.len()),
+        ("positions", positions.len()),
+    ] {
+        if n != rows {
+            return Err(PyValueError::new_err(format!(
+                "{name}: {n} entries for {rows} rows"
+            )));
+        }
+    }
+    // SAFETY: the Python caller checked the tensor (see the module docs).
+    let data = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
+    Ok(py.detach(|| {
+        for_each_row_mut(
+            data,
+            rows,
+            vocab,
+            row_stride,
+            rows * vocab,
+            |row, r, _: &mut ()| {
+                if !need[r] {
+                    return 0;
+                }
+                let key = row_key(seeds[r] as u64, positions[r] as u64);
+                gumbel_race_row(row, key).map_or(0, |i| i as i64)
+            },
+        )
+    }))
+}
+
+/// The noise of the batch-invariant race for `tokens` at (`seed`, `position`): the 32 bits and
+/// the Gumbel value of each (for cross-checks against other implementations).
+#[pyfunction]
+pub fn gumbel_noise(seed: i64, position: i64, tokens: Vec<u32>) -> (Vec<u32>, Vec<f32>) {
+    let key = row_key(seed as u64, position as u64);
+    let bits: Vec<u32> = tokens.iter().map(|&t| token_bits(key, t)).collect();
+    let g = bits.iter().map(|&b| gumbel(b)).collect();
+    (bits, g)
+}
+
+/// The first `n` draws torch's float32 CPU `exponential_` makes from the generator whose
+/// `get_state()` bytes are `state`, as this crate computes them (a self-check: `tail.py`
+/// compares them with torch's own before it trusts the race to reproduce torch).
+#[pyfunction]
+pub fn exponential_draws(state: Vec<u8>, n: usize) -> PyResult<Vec<f32>> {
+    use crate::sampling::mt19937::{exponential_f32, uniform53};
+    let mut g = generator(&state)?;
+    Ok((0..n)
+        .map(|_| {
+            let hi = g.next_u32();
+            exponential_f32(uniform53(hi, g.next_u32()))
+        })
+        .collect())
+}

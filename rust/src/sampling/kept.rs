@@ -1,0 +1,284 @@
+//! Top-k and top-p kept sets without sorting the row: vLLM 0.25.1's sets
+//! (`apply_top_k_top_p`: sort ascending, mask below the k-th largest, then mask the ascending
+//! prefix whose cumulative probability is `<= 1 - p`, the largest always kept), found by
+//! selection and by bucketing the probability mass.
+//!
+//! Top-k is exact: the k-th largest value counting duplicates, every tie kept, as the sort.
+//! Top-p is decided in float64 and kept only when the decision is certain: torch computes the
+//! cumulative sums in float32 over its sorted row, so a boundary within [`TOP_P_MARGIN`] of
+//! `1 - p`, or a run of equal values cut by the boundary (torch's sort is not stable, so which
+//! of them it masks is not ours to know), makes the row [`RowOutcome::NeedsSort`]: the caller
+//! runs the sort on that row. The row is left untouched then.
+
+/// How far from `1 - p` (in probability) the cumulative mass at the boundary must be for the
+/// float64 decision to stand for torch's float32 one. torch's cumulative sums differ from the
+/// exact ones by a few float32 ulps of the sum (its softmax's sum is float32 over up to
+/// 152k entries); `tests/test_sampling_tail.py` measures the largest difference seen and
+/// checks it stays well below this.
+pub const TOP_P_MARGIN: f64 = 1e-5;
+
+/// Buckets of the distance to the row's max, `1 / BUCKETS_PER_UNIT` wide; the last one holds
+/// everything farther than `BUCKETS / BUCKETS_PER_UNIT` (mass below `e^-128` each).
+const BUCKETS: usize = 2048;
+const BUCKETS_PER_UNIT: f32 = 16.0;
+
+/// What happened to one row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowOutcome {
+    /// Masked in place (possibly nothing to mask).
+    Masked,
+    /// Not touched: the caller must apply the sort path to it.
+    NeedsSort,
+}
+
+/// Reused buffers of one worker.
+#[derive(Default)]
+pub struct Scratch {
+    vals: Vec<f32>,
+    idx: Vec<u32>,
+    mass: Vec<f64>,
+    sample: Vec<f32>,
+    bucket: Vec<(f32, u32, f64)>,
+}
+
+/// Applies top-k (`k < row.len()`) and top-p (`p < 1`) to one row, in place.
+pub fn mask_row(row: &mut [f32], k: Option<usize>, p: Option<f32>, s: &mut Scratch) -> RowOutcome {
+    let v = row.len();
+    let k = k.filter(|&k| k < v && k > 0);
+    let p = p.filter(|&p| p < 1.0);
+    if v == 0 || (k.is_none() && p.is_none()) {
+        return RowOutcome::Masked;
+    }
+    if row.iter().any(|x| x.is_nan()) {
+        return RowOutcome::NeedsSort;
+    }
+    let mut cut = f32::NEG_INFINITY;
+    let candidates = if let Some(k) = k {
+        cut = kth_largest(row, k, s);
+        // `s.vals`/`s.idx` hold a superset of the kept values; narrow to them.
+        let (vals, idx) = (&mut s.vals, &mut s.idx);
+        let mut w = 0;
+        for r in 0..vals.len() {
+            if vals[r] >= cut {
+                vals[w] = vals[r];
+                idx[w] = idx[r];
+                w += 1;
+            }
+        }
+        vals.truncate(w);
+        idx.truncate(w);
+        true
+    } else {
+        false
+    };
+    if let Some(p) = p {
+        let thr = (1.0f32 - p) as f64;
+        let boundary = if candidates {
+            let (vals, idx) = (std::mem::take(&mut s.vals), std::mem::take(&mut s.idx));
+            let b = top_p_boundary(vals.iter().copied().zip(idx.iter().copied()), thr, s);
+            s.vals = vals;
+            s.idx = idx;
+            b
+        } else {
+            top_p_boundary(row.iter().copied().zip(0u32..), thr, s)
+        };
+        match boundary {
+            Some(b) => cut = cut.max(b),
+            None => return RowOutcome::NeedsSort,
+        }
+    }
+    if cut > f32::NEG_INFINITY {
+        for x in row.iter_mut() {
+            if *x < cut {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    }
+    RowOutcome::Masked
+}
+
+/// The k-th largest value of `row` counting duplicates (`0 < k < len`); leaves in
+/// `s.vals`/`s.idx` every entry `>=` some value at most that one (a superset of the kept).
+pub fn kth_largest(row: &[f32], k: usize, s: &mut Scratch) -> f32 {
+    let v = row.len();
+    // A threshold from a strided sample, chosen so that about 2k + slack entries pass it.
+    let stride = (v / 1024).max(1);
+    s.sample.clear();
+    s.sample.extend(row.iter().step_by(stride).copied());
+    let n = s.sample.len();
+    let want = ((2 * k * n) / v + 8).min(n - 1);
+    let (_, t, _) = s.sample.select_nth_unstable_by(want, |a, b| b.total_cmp(a));
+    let mut floor = *t;
+    loop {
+        s.vals.clear();
+        s.idx.clear();
+        for (i, &x) in row.iter().enumerate() {
+            if x >= floor {
+                s.vals.push(x);
+                s.idx.push(i as u32);
+            }
+        }
+        if s.vals.len() >= k {
+            break;
+        }
+        floor = f32::NEG_INFINITY; // the sample misled us: take everything
+    }
+    let mut tmp = std::mem::take(&mut s.sample);
+    tmp.clear();
+    tmp.extend_from_slice(&s.vals);
+    let (_, kth, _) = tmp.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+    let kth = *kth;
+    s.sample = tmp;
+    kth
+}
+
+/// The smallest value top-p keeps among `entries` (value, index), or `None` when the float64
+/// decision is not certain (see the module docs) or the row has no finite maximum.
+fn top_p_boundary(
+    entries: impl Iterator<Item = (f32, u32)> + Clone,
+    thr: f64,
+    s: &mut Scratch,
+) -> Option<f32> {
+    let m = entries
+        .clone()
+        .fold(f32::NEG_INFINITY, |m, (x, _)| m.max(x));
+    if !m.is_finite() {
+        return None;
+    }
+    s.mass.clear();
+    s.mass.resize(BUCKETS, 0.0);
+    let mut total = 0.0f64;
+    for (x, _) in entries.clone() {
+        let d = m - x;
+        let e = (-(d as f64)).exp();
+        let b = ((d * BUCKETS_PER_UNIT) as usize).min(BUCKETS - 1);
+        s.mass[b] += e;
+        total += e;
+    }
+    // Walk up from the smallest values to the bucket where the masked mass passes thr.
+    let limit = thr * total;
+    let margin = TOP_P_MARGIN * total;
+    let mut below = 0.0f64;
+    let mut b = BUCKETS;
+    while b > 0 {
+        b -= 1;
+        if below + s.mass[b] > limit - margin {
+            break;
+        }
+        below += s.mass[b];
+    }
+    // The entries of bucket b, ascending by value (index order among ties does not matter:
+    // a cut inside a run of ties is refused below).
+    s.bucket.clear();
+    for (x, i) in entries {
+        let d = m - x;
+        if ((d * BUCKETS_PER_UNIT) as usize).min(BUCKETS - 1) == b {
+            s.bucket.push((x, i, (-(d as f64)).exp()));
+        }
+    }
+    s.bucket
+        .sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let n = s.bucket.len();
+    let mut prev: Option<f32> = None; // the last masked value
+    for (j, &(x, _, e)) in s.bucket.iter().enumerate() {
+        let after = below + e;
+        let is_max = b == 0 && j == n - 1;
+        if after <= limit && !is_max {
+            // Masked; certain only if clearly below.
+            if after > limit - margin {
+                return None;
+            }
+            below = after;
+            prev = Some(x);
+            continue;
+        }
+        // x is the first kept value: certain only if clearly above, and not a cut inside a
+        // run of equal values.
+        if (after <= limit + margin && !is_max) || prev == Some(x) {
+            return None;
+        }
+        return Some(x);
+    }
+    // Bucket b held nothing kept (only reachable through the margin test): not certain.
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// vLLM's sort path, in float64 sums (no rounding question on these inputs).
+    fn sorted_kept(row: &[f32], k: Option<usize>, p: Option<f32>) -> Vec<bool> {
+        let v = row.len();
+        let mut order: Vec<usize> = (0..v).collect();
+        order.sort_by(|&a, &b| row[a].total_cmp(&row[b]).then(a.cmp(&b)));
+        let mut x: Vec<f32> = order.iter().map(|&i| row[i]).collect();
+        if let Some(k) = k.filter(|&k| k < v) {
+            let kth = x[v - k];
+            x.iter_mut()
+                .filter(|y| **y < kth)
+                .for_each(|y| *y = f32::NEG_INFINITY);
+        }
+        let mut keep = vec![true; v];
+        for (j, &i) in order.iter().enumerate() {
+            keep[i] = x[j] > f32::NEG_INFINITY;
+        }
+        if let Some(p) = p.filter(|&p| p < 1.0) {
+            let m = x[v - 1];
+            let e: Vec<f64> = x.iter().map(|&y| ((y - m) as f64).exp()).collect();
+            let s: f64 = e.iter().sum();
+            let thr = (1.0f32 - p) as f64;
+            let mut c = 0.0;
+            for j in 0..v - 1 {
+                c += e[j] / s;
+                if c <= thr {
+                    keep[order[j]] = false;
+                }
+            }
+        }
+        keep
+    }
+
+    fn rng(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    #[test]
+    fn kept_sets_equal_the_sort_or_are_refused() {
+        let mut seed = 1u64;
+        let mut refused = 0;
+        for case in 0..400 {
+            let v = [5usize, 17, 100, 1000, 5000][case % 5];
+            let scale = [0.5f32, 3.0, 10.0][case % 3];
+            let row: Vec<f32> = (0..v)
+                .map(|_| {
+                    let x = rng(&mut seed) * scale;
+                    if case % 7 == 0 {
+                        (x * 2.0).round()
+                    } else {
+                        x
+                    } // ties
+                })
+                .collect();
+            let k = [None, Some(1), Some(3), Some(v / 2), Some(v - 1)][case % 5 + 0]
+                .filter(|_| case % 4 != 0);
+            let p = [None, Some(0.1f32), Some(0.5), Some(0.9), Some(0.999)][(case / 5) % 5];
+            let want = sorted_kept(&row, k, p);
+            let mut got = row.clone();
+            match mask_row(&mut got, k, p, &mut Scratch::default()) {
+                RowOutcome::Masked => {
+                    let kept: Vec<bool> = got.iter().map(|&y| y > f32::NEG_INFINITY).collect();
+                    assert_eq!(kept, want, "case {case} v {v} k {k:?} p {p:?}");
+                }
+                RowOutcome::NeedsSort => {
+                    refused += 1;
+                    assert_eq!(got, row);
+                }
+            }
+        }
+        assert!(refused < 80, "{refused} of 400 rows refused");
+    }
+}

@@ -1,0 +1,120 @@
+//! Counter-based noise for the batch-invariant draw: a token's Gumbel noise is a pure function
+//! of (request seed, position, token id), so a request's tokens do not depend on its batch,
+//! its row or the batch size, and a step can be replayed. The Triton kernel
+//! (`kernels/_triton_sampling.py`) computes the same bits.
+
+/// murmur3's 32-bit finalizer: a bijection with full avalanche.
+#[inline]
+pub fn fmix32(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
+/// The per-row key of (seed, position): both 64-bit words folded in.
+pub fn row_key(seed: u64, position: u64) -> u32 {
+    let mut h = fmix32(seed as u32 ^ 0x9e37_79b9);
+    h = fmix32(h ^ (seed >> 32) as u32);
+    h = fmix32(h ^ position as u32);
+    fmix32(h ^ (position >> 32) as u32)
+}
+
+/// A token's 32 random bits under a row key.
+#[inline]
+pub fn token_bits(key: u32, token: u32) -> u32 {
+    fmix32(fmix32(token ^ key).wrapping_add(key))
+}
+
+/// Standard Gumbel noise from 23 of those bits: `u = (bits >> 9 + 0.5) / 2^23` is exact in
+/// float32 and strictly inside (0, 1), so the noise is finite.
+#[inline]
+pub fn gumbel(bits: u32) -> f32 {
+    let u = ((bits >> 9) as f32 + 0.5) * (1.0 / (1u32 << 23) as f32);
+    -(-u.ln()).ln()
+}
+
+/// The largest noise [`gumbel`] can return (u = 1 - 2^-24), and the smallest (u = 2^-24):
+/// a token more than `MAX - MIN` below the row's max can never win the race.
+pub fn gumbel_bounds() -> (f32, f32) {
+    (gumbel(u32::MAX), gumbel(0))
+}
+
+/// The Gumbel-max draw over the finite entries of `row`: `argmax(x + g)`, the lowest index
+/// on ties; `None` for a row without a finite entry. Tokens that cannot reach the running
+/// best even with the largest noise are not drawn at all.
+pub fn gumbel_race_row(row: &[f32], key: u32) -> Option<usize> {
+    let (gmax, gmin) = gumbel_bounds();
+    let (mut top, mut top_i) = (f32::NEG_INFINITY, usize::MAX);
+    for (i, &x) in row.iter().enumerate() {
+        if x > top {
+            (top, top_i) = (x, i);
+        }
+    }
+    if top_i == usize::MAX || !top.is_finite() {
+        return None;
+    }
+    let mut best = top + gumbel(token_bits(key, top_i as u32));
+    let mut best_i = top_i;
+    // Below this a token's score cannot reach `best` (with slack for float32 rounding).
+    let floor = |best: f32| best - gmax - 1e-5 * (best.abs() + gmax) - 1e-6;
+    let mut skip_below = floor(best).max(top + gmin - gmax - 1.0);
+    for (i, &x) in row.iter().enumerate() {
+        if x < skip_below || i == top_i {
+            continue;
+        }
+        let score = x + gumbel(token_bits(key, i as u32));
+        if score > best || (score == best && i < best_i) {
+            (best, best_i) = (score, i);
+            skip_below = floor(best);
+        }
+    }
+    Some(best_i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn noise_is_finite_and_its_bounds_hold() {
+        let (gmax, gmin) = gumbel_bounds();
+        assert!(gmax.is_finite() && gmin.is_finite() && gmax > 16.0 && gmin < -2.0);
+        for t in 0..100_000u32 {
+            let g = gumbel(token_bits(row_key(42, 7), t));
+            assert!(g <= gmax && g >= gmin);
+        }
+    }
+
+    #[test]
+    fn pruned_race_equals_the_plain_argmax() {
+        let mut seed = 3u64;
+        for case in 0..300u64 {
+            let v = 1 + (case as usize * 37) % 3000;
+            let row: Vec<f32> = (0..v)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    let x = ((seed >> 40) as f32 / (1u64 << 24) as f32) * 40.0 - 20.0;
+                    if (seed >> 20) % 5 == 0 {
+                        f32::NEG_INFINITY
+                    } else {
+                        x
+                    }
+                })
+                .collect();
+            let key = row_key(case, case * 3);
+            let plain = row
+                .iter()
+                .enumerate()
+                .filter(|(_, x)| x.is_finite())
+                .map(|(i, &x)| (x + gumbel(token_bits(key, i as u32)), i))
+                .fold(None, |b: Option<(f32, usize)>, (s, i)| match b {
+                    Some((bs, _)) if bs >= s => b,
+                    _ => Some((s, i)),
+                })
+                .map(|(_, i)| i);
+            assert_eq!(gumbel_race_row(&row, key), plain, "case {case}");
+        }
+    }
+}
