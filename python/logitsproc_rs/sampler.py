@@ -291,7 +291,8 @@ class Sampler:
         logits = self.logitsprocs.apply_each(self.logitsprocs.argmax_invariant, logits)
         if self.sampling == "sort":
             return apply_top_k_top_p(logits, md.top_k, md.top_p, md.max_top_k)
-        return mask_top_k_top_p_(logits, md.top_k, md.top_p)
+        strict = self.sampling == "exact"
+        return mask_top_k_top_p_(logits, md.top_k, md.top_p, strict)
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         """Phase 2: greedy snapshot, temperature, argmax-invariant processors, top-k/top-p,

@@ -32,18 +32,24 @@ SAMPLING_MODES = ("exact", "batch_invariant", "sort")
 
 @dataclass
 class TailStats:
-    """Rows through the sort-free kept set, and rows it handed to the sort path."""
+    """Rows through the sort-free kept set; rows it handed to the sort path (``exact``); rows
+    it masked by a float64 top-p decision the sort might have made otherwise
+    (``batch_invariant``: within the margin, or a run of ties at the boundary, all kept)."""
 
     rows_masked: int = 0
     rows_sorted: int = 0
+    rows_uncertain: int = 0
 
 
 TAIL_STATS = TailStats()
 
 
 def _host_f32(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.dtype == torch.float32 and t.dim() == 2 and (
-        t.shape[1] <= 1 or t.stride(1) == 1
+    return (
+        t.device.type == "cpu"
+        and t.dtype == torch.float32
+        and t.dim() == 2
+        and (t.shape[1] <= 1 or t.stride(1) == 1)
     )
 
 
@@ -61,12 +67,17 @@ def _sort_rows(
 
 
 def mask_top_k_top_p_(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+    logits: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    strict: bool = True,
 ) -> torch.Tensor:
     """In place: ``-inf`` outside each row's kept set, vLLM 0.25.1's (``top_k``: int64 ``[B]``,
     ``vocab_size`` or more for a row without top-k; ``top_p``: float32 ``[B]``, 1 for a row
     without top-p). Float32 CPU logits take the sort-free path; other logits (CUDA, float64)
-    vLLM's sort path. Returns ``logits``."""
+    vLLM's sort path. ``strict=False``: a top-p boundary too close to call is decided in
+    float64 (ties at it kept) instead of by the sort (``TAIL_STATS.rows_uncertain``).
+    Returns ``logits``."""
     if top_k is None and top_p is None:
         return logits
     rows, vocab = logits.shape
@@ -76,8 +87,11 @@ def mask_top_k_top_p_(
     ks = None if top_k is None else top_k.tolist()
     ps = None if top_p is None else top_p.tolist()
     stride = logits.stride(0) if rows > 1 else vocab
-    left = _core.unsafe_mask_top_k_top_p(logits.data_ptr(), rows, vocab, stride, ks, ps)
+    left, uncertain = _core.unsafe_mask_top_k_top_p(
+        logits.data_ptr(), rows, vocab, stride, ks, ps, strict
+    )
     TAIL_STATS.rows_masked += rows - len(left)
+    TAIL_STATS.rows_uncertain += len(uncertain)
     if left:
         TAIL_STATS.rows_sorted += len(left)
         _sort_rows(logits, left, top_k, top_p)

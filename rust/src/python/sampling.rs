@@ -24,9 +24,10 @@ fn per_row<T: Copy>(v: &Option<Vec<T>>, rows: usize, name: &str) -> PyResult<()>
 }
 
 /// Top-k (`top_k[r] >= vocab`: off) and top-p (`top_p[r] >= 1`: off) kept sets, masked to
-/// -inf in place; returns the rows left untouched because only the sort can decide them.
+/// -inf in place; returns the rows left untouched because only the sort can decide them
+/// (`strict`), and the rows masked by an uncertain float64 decision (not `strict`).
 #[pyfunction]
-#[pyo3(signature = (ptr, rows, vocab, row_stride, top_k=None, top_p=None))]
+#[pyo3(signature = (ptr, rows, vocab, row_stride, top_k=None, top_p=None, strict=true))]
 pub fn unsafe_mask_top_k_top_p(
     py: Python<'_>,
     ptr: usize,
@@ -35,7 +36,8 @@ pub fn unsafe_mask_top_k_top_p(
     row_stride: usize,
     top_k: Option<Vec<i64>>,
     top_p: Option<Vec<f32>>,
-) -> PyResult<Vec<usize>> {
+    strict: bool,
+) -> PyResult<(Vec<usize>, Vec<usize>)> {
     per_row(&top_k, rows, "top_k")?;
     per_row(&top_p, rows, "top_p")?;
     // SAFETY: the Python caller checked the tensor (see the module docs).
@@ -54,16 +56,18 @@ pub fn unsafe_mask_top_k_top_p(
                     .filter(|&k| k > 0)
                     .map(|k| k as usize);
                 let p = top_p.as_ref().map(|p| p[r]);
-                mask_row(row, k, p, s)
+                mask_row(row, k, p, strict, s)
             },
         )
     });
-    Ok(outcomes
-        .into_iter()
-        .enumerate()
-        .filter(|(_, o)| *o == RowOutcome::NeedsSort)
-        .map(|(r, _)| r)
-        .collect())
+    let rows_with = |want: RowOutcome| -> Vec<usize> {
+        let hits = outcomes.iter().enumerate().filter(|(_, o)| **o == want);
+        hits.map(|(r, _)| r).collect()
+    };
+    Ok((
+        rows_with(RowOutcome::NeedsSort),
+        rows_with(RowOutcome::MaskedUncertain),
+    ))
 }
 
 fn generator(bytes: &[u8]) -> PyResult<Mt19937> {
@@ -209,4 +213,12 @@ pub fn exponential_draws(state: Vec<u8>, n: usize) -> PyResult<Vec<f32>> {
             exponential_f32(uniform53(hi, g.next_u32()))
         })
         .collect())
+}
+
+/// The margin within which the strict top-p decision is left to the sort, at `thr = 1 - p`
+/// (`crate::sampling::kept`), in probability.
+#[pyfunction]
+pub fn top_p_margin(thr: f64) -> f64 {
+    use crate::sampling::kept::{TOP_P_MARGIN_ABS, TOP_P_MARGIN_REL};
+    TOP_P_MARGIN_ABS + TOP_P_MARGIN_REL * thr
 }

@@ -3,8 +3,10 @@
 //! its row or the batch size, and a step can be replayed. The Triton kernel
 //! (`kernels/_triton_sampling.py`) computes the same bits.
 
+use super::fast_math::ln_positive;
+
 /// murmur3's 32-bit finalizer: a bijection with full avalanche.
-#[inline]
+#[inline(always)]
 pub fn fmix32(mut h: u32) -> u32 {
     h ^= h >> 16;
     h = h.wrapping_mul(0x85eb_ca6b);
@@ -22,17 +24,17 @@ pub fn row_key(seed: u64, position: u64) -> u32 {
 }
 
 /// A token's 32 random bits under a row key.
-#[inline]
+#[inline(always)]
 pub fn token_bits(key: u32, token: u32) -> u32 {
     fmix32(fmix32(token ^ key).wrapping_add(key))
 }
 
 /// Standard Gumbel noise from 23 of those bits: `u = (bits >> 9 + 0.5) / 2^23` is exact in
 /// float32 and strictly inside (0, 1), so the noise is finite.
-#[inline]
+#[inline(always)]
 pub fn gumbel(bits: u32) -> f32 {
     let u = ((bits >> 9) as f32 + 0.5) * (1.0 / (1u32 << 23) as f32);
-    -(-u.ln()).ln()
+    -ln_positive(-ln_positive(u))
 }
 
 /// The largest noise [`gumbel`] can return (u = 1 - 2^-24), and the smallest (u = 2^-24):
@@ -41,11 +43,14 @@ pub fn gumbel_bounds() -> (f32, f32) {
     (gumbel(u32::MAX), gumbel(0))
 }
 
+/// Tokens scored together: a chunk is skipped whole when its max cannot reach the best.
+const CHUNK: usize = 16;
+
 /// The Gumbel-max draw over the finite entries of `row`: `argmax(x + g)`, the lowest index
-/// on ties; `None` for a row without a finite entry. Tokens that cannot reach the running
-/// best even with the largest noise are not drawn at all.
+/// on ties; `None` for a row without a finite entry. A chunk of tokens none of which can reach
+/// the running best even with the largest noise is not drawn at all.
 pub fn gumbel_race_row(row: &[f32], key: u32) -> Option<usize> {
-    let (gmax, gmin) = gumbel_bounds();
+    let (gmax, _) = gumbel_bounds();
     let (mut top, mut top_i) = (f32::NEG_INFINITY, usize::MAX);
     for (i, &x) in row.iter().enumerate() {
         if x > top {
@@ -59,16 +64,25 @@ pub fn gumbel_race_row(row: &[f32], key: u32) -> Option<usize> {
     let mut best_i = top_i;
     // Below this a token's score cannot reach `best` (with slack for float32 rounding).
     let floor = |best: f32| best - gmax - 1e-5 * (best.abs() + gmax) - 1e-6;
-    let mut skip_below = floor(best).max(top + gmin - gmax - 1.0);
-    for (i, &x) in row.iter().enumerate() {
-        if x < skip_below || i == top_i {
+    let mut skip_below = floor(best);
+    let mut scores = [0f32; CHUNK];
+    for (c, xs) in row.chunks(CHUNK).enumerate() {
+        if xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) < skip_below {
             continue;
         }
-        let score = x + gumbel(token_bits(key, i as u32));
-        if score > best || (score == best && i < best_i) {
-            (best, best_i) = (score, i);
-            skip_below = floor(best);
+        let base = c * CHUNK;
+        super::fast_math::with_wide_vectors(|| {
+            for (j, (s, &x)) in scores.iter_mut().zip(xs).enumerate() {
+                *s = x + gumbel(token_bits(key, (base + j) as u32));
+            }
+        });
+        for (j, &s) in scores[..xs.len()].iter().enumerate() {
+            let i = base + j;
+            if s > best || (s == best && i < best_i) {
+                (best, best_i) = (s, i);
+            }
         }
+        skip_below = floor(best);
     }
     Some(best_i)
 }
