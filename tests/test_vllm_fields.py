@@ -47,6 +47,8 @@ VALUES: dict[str, Any] = {
     "eta_cutoff": 1e-3,
     "xtc_probability": 0.5,
     "xtc_threshold": 0.2,
+    "kept_top_k": 40,
+    "kept_top_p": 0.9,
 }
 
 

@@ -264,6 +264,12 @@ class SamplingParams:
     # the default threshold.
     xtc_probability: float | None = NEUTRAL["xtc_probability"]
     xtc_threshold: float | None = NEUTRAL["xtc_threshold"]
+    # The kept top-k / top-p (ours; opt-in, TopKTopPLogitsProcessor): vLLM's top-k then top-p
+    # kept set, applied last in the argmax-invariant phase by a processor instead of the
+    # sampler (kept_top_k: 0 or -1 off, stored as 0; kept_top_p in (0, 1], 1 or None off).
+    # Not top_k / top_p above, which Sampler applies itself; reset for a greedy request.
+    kept_top_k: int = NEUTRAL["kept_top_k"]
+    kept_top_p: float | None = NEUTRAL["kept_top_p"]
     # llama.cpp's DRY (ours; opt-in; dry_multiplier 0: off): penalise the tokens that would
     # extend a repetition of the sequence's suffix (prompt included), multiplier *
     # base^(len - allowed_length); over the last dry_penalty_last_n tokens (-1: the whole
@@ -286,11 +292,14 @@ class SamplingParams:
         self.thinking_token_budget = validate_thinking_token_budget(self.thinking_token_budget)
         if self.top_k == -1:
             self.top_k = 0
+        if self.kept_top_k == -1:
+            self.kept_top_k = 0
         if 0 < self.temperature < _MAX_TEMP:
             self.temperature = _MAX_TEMP
         if self.temperature < _SAMPLING_EPS:
             # Greedy: the random-sampling knobs are reset, as vLLM does.
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+            self.kept_top_p, self.kept_top_k = 1.0, 0
             self.xtc_probability = 0.0  # XTC only ever acts on rows that sample randomly
         self._all_stop_token_ids = set(self.stop_token_ids)
         if self.eos_token_id is not None:

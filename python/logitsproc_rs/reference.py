@@ -224,6 +224,7 @@ __all__ = [
     "RefPenaltiesLogitsProcessor",
     "RefSamplerOutput",
     "RefSamplingMetadata",
+    "RefTopKTopPLogitsProcessor",
     "RefTopNSigmaLogitsProcessor",
     "RefTypicalPLogitsProcessor",
     "RefXTCLogitsProcessor",
@@ -929,6 +930,45 @@ class RefXTCLogitsProcessor(ReferenceProcessor):
         return logits
 
 
+class RefTopKTopPLogitsProcessor(ReferenceProcessor):
+    """The kept top-k / top-p (ours): vLLM 0.25.1's top-k then top-p (``_top_k_top_p_rows``,
+    the sampler's own below) over every row of the batch once some request sets either. State:
+    slot → (k, p as float32), only where one is on (k >= 1, or p < 1 as float32); ``apply``
+    gives every row its request's k (none at or above the vocabulary, or unset) and p (1
+    unset), so a row at p = 1 loses its probability-0 tokens, as in vLLM's batch. Last of the
+    argmax-invariant phase, where vLLM applies its own."""
+
+    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        self.state: dict[int, tuple[int, float]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    @staticmethod
+    def new_state(
+        params: Any, _prompt: list[int] | None, _output: list[int]
+    ) -> tuple[int, float] | None:
+        k = int(_param(params, "kept_top_k", 0))
+        p = float(np.float32(_param(params, "kept_top_p", 1.0)))
+        k = max(k, 0)
+        return None if k == 0 and p == 1.0 else (k, p)
+
+    def update_state(self, batch_update: Any) -> None:
+        process_dict_updates(self.state, batch_update, self.new_state)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.state:
+            return logits
+        rows, vocab = logits.shape
+        ks: list[int | None] = [None] * rows
+        ps = [1.0] * rows
+        for i, (k, p) in self.state.items():
+            if i < rows:
+                ks[i] = k if 0 < k < vocab else None
+                ps[i] = p
+        return _top_k_top_p_rows(logits, ks, ps)
+
+
 class RefPenaltiesLogitsProcessor(ReferenceProcessor):
     """Repetition, frequency and presence penalties, rebuilt from the full history on every
     ``apply`` as vLLM 0.25.1 does (``ops/penalties.py``, ``layers/utils.py:34-89``). Not
@@ -1034,11 +1074,12 @@ class RefPenaltiesLogitsProcessor(ReferenceProcessor):
 #: ``BUILTIN_LOGITS_PROCESSORS`` (MinTokens, LogitBias, MinP; ``__init__.py:49-53``);
 #: ``opt_in``, ours, built only when asked for, where vLLM builds custom processors (after the
 #: built-ins): no-repeat-ngram and DRY, then the truncations top-n-sigma, typical-p, epsilon,
-#: eta, then XTC (it reads the probabilities they leave); ``sampler_after``, hard-coded after
+#: eta, then XTC (it reads the probabilities they leave), then the kept top-k / top-p (where
+#: vLLM's sampler applies its own, after every processor); ``sampler_after``, hard-coded after
 #: the custom processors (penalties: repetition, frequency, presence); ``reasoning``, the
 #: thinking budget, last, only with a reasoning config. The sampler runs the
 #: non-argmax-invariant ones in this order before temperature, the argmax-invariant ones (MinP,
-#: the truncations, XTC) in this order after it.
+#: the truncations, XTC, the kept top-k / top-p) in this order after it.
 REFERENCE_ORDER: tuple[tuple[str, str], ...] = (
     ("sampler_before", "RefAllowedTokenIdsLogitsProcessor"),
     ("sampler_before", "RefBadWordsLogitsProcessor"),
@@ -1052,6 +1093,7 @@ REFERENCE_ORDER: tuple[tuple[str, str], ...] = (
     ("opt_in", "RefEpsilonCutoffLogitsProcessor"),
     ("opt_in", "RefEtaCutoffLogitsProcessor"),
     ("opt_in", "RefXTCLogitsProcessor"),
+    ("opt_in", "RefTopKTopPLogitsProcessor"),
     ("sampler_after", "RefPenaltiesLogitsProcessor"),
     ("reasoning", "RefThinkingBudgetLogitsProcessor"),
 )

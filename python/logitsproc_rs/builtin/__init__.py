@@ -7,8 +7,8 @@ the built-ins (allowed ids, bad words) and ``SAMPLER_TRANSFORMS_AFTER`` after th
 (penalties); ``REASONING_TRANSFORMS`` follow them when a reasoning config exists (the thinking
 budget). ``OPT_IN`` processors are ours, not vLLM's: built when asked for (passed as a processor,
 or through the vLLM bridges); the sampler runs each in its phase (no-repeat-ngram and DRY with
-the argmax-changing ones, the truncations top-n-sigma → typical-p → epsilon → eta, then XTC, after
-MinP with the argmax-invariant ones), in this list's order within it.
+the argmax-changing ones, the truncations top-n-sigma → typical-p → epsilon → eta, then XTC, then
+the kept top-k / top-p, after MinP with the argmax-invariant ones), in this list's order within it.
 """
 
 from collections.abc import Iterable
@@ -27,6 +27,7 @@ from .min_tokens import MinTokensLogitsProcessor
 from .no_repeat_ngram import NoRepeatNGramLogitsProcessor
 from .penalties import PenaltiesLogitsProcessor
 from .thinking import ThinkingBudgetLogitsProcessor
+from .top_k_top_p import TopKTopPLogitsProcessor
 from .top_n_sigma import TopNSigmaLogitsProcessor
 from .typical_p import TypicalPLogitsProcessor
 from .xtc import XTCLogitsProcessor
@@ -46,6 +47,9 @@ BUILTINS: tuple[type[PipelineView], ...] = (
     EtaCutoffLogitsProcessor,
     # XTC after them (it reads the probabilities they leave; docs/semantics.md).
     XTCLogitsProcessor,
+    # The kept top-k / top-p last of them: where vLLM's sampler applies its own (min-p →
+    # top-k → top-p).
+    TopKTopPLogitsProcessor,
     PenaltiesLogitsProcessor,
     ThinkingBudgetLogitsProcessor,
 )
@@ -103,6 +107,7 @@ __all__ = [
     "NoRepeatNGramLogitsProcessor",
     "PenaltiesLogitsProcessor",
     "ThinkingBudgetLogitsProcessor",
+    "TopKTopPLogitsProcessor",
     "TopNSigmaLogitsProcessor",
     "TypicalPLogitsProcessor",
     "XTCLogitsProcessor",

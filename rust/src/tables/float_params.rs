@@ -3,8 +3,11 @@
 //! written again). A processor built on it is a [`FloatParams`] declaration: its name, its
 //! float fields (with their neutral values), one arena buffer per field, and its range check.
 //!
-//! Used by top-n-sigma, typical-p, epsilon and eta (`top_n_sigma.rs`, `typical_p.rs`,
-//! `epsilon_cutoff.rs`, `eta_cutoff.rs`). A slot whose request is neutral holds every field's
+//! Used by top-n-sigma, typical-p, epsilon, eta, XTC and the kept top-k / top-p
+//! (`top_n_sigma.rs`, `typical_p.rs`, `epsilon_cutoff.rs`, `eta_cutoff.rs`, `xtc.rs`,
+//! `top_k_top_p.rs`). An `Int` field (top-k) is read as an int, checked against its declared
+//! int range here, and handed to the declaration's check as an `f64` (exact: it is in range);
+//! the declaration stores it as a float32 like the others. A slot whose request is neutral holds every field's
 //! neutral value (as float32), so a dense device view needs no "unset" marker; the status count
 //! (`"<name>"`) says whether any row is active, so an apply can skip all work without a sync.
 //! Added, removed, moved and swapped exactly like MinP: an empty slot is the neutral request.
@@ -29,7 +32,7 @@ pub type Values = [f32; MAX_FIELDS];
 pub struct FloatParams {
     /// The table's (and its status count's) name.
     pub name: &'static str,
-    /// Its request fields: all `FieldKind::Float`, at most [`MAX_FIELDS`].
+    /// Its request fields: `FieldKind::Float` or `FieldKind::Int`, at most [`MAX_FIELDS`].
     pub fields: &'static [FieldSpec],
     /// The arena buffer of each field, in field order (`"<name>.<field>"`).
     pub buffers: &'static [&'static str],
@@ -45,8 +48,9 @@ impl FloatParams {
     pub fn neutral(&self, k: usize) -> f32 {
         match self.fields[k].kind {
             FieldKind::Float { neutral } => neutral as f32,
+            FieldKind::Int { neutral } => neutral as f32,
             _ => panic!(
-                "{}: field {} is not a float",
+                "{}: field {} is not a float or an int",
                 self.name, self.fields[k].name
             ),
         }
@@ -106,11 +110,15 @@ impl FloatParamsTable {
         (index < self.capacity()).then(|| self.buffers.iter().map(|b| b.get(index)).collect())
     }
 
-    /// Checks one request's values, read in field order from `fields`.
+    /// Checks one request's values, read in field order from `fields` (an int field against
+    /// its declared range first, as the int it is, so its error shows the value as sent).
     pub fn check_fields(&self, index: usize, fields: &Fields) -> Result<Option<Values>> {
         let mut raw = [0.0f64; MAX_FIELDS];
         for (k, f) in self.spec.fields.iter().enumerate() {
-            raw[k] = fields.float(f);
+            raw[k] = match f.kind {
+                FieldKind::Int { .. } => f.checked_int(index, fields.int(f), None)? as f64,
+                _ => fields.float(f),
+            };
         }
         (self.spec.check)(index, &raw[..self.spec.fields.len()])
     }

@@ -20,6 +20,7 @@ pub mod min_tokens;
 pub mod no_repeat_ngram;
 pub mod penalties;
 pub mod thinking;
+pub mod top_k_top_p;
 pub mod top_n_sigma;
 pub mod triples;
 pub mod typical_p;
@@ -262,6 +263,14 @@ pub const BUILTINS: &[Builtin] = &[
         history: false,
         layout: 14,
         build: xtc::build,
+    },
+    Builtin {
+        name: "top_k_top_p",
+        caps: &[],
+        fields: top_k_top_p::FIELDS,
+        history: false,
+        layout: 15,
+        build: top_k_top_p::build,
     },
 ];
 
