@@ -30,9 +30,10 @@ from logitsproc_rs import (
     Sampler,
     SamplingMetadata,
     SamplingParams,
+    _core,
     build_logitsprocs,
+    tail,
 )
-from logitsproc_rs import _core, tail
 from logitsproc_rs.errors import InputError
 from logitsproc_rs.sampler import apply_top_k_top_p, random_sample
 

@@ -21,9 +21,15 @@ __all__ = [
     "HostBufferView",
     "Pipeline",
     "__version__",
+    "exponential_draws",
     "field_range_error",
+    "gumbel_noise",
     "int_item",
     "registry",
+    "top_p_margin",
+    "unsafe_exponential_race",
+    "unsafe_gumbel_race",
+    "unsafe_mask_top_k_top_p",
     "update_fingerprint",
 ]
 
@@ -91,6 +97,51 @@ class HostBufferView:
     @property
     def dtype(self) -> str:
         """``"float32"``, ``"int32"``, ``"int64"`` or ``"uint8"`` (staging copies)."""
+
+# The sort-free sampling tail (rust/src/python/sampling.rs; callers: tail.py, which checks the
+# tensors whose data_ptr it passes).
+def unsafe_mask_top_k_top_p(
+    ptr: int,
+    rows: int,
+    vocab: int,
+    row_stride: int,
+    top_k: list[int] | None = None,
+    top_p: list[float] | None = None,
+    strict: bool = True,
+) -> tuple[list[int], list[int]]:
+    """Masks kept sets in place; returns (rows left for the sort, rows decided uncertainly)."""
+
+def unsafe_exponential_race(
+    ptr: int,
+    rows: int,
+    vocab: int,
+    row_stride: int,
+    need: list[bool],
+    default_state: bytes | None,
+    seeded: list[tuple[int, int]],
+    states: list[bytes],
+) -> tuple[list[int], bytes | None, list[bytes]]:
+    """vLLM 0.25.1's random_sample on torch's CPU streams; tokens and the states after."""
+
+def unsafe_gumbel_race(
+    ptr: int,
+    rows: int,
+    vocab: int,
+    row_stride: int,
+    need: list[bool],
+    seeds: list[int],
+    positions: list[int],
+) -> list[int]:
+    """The batch-invariant Gumbel race over each needed row's finite entries."""
+
+def gumbel_noise(seed: int, position: int, tokens: list[int]) -> tuple[list[int], list[float]]:
+    """The batch-invariant noise's bits and Gumbel values of tokens at (seed, position)."""
+
+def exponential_draws(state: bytes, n: int) -> list[float]:
+    """The first n float32 exponential draws torch makes from a CPU generator state."""
+
+def top_p_margin(thr: float) -> float:
+    """The strict top-p decision's margin at thr = 1 - p."""
 
 @final
 class Pipeline:

@@ -155,7 +155,7 @@ def random_sample_exact(
     )
     if default is not None and default_state is not None:
         _set_state(default, default_state)
-    for g, s in zip(gens, states):
+    for g, s in zip(gens, states, strict=True):
         _set_state(g, s)
     return torch.tensor(tokens, dtype=torch.int64)
 
