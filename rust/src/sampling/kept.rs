@@ -65,7 +65,6 @@ pub fn mask_row(
 ) -> RowOutcome {
     let v = row.len();
     let k = k.filter(|&k| k < v && k > 0);
-    let p = p.filter(|&p| p < 1.0);
     if v == 0 || (k.is_none() && p.is_none()) {
         return RowOutcome::Masked;
     }
@@ -93,7 +92,7 @@ pub fn mask_row(
         false
     };
     if let Some(p) = p {
-        let thr = (1.0f32 - p) as f64;
+        let thr = (1.0f32 - p).max(0.0) as f64;
         let boundary = if candidates {
             let (vals, idx) = (std::mem::take(&mut s.vals), std::mem::take(&mut s.idx));
             let b = top_p_boundary(
@@ -174,11 +173,18 @@ fn top_p_boundary(
     strict: bool,
     s: &mut Scratch,
 ) -> Option<(f32, bool)> {
-    let m = entries
+    let (m, low) = entries
         .clone()
-        .fold(f32::NEG_INFINITY, |m, (x, _)| m.max(x));
+        .fold((f32::NEG_INFINITY, f32::INFINITY), |(m, l), (x, _)| {
+            (m.max(x), if x > f32::NEG_INFINITY { l.min(x) } else { l })
+        });
     if !m.is_finite() {
         return None;
+    }
+    if thr == 0.0 && m - low < NEVER_ZERO_BELOW {
+        // p = 1 in a batch with top-p: torch masks the entries whose float32 probability is
+        // 0, and here none is.
+        return Some((low, true));
     }
     // e = exp(x - m) per entry (vectorized), then its mass per bucket.
     s.sample.clear();
@@ -196,6 +202,9 @@ fn top_p_boundary(
     }
     for &w in &s.mass {
         total += w;
+    }
+    if thr == 0.0 {
+        return zero_probability_cut(entries, m, total, strict);
     }
     // Walk up from the smallest values to the bucket where the masked mass passes thr.
     let limit = thr * total;
@@ -245,6 +254,42 @@ fn top_p_boundary(
     }
     // Bucket b held nothing kept (only reachable through the margin test): not certain.
     None
+}
+
+/// Below this distance to the max (in logits) an entry's float32 probability is never 0:
+/// `e^-80 / V` stays above float32's smallest subnormal for any vocabulary below 2^20.
+const NEVER_ZERO_BELOW: f32 = 80.0;
+
+/// `p = 1` (`thr = 0`): torch's top-p masks exactly the entries whose float32 probability
+/// `e * (1 / S)` is 0. Certain when the exact value is below 2^-152 (0) or at least 2^-148
+/// (not 0) and `e` is a normal float32 (within 87 of the max), or when `e` underflows to 0
+/// whatever the exponential (more than 104.5 below); otherwise torch's exponential and
+/// rounding decide (`strict`: refused; else kept when the exact value reaches 2^-150).
+fn zero_probability_cut(
+    entries: impl Iterator<Item = (f32, u32)>,
+    m: f32,
+    total: f64,
+    strict: bool,
+) -> Option<(f32, bool)> {
+    let (zero, half, nonzero) = (2f64.powi(-152), 2f64.powi(-150), 2f64.powi(-148));
+    let mut cut = f32::INFINITY;
+    let mut certain = true;
+    for (x, _) in entries {
+        let d = (m - x) as f64;
+        if d > 104.5 {
+            continue;
+        }
+        let r = (-d).exp() / total;
+        let sure = d <= 87.0 && (r >= nonzero || r < zero);
+        certain &= sure;
+        if !sure && strict {
+            return None;
+        }
+        if r >= half {
+            cut = cut.min(x);
+        }
+    }
+    Some((cut, certain))
 }
 
 #[cfg(test)]
