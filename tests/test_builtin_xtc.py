@@ -23,6 +23,7 @@ from logitsproc_rs import (
     Sampler,
     SamplingMetadata,
     SamplingParams,
+    TopKTopPLogitsProcessor,
     TopNSigmaLogitsProcessor,
     XTCLogitsProcessor,
     build_logitsprocs,
@@ -311,7 +312,7 @@ def test_removal_rate_matches_the_probability(probability: float) -> None:
 def test_in_the_sampler_after_the_truncations() -> None:
     """Built as an opt-in processor it joins the argmax-invariant phase (after temperature,
     before top-k/top-p), in the order given; the built-ins' order (the bridges, HF) puts it
-    after the four truncations."""
+    after the four truncations, before the kept top-k / top-p (last: vLLM's place for them)."""
     from logitsproc_rs.builtin import OPT_IN_PROCESSORS
 
     procs = build_logitsprocs(
@@ -328,8 +329,8 @@ def test_in_the_sampler_after_the_truncations() -> None:
         "XTCLogitsProcessor",
     ]
     assert all(type(p).__name__ != "XTCLogitsProcessor" for p in procs.non_argmax_invariant)
-    assert OPT_IN_PROCESSORS[-1] is XTCLogitsProcessor
-    assert OPT_IN_PROCESSORS.index(EtaCutoffLogitsProcessor) < len(OPT_IN_PROCESSORS) - 1
+    assert OPT_IN_PROCESSORS[-2:] == [XTCLogitsProcessor, TopKTopPLogitsProcessor]
+    assert OPT_IN_PROCESSORS.index(EtaCutoffLogitsProcessor) < len(OPT_IN_PROCESSORS) - 2
 
 
 def test_off_rows_and_all_off() -> None:
