@@ -25,4 +25,7 @@ step cuda_tests 140 python3 -m pytest -q -p no:cacheprovider -W default tests/te
 step kernels 40 python3 benches/kernels.py --iters 30
 step bench 70 python3 benches/report.py --device cuda --quick --no-appendix --out "$OUT/bench-report.md"
 step demo 40 python3 -m logitsproc_rs demo --device cuda --steps 100
+# The sort-free sampling tail's Triton kernel against apply_top_k_top_p + random_sample (medians;
+# adds at most 1 minute, compiles included).
+step sampling_tail 60 python3 tests/test_triton_sampling.py --bench
 exit $status

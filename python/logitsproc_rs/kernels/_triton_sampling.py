@@ -1,0 +1,404 @@
+# mypy: disallow-untyped-defs=False
+# (Triton kernels: pointers and constexprs that triton.jit types at launch, not mypy.)
+"""The sort-free sampling tail on the device: top-k / top-p kept sets and a batch-invariant
+Gumbel-max draw, one Triton program per row, tiles over the vocabulary, no sort.
+
+Entry points: :func:`mask_top_k_top_p_triton_` (kept sets only, ``-inf`` elsewhere, in place)
+and :func:`sample_batch_invariant_triton` (the same, then one token per row);
+:func:`gumbel_noise_triton` exposes the noise alone. CUDA tensors, or CPU tensors under
+``TRITON_INTERPRET=1`` (set before triton is imported).
+
+**The search.** A float32 ``x`` maps to a ``uint32`` key whose order is the float order
+(``-0.0`` is read as ``+0.0``, so the two tie as they compare). Both thresholds are found by a
+search on the key's bits, most significant first: each pass over the row scores ``2^b``
+candidate keys at once (the next ``b`` bits, ``DIGIT_BITS``: 4 on CUDA, 8 under the
+interpreter), so ``32 / b`` passes decide all 32 bits. Every ``b`` finds the same key.
+
+* top-k (``1 <= k < V``): the largest key ``K`` with ``#{x >= K} >= k``, i.e. the k-th largest
+  value counting duplicates; kept: ``x >= K`` (every tie at the k-th value kept; with fewer
+  than ``k`` finite values ``K`` is ``-inf``'s key and no finite value is masked). ``k == 1``
+  takes the row max directly; ``k >= V`` or ``k <= 0`` is off. **Exact**: vLLM's sort path
+  keeps the same set.
+* top-p (``p < 1``), on the top-k-kept row: ``e = exp(x - max)`` in float32 (0 outside top-k),
+  ``Z = sum e``, ``T = float64(float32(1) - p) * Z``; the largest key ``C`` with ``mass(x < C)
+  <= T`` where ``mass`` sums ``e`` in **float64**; kept: ``x >= C`` (clamped so the row max is
+  always kept). Equivalently a token of value ``w`` is masked iff ``mass(x <= w) <= T``: the
+  maximal ascending prefix of *whole tied groups* whose mass is ``<= 1 - p``. ``p >= 1`` is
+  off.
+
+**Where the kept set may differ from vLLM 0.25.1's sort path** (``sampler.apply_top_k_top_p``;
+``tests/test_triton_sampling.py`` counts every differing row and classifies it as one of these):
+
+1. *Ties at the top-p boundary* — a run of equal values whose ascending cumulative mass
+   straddles ``1 - p``: torch's sort is not stable, so the sort path masks an unspecified
+   part of the run (only the elements whose own cumsum is ``<= 1 - p``); this kernel keeps the
+   whole run (a superset of the sort path's kept set, by the elements of that one value).
+2. *Rounding at the top-p boundary* — the sort path compares torch's float32 softmax's float32
+   ``cumsum`` with ``1 - p``; this kernel compares float64 sums of float32 ``exp(x - max)``.
+   Where the cumulative mass at the boundary is within float32 rounding of ``1 - p`` (the
+   test allows ``2e-5`` of probability, ``5e-5`` on CUDA at V = 151,936) the two can put the
+   boundary one value apart.
+3. *``p == 1`` is off.* vLLM's sort path, called with a ``p`` tensor (a batch where some other
+   row has top-p), still masks a ``p == 1`` row's leading tokens whose float32 probability is
+   exactly 0 (``cumsum <= 0``); here such a row is untouched (as vLLM's path is when no row
+   has top-p).
+4. NaN or ``+inf`` logits: unspecified (the sort path's softmax is NaN there too).
+
+**The draw** (:func:`sample_batch_invariant_triton`): ``argmax(x + g)`` over the kept set,
+the lowest token on ties, with counter-based noise (all ``uint32`` arithmetic wrapping)::
+
+    fmix32(h): h ^= h >> 16; h *= 0x85EBCA6B; h ^= h >> 13; h *= 0xC2B2AE35; h ^= h >> 16
+    key  = fmix32(fmix32(fmix32(fmix32(lo32(seed) ^ 0x9E3779B9) ^ hi32(seed))
+                         ^ lo32(position)) ^ hi32(position))
+    bits = fmix32(fmix32(token ^ key) + key)
+    u    = (float32(bits >> 9) + 0.5) * 2^-23          # exact, strictly inside (0, 1)
+    g    = -ln(-ln(u))                                  # float32
+
+``seed`` and ``position`` are int64 read as their 64-bit two's-complement patterns. The bits,
+``u`` and the argmax are exact. ``ln`` is float32: under the interpreter numpy's ``log``; on
+CUDA libdevice's ``logf`` (within 1 ulp), so ``g`` agrees with any other float32 ``ln`` (the
+Rust core's included) to within ``ln``'s rounding, and a token can differ from the CPU's only
+where two scores are within that rounding of each other. A row whose kept set has no finite
+value samples token 0. The token depends on the row's logits, seed and position only: never on
+the batch, the row index or the batch size.
+
+Cost on CUDA: one max pass (none for the draw alone), 8 top-k passes (none when top-k is off
+or ``k == 1``), 8 top-p passes (none when top-p is off or top-k kept only the max's ties), and
+one masking / sampling pass; every pass reads the row once, only the last writes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import interpreting
+
+try:  # libdevice's logf / expf on CUDA (the interpreter uses numpy's)
+    from triton.language.extra import libdevice
+except ImportError:  # pragma: no cover - an old triton: tl.log / tl.exp everywhere
+    libdevice = None
+
+_NO_FMA = {"enable_fp_fusion": False}
+
+#: Bits of the key decided per search pass (``2^bits`` candidates scored at once, ``32 / bits``
+#: passes): ``None`` chooses, 4 on CUDA (16 candidates in registers) and 8 under the
+#: interpreter (half the passes; its cost is per operation, not per element). Every choice
+#: finds the same keys.
+DIGIT_BITS: int | None = None
+
+
+def digit_bits(device: torch.device) -> int:
+    if DIGIT_BITS is not None:
+        if DIGIT_BITS not in (1, 2, 4, 8):
+            raise ValueError(f"DIGIT_BITS must be 1, 2, 4 or 8, got {DIGIT_BITS}")
+        return DIGIT_BITS
+    return 4 if device.type == "cuda" else 8
+
+
+# --- the noise -------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fmix32(h):
+    h = h ^ (h >> 16)
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def _row_key(seed, position):
+    """``seed``, ``position``: int64 (scalars or tensors); the ``uint32`` row key."""
+    s = seed.to(tl.uint64, bitcast=True)
+    q = position.to(tl.uint64, bitcast=True)
+    h = _fmix32((s & 0xFFFFFFFF).to(tl.uint32) ^ 0x9E3779B9)
+    h = _fmix32(h ^ (s >> 32).to(tl.uint32))
+    h = _fmix32(h ^ (q & 0xFFFFFFFF).to(tl.uint32))
+    return _fmix32(h ^ (q >> 32).to(tl.uint32))
+
+
+@triton.jit
+def _token_bits(key, token):
+    """``key``: uint32; ``token``: any integer type (its low 32 bits)."""
+    t = token.to(tl.uint32)
+    return _fmix32(_fmix32(t ^ key) + key)
+
+
+@triton.jit
+def _log(x, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:
+        return libdevice.log(x)
+    else:
+        return tl.log(x)
+
+
+@triton.jit
+def _exp(x, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _gumbel(bits, LIBDEVICE: tl.constexpr):
+    u = ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2^-23
+    return -_log(-_log(u, LIBDEVICE), LIBDEVICE)
+
+
+@triton.jit
+def _noise_kernel(
+    seed_ptr, pos_ptr, tok_ptr, bits_ptr, g_ptr, n, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    seed = tl.load(seed_ptr + offs, mask=m, other=0)
+    pos = tl.load(pos_ptr + offs, mask=m, other=0)
+    tok = tl.load(tok_ptr + offs, mask=m, other=0)
+    bits = _token_bits(_row_key(seed, pos), tok)
+    tl.store(bits_ptr + offs, bits.to(tl.int64), mask=m)
+    tl.store(g_ptr + offs, _gumbel(bits, LIBDEVICE), mask=m)
+
+
+# --- the kept set and the draw ---------------------------------------------------------------
+
+
+@triton.jit
+def _order_key(x):
+    """float32 -> uint32 with the float order (-0.0 and +0.0 one key)."""
+    b = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    # negative: all bits flipped; positive: the sign bit set
+    return (b ^ ((b >> 31) | -2147483648)).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _tail_kernel(
+    x_ptr,
+    stride,
+    k_ptr,
+    p_ptr,
+    seed_ptr,
+    pos_ptr,
+    out_ptr,
+    V,
+    HAS_K: tl.constexpr,
+    HAS_P: tl.constexpr,
+    SAMPLE: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    DIGIT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    base = x_ptr + row.to(tl.int64) * stride
+    lanes = tl.arange(0, BLOCK)
+    digits = tl.arange(0, 1 << DIGIT).to(tl.uint32)
+    zero_key = (row * 0).to(tl.uint32)
+
+    # The row max (the top of every kept set; the draw alone does not need it).
+    mx = float("-inf")
+    if HAS_K or HAS_P:
+        for start in range(0, V, BLOCK):
+            offs = start + lanes
+            x = tl.load(base + offs, mask=offs < V, other=float("-inf"))
+            mx = tl.maximum(mx, tl.max(x, 0))
+    max_key = _order_key(mx)
+
+    # Top-k: the largest key K with #{key >= K} >= k.
+    cut_k = zero_key  # key 0 is below every float: keeps all
+    if HAS_K:
+        k = tl.load(k_ptr + row)
+        if k == 1:
+            cut_k = max_key
+        elif (k > 1) & (k < V):
+            for j in tl.static_range(32 // DIGIT):
+                cand = cut_k + (digits << (32 - DIGIT * (j + 1)))
+                cnt = tl.zeros([1 << DIGIT], tl.int32)
+                for start in range(0, V, BLOCK):
+                    offs = start + lanes
+                    inside = offs < V
+                    key = _order_key(tl.load(base + offs, mask=inside, other=0.0))
+                    ge = (key[:, None] >= cand[None, :]) & inside[:, None]
+                    cnt += tl.sum(ge.to(tl.int32), 0)
+                cut_k += tl.max(tl.where(cnt >= k, digits, 0), 0) << (32 - DIGIT * (j + 1))
+
+    # Top-p on the top-k-kept row: the largest key C with mass(key < C) <= (1 - p) * Z.
+    cut_p = zero_key
+    if HAS_P:
+        p = tl.load(p_ptr + row)
+        # Off: p >= 1; nothing to cut: an all -inf row, or top-k kept only the max's ties.
+        if (p < 1.0) & (mx > float("-inf")) & (cut_k < max_key):
+            thr = (1.0 - p).to(tl.float64)
+            total = tl.zeros([], tl.float64)
+            for j in tl.static_range(32 // DIGIT):
+                cand = cut_p + (digits << (32 - DIGIT * (j + 1)))
+                mass = tl.zeros([1 << DIGIT], tl.float64)
+                for start in range(0, V, BLOCK):
+                    offs = start + lanes
+                    inside = offs < V
+                    x = tl.load(base + offs, mask=inside, other=float("-inf"))
+                    key = _order_key(x)
+                    e = tl.where(inside & (key >= cut_k), _exp(x - mx, LIBDEVICE), 0.0)
+                    e64 = e.to(tl.float64)
+                    below = key[:, None] < cand[None, :]
+                    mass += tl.sum(tl.where(below, e64[:, None], 0.0), 0)
+                    if j == 0:
+                        total += tl.sum(e64, 0)
+                ok = mass <= thr * total
+                cut_p += tl.max(tl.where(ok, digits, 0), 0) << (32 - DIGIT * (j + 1))
+            cut_p = tl.minimum(cut_p, max_key)
+
+    # Mask outside the kept set; the Gumbel race over it.
+    cut = tl.maximum(cut_k, cut_p)
+    best = float("-inf")
+    best_i = row * 0
+    if SAMPLE:
+        rkey = _row_key(tl.load(seed_ptr + row), tl.load(pos_ptr + row))
+    for start in range(0, V, BLOCK):
+        offs = start + lanes
+        inside = offs < V
+        x = tl.load(base + offs, mask=inside, other=float("-inf"))
+        kept = _order_key(x) >= cut
+        if HAS_K or HAS_P:
+            tl.store(base + offs, float("-inf"), mask=inside & ~kept)
+        if SAMPLE:
+            g = _gumbel(_token_bits(rkey, offs), LIBDEVICE)
+            score = tl.where(inside & kept, x + g, float("-inf"))
+            tile_best = tl.max(score, 0)
+            if tile_best > best:  # strictly: an earlier tile wins a tie
+                best = tile_best
+                best_i = start + tl.argmax(score, 0, tie_break_left=True)
+    if SAMPLE:
+        tl.store(out_ptr + row, best_i.to(tl.int64))
+
+
+# --- launchers -------------------------------------------------------------------------------
+
+
+def _check_device(t: torch.Tensor, what: str) -> None:
+    if t.device.type != "cuda" and not interpreting():
+        raise RuntimeError(
+            f"{what}: the Triton sampling kernels need CUDA tensors (or TRITON_INTERPRET=1, "
+            f"set before triton is imported, for CPU tensors); got {t.device}"
+        )
+
+
+def _row_param(
+    t: torch.Tensor | None, rows: int, dtype: torch.dtype, device: torch.device, what: str
+) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if t.shape != (rows,):
+        raise ValueError(f"{what}: expected shape ({rows},), got {tuple(t.shape)}")
+    return t.to(device=device, dtype=dtype).contiguous()
+
+
+def _launch(
+    logits: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    seeds: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    sample: bool,
+) -> torch.Tensor | None:
+    what = "sample_batch_invariant_triton" if sample else "mask_top_k_top_p_triton_"
+    _check_device(logits, what)
+    if logits.dim() != 2 or logits.dtype != torch.float32:
+        raise ValueError(f"{what}: expected float32 [B, V] logits, got {logits.dtype} "
+                         f"{tuple(logits.shape)}")  # fmt: skip
+    rows, vocab = logits.shape
+    if vocab > 1 and logits.stride(1) != 1:
+        raise ValueError(f"{what}: the logits' rows must be contiguous")
+    dev = logits.device
+    k = _row_param(top_k, rows, torch.int64, dev, "top_k")
+    p = _row_param(top_p, rows, torch.float32, dev, "top_p")
+    s = _row_param(seeds, rows, torch.int64, dev, "seeds")
+    q = _row_param(positions, rows, torch.int64, dev, "positions")
+    out = torch.zeros(rows, dtype=torch.int64, device=dev) if sample else None
+    if rows == 0 or vocab == 0 or (not sample and k is None and p is None):
+        return out
+    dummy = logits
+    block = max(16, min(1024, triton.next_power_of_2(vocab)))
+    _tail_kernel[(rows,)](
+        logits,
+        logits.stride(0),
+        dummy if k is None else k,
+        dummy if p is None else p,
+        dummy if s is None else s,
+        dummy if q is None else q,
+        dummy if out is None else out,
+        vocab,
+        HAS_K=k is not None,
+        HAS_P=p is not None,
+        SAMPLE=sample,
+        LIBDEVICE=dev.type == "cuda" and libdevice is not None,
+        DIGIT=digit_bits(dev),
+        BLOCK=block,
+        num_warps=8,
+        **_NO_FMA,
+    )
+    return out
+
+
+def mask_top_k_top_p_triton_(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """In place: ``-inf`` outside each row's top-k / top-p kept set (module docs). ``logits``:
+    float32 ``[B, V]``, rows contiguous; ``top_k``: int64 ``[B]`` (``>= V`` or ``<= 0``: off);
+    ``top_p``: float32 ``[B]`` in ``(0, 1]`` (``1``: off); either may be ``None`` (off for
+    every row). Top-k is exactly vLLM 0.25.1's; top-p may differ from its sort path only at a
+    boundary that cuts a run of tied values (here the whole run is kept) or within float
+    rounding of ``1 - p``, and on ``p == 1`` rows (off here). Returns ``logits``."""
+    _launch(logits, top_k, top_p, None, None, sample=False)
+    return logits
+
+
+def sample_batch_invariant_triton(
+    logits: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """The kept sets of :func:`mask_top_k_top_p_triton_` (written in place, so ``logits`` are
+    the processed logits afterwards), then one token per row: ``argmax(x + g)`` over the kept
+    set, lowest token on ties, ``g`` the counter-based Gumbel noise of (``seeds[i]``,
+    ``positions[i]``, token) (int64 ``[B]`` each; module docs). The noise bits are exact; ``g``
+    is exact up to float32 ``ln`` rounding. Returns int64 ``[B]`` tokens (0 for a row with no
+    finite kept value)."""
+    out = _launch(logits, top_k, top_p, seeds, positions, sample=True)
+    assert out is not None
+    return out
+
+
+def gumbel_noise_triton(
+    seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The noise alone, elementwise over equal-shaped int64 ``seeds``, ``positions`` and
+    integer ``tokens``: (``bits`` as int64 in ``[0, 2^32)``, ``g`` float32)."""
+    _check_device(tokens, "gumbel_noise_triton")
+    if not seeds.shape == positions.shape == tokens.shape:
+        raise ValueError("gumbel_noise_triton: seeds, positions and tokens differ in shape")
+    dev = tokens.device
+    s = seeds.to(dev, torch.int64).contiguous().view(-1)
+    q = positions.to(dev, torch.int64).contiguous().view(-1)
+    t = tokens.to(dev, torch.int64).contiguous().view(-1)
+    n = t.numel()
+    bits = torch.empty(n, dtype=torch.int64, device=dev)
+    g = torch.empty(n, dtype=torch.float32, device=dev)
+    if n:
+        block = max(16, min(1024, triton.next_power_of_2(n)))
+        _noise_kernel[(triton.cdiv(n, block),)](
+            s,
+            q,
+            t,
+            bits,
+            g,
+            n,
+            LIBDEVICE=dev.type == "cuda" and libdevice is not None,
+            BLOCK=block,
+            **_NO_FMA,
+        )
+    return bits.view(tokens.shape), g.view(tokens.shape)
