@@ -61,6 +61,27 @@ pub fn ln_positive(x: f32) -> f32 {
     m + y + LN2_HI * e
 }
 
+/// `xs[i] = e^(xs[i] - m)` for entries `<= m` (vectorized; compiled for AVX2 where the CPU
+/// has it, with the same results: Rust never fuses a multiply and an add on its own).
+pub fn exp_shifted(xs: &mut [f32], m: f32) {
+    #[inline(always)]
+    fn run(xs: &mut [f32], m: f32) {
+        xs.iter_mut().for_each(|x| *x = exp_nonpositive(*x - m));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        unsafe fn wide(xs: &mut [f32], m: f32) {
+            run(xs, m)
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { wide(xs, m) };
+        }
+    }
+    run(xs, m)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,22 +102,4 @@ mod tests {
         assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_nonpositive(0.0), 1.0);
     }
-}
-
-/// Runs `f` compiled for AVX2 where the CPU has it (the same results: Rust never fuses a
-/// multiply and an add on its own, so every path rounds the same), else as built.
-#[inline(always)]
-pub fn with_wide_vectors<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2")]
-        unsafe fn wide<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { wide(f) };
-        }
-    }
-    f()
 }

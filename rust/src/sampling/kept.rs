@@ -189,11 +189,7 @@ fn top_p_boundary(
     // e = exp(x - m) per entry (vectorized), then its mass per bucket.
     s.sample.clear();
     s.sample.extend(entries.clone().map(|(x, _)| x));
-    let xs = &mut s.sample;
-    super::fast_math::with_wide_vectors(|| {
-        xs.iter_mut()
-            .for_each(|x| *x = super::fast_math::exp_nonpositive(*x - m));
-    });
+    super::fast_math::exp_shifted(&mut s.sample, m);
     s.mass.clear();
     s.mass.resize(BUCKETS, 0.0);
     let mut total = 0.0f64;

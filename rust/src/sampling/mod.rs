@@ -9,6 +9,19 @@ pub mod mt19937;
 pub mod noise;
 pub mod race;
 
+/// The threads a call may use: `LOGITSPROC_SAMPLING_THREADS` when set (read once; the
+/// benchmarks set 1 to compare one core with one core), else the machine's cores.
+pub fn threads_allowed() -> usize {
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::env::var("LOGITSPROC_SAMPLING_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n: &usize| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    })
+}
+
 /// Runs `f(row, row_index, worker_scratch)` on every row of a `[rows, vocab]` view with
 /// stride `row_stride` into `data`, split over the machine's cores when there is enough work
 /// (`work` elements in all) to pay for the threads. Results in row order.
@@ -21,7 +34,7 @@ pub fn for_each_row_mut<S: Default, R: Send>(
     f: impl Fn(&mut [f32], usize, &mut S) -> R + Sync,
 ) -> Vec<R> {
     const MIN_WORK_PER_THREAD: usize = 1 << 16;
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = threads_allowed();
     let threads = cores.min(rows).min(work / MIN_WORK_PER_THREAD).max(1);
     let run = |data: &mut [f32], first: usize, count: usize| -> Vec<R> {
         let mut s = S::default();

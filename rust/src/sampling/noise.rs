@@ -43,13 +43,41 @@ pub fn gumbel_bounds() -> (f32, f32) {
     (gumbel(u32::MAX), gumbel(0))
 }
 
-/// Tokens scored together: a chunk is skipped whole when its max cannot reach the best.
+/// Tokens tested together: a chunk is skipped whole when its max cannot reach the best.
 const CHUNK: usize = 16;
 
+/// A token whose logit is `c` or more below the running best can win only if its noise
+/// reaches `c`, i.e. its uniform is at least `exp(-exp(-c))`. Past each step of `c` that
+/// bound rules most tokens out on their bits alone, before any logarithm; past `MAX` nothing
+/// can win. Each bound is taken at `c - 0.01`, slack for float32 rounding.
+const STEPS: [f32; 3] = [2.0, 5.0, 10.0];
+
+#[inline(always)]
+fn uniform(bits: u32) -> f32 {
+    ((bits >> 9) as f32 + 0.5) * (1.0 / (1u32 << 23) as f32)
+}
+
 /// The Gumbel-max draw over the finite entries of `row`: `argmax(x + g)`, the lowest index
-/// on ties; `None` for a row without a finite entry. A chunk of tokens none of which can reach
-/// the running best even with the largest noise is not drawn at all.
+/// on ties; `None` for a row without a finite entry. Only tokens that can still reach the
+/// running best get their logarithms (see [`STEPS`]); compiled for AVX2 where the CPU has it
+/// (the same results: Rust never fuses a multiply and an add on its own).
 pub fn gumbel_race_row(row: &[f32], key: u32) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        unsafe fn wide(row: &[f32], key: u32) -> Option<usize> {
+            race(row, key)
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { wide(row, key) };
+        }
+    }
+    race(row, key)
+}
+
+#[inline(always)]
+fn race(row: &[f32], key: u32) -> Option<usize> {
     let (gmax, _) = gumbel_bounds();
     let (mut top, mut top_i) = (f32::NEG_INFINITY, usize::MAX);
     for (i, &x) in row.iter().enumerate() {
@@ -62,27 +90,50 @@ pub fn gumbel_race_row(row: &[f32], key: u32) -> Option<usize> {
     }
     let mut best = top + gumbel(token_bits(key, top_i as u32));
     let mut best_i = top_i;
-    // Below this a token's score cannot reach `best` (with slack for float32 rounding).
-    let floor = |best: f32| best - gmax - 1e-5 * (best.abs() + gmax) - 1e-6;
-    let mut skip_below = floor(best);
-    let mut scores = [0f32; CHUNK];
+    let bound = |c: f32| (-(-(c - 0.01)).exp()).exp();
+    let (u1, u2, u3) = (bound(STEPS[0]), bound(STEPS[1]), bound(STEPS[2]));
+    let out_of_reach = gmax + 0.01;
+    let mut need = [0f32; CHUNK];
+    let mut bits = [0u32; CHUNK];
     for (c, xs) in row.chunks(CHUNK).enumerate() {
-        if xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) < skip_below {
+        // Slack for float32 rounding of the scores, relative to their size.
+        let slack = 1e-5 * best.abs() + 1e-6;
+        if xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) < best - out_of_reach - slack {
             continue;
         }
-        let base = c * CHUNK;
-        super::fast_math::with_wide_vectors(|| {
-            for (j, (s, &x)) in scores.iter_mut().zip(xs).enumerate() {
-                *s = x + gumbel(token_bits(key, (base + j) as u32));
+        let base = (c * CHUNK) as u32;
+        let mut any = false;
+        for (j, &x) in xs.iter().enumerate() {
+            let gap = best - x - slack;
+            let b = token_bits(key, base + j as u32);
+            let n = if gap < STEPS[0] {
+                0.0
+            } else if gap < STEPS[1] {
+                u1
+            } else if gap < STEPS[2] {
+                u2
+            } else if gap < out_of_reach {
+                u3
+            } else {
+                2.0
+            };
+            bits[j] = b;
+            need[j] = n;
+            any |= uniform(b) >= n;
+        }
+        if !any {
+            continue;
+        }
+        for (j, &x) in xs.iter().enumerate() {
+            if uniform(bits[j]) < need[j] {
+                continue;
             }
-        });
-        for (j, &s) in scores[..xs.len()].iter().enumerate() {
-            let i = base + j;
-            if s > best || (s == best && i < best_i) {
-                (best, best_i) = (s, i);
+            let score = x + gumbel(bits[j]);
+            let i = c * CHUNK + j;
+            if score > best || (score == best && i < best_i) {
+                (best, best_i) = (score, i);
             }
         }
-        skip_below = floor(best);
     }
     Some(best_i)
 }
