@@ -679,3 +679,29 @@ def test_triton_sampling_tail_on_cuda_matches_the_reference() -> None:
     assert totals["same"] >= 0.7 * totals["rows"], totals
     tts.check_noise("cuda")
     tts.check_batch_invariance("cuda")
+
+
+def test_sampler_modes_on_cuda() -> None:
+    """``Sampler(sampling=...)`` on CUDA logits: ``exact`` is vLLM's torch path there (the same
+    tokens as ``sort`` from the same CUDA generator state); ``batch_invariant`` runs the Triton
+    kernel and gives a row the same token alone and inside a batch."""
+    from logitsproc_rs import LogitsProcessors, Sampler, SamplingMetadata, SamplingParams
+
+    dev = torch.device("cuda")
+    vocab = 32_000
+    params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9) for _ in range(8)]
+    x = torch.randn(8, vocab, device=dev) * 4
+    md = SamplingMetadata.from_params(params, vocab, dev)
+    outs = []
+    for mode in ("sort", "exact"):
+        torch.cuda.manual_seed(3)
+        outs.append(Sampler(LogitsProcessors([]), sampling=mode)(x.clone(), md))
+    assert torch.equal(outs[0].sampled_token_ids, outs[1].sampled_token_ids)
+    assert torch.equal(outs[0].logits, outs[1].logits)
+    bi = Sampler(LogitsProcessors([]), sampling="batch_invariant")
+    keys = list(range(8))
+    batch = bi(x.clone(), SamplingMetadata.from_params(params, vocab, dev, None, keys, keys))
+    alone = bi(
+        x[5:6].clone(), SamplingMetadata.from_params(params[5:6], vocab, dev, None, [5], [5])
+    )
+    assert int(batch.sampled_token_ids[5]) == int(alone.sampled_token_ids[0])

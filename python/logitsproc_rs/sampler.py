@@ -291,6 +291,8 @@ class Sampler:
         logits = self.logitsprocs.apply_each(self.logitsprocs.argmax_invariant, logits)
         if self.sampling == "sort":
             return apply_top_k_top_p(logits, md.top_k, md.top_p, md.max_top_k)
+        if self.sampling == "batch_invariant" and logits.device.type == "cuda":
+            return logits  # the Triton kernel masks and draws in one launch (``draw``)
         strict = self.sampling == "exact"
         return mask_top_k_top_p_(logits, md.top_k, md.top_p, strict)
 
@@ -313,9 +315,17 @@ class Sampler:
         return SamplerOutput(sampled, logits)
 
     def _check_invariant_inputs(self, logits: torch.Tensor, md: SamplingMetadata) -> None:
-        if logits.device.type != "cpu":
+        if logits.device.type == "cuda":
+            try:
+                from .kernels import _triton_sampling  # noqa: F401
+            except ImportError as e:
+                raise InputError(
+                    f"sampling='batch_invariant' on CUDA needs Triton, which does not import: {e}"
+                ) from e
+        elif logits.device.type != "cpu":
             raise InputError(
-                f"sampling='batch_invariant' runs on CPU logits here, got {logits.device}"
+                f"sampling='batch_invariant' runs on CPU (Rust) or CUDA (Triton) logits, got "
+                f"{logits.device}"
             )
         rows = logits.shape[0]
         if md.positions is None or md.seeds is None:
@@ -349,6 +359,17 @@ class Sampler:
         if self.sampling == "batch_invariant":
             assert md.seeds is not None and md.positions is not None
             seeds = [0 if s is None else s for s in md.seeds]
+            if logits.device.type == "cuda":
+                from .kernels._triton_sampling import sample_batch_invariant_triton
+
+                dev = logits.device
+                return sample_batch_invariant_triton(
+                    logits,
+                    md.top_k,
+                    md.top_p,
+                    torch.tensor(seeds, dtype=torch.int64, device=dev),
+                    torch.tensor(md.positions, dtype=torch.int64, device=dev),
+                )
             return gumbel_race(logits, seeds, md.positions, self._random_rows(md, rows))
         probs = logits.softmax(dim=-1, dtype=torch.float32)
         if self.sampling == "exact" and probs.device.type == "cpu":

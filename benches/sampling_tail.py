@@ -1,0 +1,241 @@
+"""The sampling tail per step (issue 27), section 9 of ``bench-report.md``: temperature →
+(min-p) → top-k → top-p → the draw, for B rows of V logits, on the CPU.
+
+Paths, each from the same logits, in one run:
+
+- **vLLM 0.25.1 CPU**: its own ``topk_topp_sampler`` functions as its CPU engine runs them
+  (``forward_cpu``: ``apply_top_k_top_p``, the torch sort without Triton, then
+  ``compiled_random_sample``, a ``torch.compile``d softmax + ``exponential_`` + argmax, used
+  when some row has no seed);
+- **torch sort**: vLLM's ``forward_native`` as our ``Sampler(sampling="sort")`` runs it (the
+  sort, ``softmax``, eager ``exponential_`` with per-request generators);
+- **exact**: ``Sampler(sampling="exact")``'s tail: the sort-free kept set, torch's
+  ``softmax``, the exponential race on torch's own streams (the ``torch sort`` tokens);
+- **batch_invariant**: the sort-free kept set and the counter-keyed Gumbel race;
+- **floor**: one read of the logits at the measured copy bandwidth (bytes / (copy bandwidth /
+  2): a copy reads and writes).
+
+One thread each (``torch.set_num_threads(1)``, ``LOGITSPROC_SAMPLING_THREADS=1``): a shared
+2-core box; both sides split rows over cores the same way. Medians of ``--reps`` runs.
+Logits: ``N(0, sigma^2)`` with sigma 4 by default (a peaked row: top-p 0.9 keeps about 200 of
+32,000, as an LLM's head does); ``--flat`` adds sigma 1 rows, where top-p's boundary is
+often too close to call and ``exact`` hands rows to the sort (the counts are reported).
+
+Run alone: ``python benches/sampling_tail.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LOGITSPROC_SAMPLING_THREADS", "1")
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+
+import torch  # noqa: E402
+from report_tables import write_section  # noqa: E402
+
+from logitsproc_rs import tail  # noqa: E402
+from logitsproc_rs.sampler import apply_top_k_top_p, random_sample  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADING = "## 9. The sampling tail"
+VLLM = Path(os.environ.get("LOGITSPROC_VLLM_0251", Path.home() / ".cache/logitsproc_rs/vllm-0.25.1"))
+TEMPERATURE = 0.8
+#: name: (top_k, top_p, min_p)
+CONFIGS: dict[str, tuple[int | None, float | None, float]] = {
+    "top-k 50": (50, None, 0.0),
+    "top-p 0.9": (None, 0.9, 0.0),
+    "both": (50, 0.9, 0.0),
+    "min-p 0.05": (None, None, 0.05),
+    "none": (None, None, 0.0),
+}
+GOAL_EXACT, GOAL_INVARIANT = 5.0, 30.0
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def vllm_functions() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """vLLM 0.25.1's ``apply_top_k_top_p`` and ``compiled_random_sample`` (``make extras``)."""
+    if not VLLM.is_dir():
+        return None
+    sys.path.insert(0, str(VLLM))
+    from vllm.v1.sample.ops import topk_topp_sampler as ops  # type: ignore[import-not-found]
+
+    return ops.apply_top_k_top_p, ops.compiled_random_sample
+
+
+def min_p_(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """vLLM 0.25.1's MinP (``builtin.py``), the same op on every path."""
+    probs = logits.softmax(dim=-1)
+    top = probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill_(probs < min_p * top, float("-inf"))
+
+
+def paths(vllm: Any) -> dict[str, Callable[..., torch.Tensor]]:
+    def start(x, k, p, mp):
+        x = x.div_(TEMPERATURE)
+        return min_p_(x, mp) if mp else x
+
+    def vllm_cpu(x, k, p, mp):
+        apply, compiled = vllm
+        return compiled(apply(start(x, k, p, mp), k, p))
+
+    def torch_sort(x, k, p, mp):
+        x = apply_top_k_top_p(start(x, k, p, mp), k, p, None if k is None else int(k.max()))
+        return random_sample(x.softmax(dim=-1), {})
+
+    def exact(x, k, p, mp):
+        x = tail.mask_top_k_top_p_(start(x, k, p, mp), k, p)
+        return tail.random_sample_exact(x.softmax(dim=-1), {}, [True] * x.shape[0])
+
+    def invariant(x, k, p, mp):
+        rows = x.shape[0]
+        x = tail.mask_top_k_top_p_(start(x, k, p, mp), k, p, strict=False)
+        return tail.gumbel_race(x, [7] * rows, list(range(rows)), [True] * rows)
+
+    out = {"torch sort": torch_sort, "exact": exact, "batch_invariant": invariant}
+    if vllm is not None:
+        out = {"vLLM 0.25.1 CPU": vllm_cpu, **out}
+    return out
+
+
+def copy_bandwidth(nbytes: int) -> float:
+    src = torch.empty(nbytes // 4).uniform_()
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(7):
+        t = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+    return 2 * nbytes / statistics.median(times)
+
+
+def measure(
+    fns: dict[str, Callable[..., torch.Tensor]],
+    rows: int,
+    vocab: int,
+    sigma: float,
+    reps: int,
+) -> dict[str, dict[str, float]]:
+    """Median ms per path per config, plus the rows ``exact`` handed to the sort."""
+    gen = torch.Generator().manual_seed(rows * 7 + vocab)
+    logits = torch.randn(rows, vocab, generator=gen) * sigma
+    out: dict[str, dict[str, float]] = {}
+    for name, (k, p, mp) in CONFIGS.items():
+        kt = None if k is None else torch.full((rows,), k, dtype=torch.int64)
+        pt = None if p is None else torch.full((rows,), p)
+        cell: dict[str, float] = {}
+        for path, fn in fns.items():
+            fn(logits.clone(), kt, pt, mp)  # warm (and compile)
+            times = []
+            for _ in range(reps):
+                x = logits.clone()
+                t = time.perf_counter()
+                fn(x, kt, pt, mp)
+                times.append(time.perf_counter() - t)
+            cell[path] = statistics.median(times) * 1e3
+        before = tail.TAIL_STATS.rows_sorted
+        fns["exact"](logits.clone(), kt, pt, mp)
+        cell["sorted rows"] = tail.TAIL_STATS.rows_sorted - before
+        out[name] = cell
+        progress(
+            f"  B {rows} V {vocab} sigma {sigma} {name}: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in cell.items())
+        )
+    return out
+
+
+def table(results: dict[tuple[int, int, float], dict[str, dict[str, float]]], bw: float) -> str:
+    paths_ = [p for p in next(iter(next(iter(results.values())).values())) if p != "sorted rows"]
+    base = paths_[0]
+    head = (
+        "| B | V | sigma | config | "
+        + " | ".join(f"{p} ms" for p in paths_)
+        + f" | exact vs {base} | batch_invariant vs {base} | floor ms | batch_invariant / floor "
+        "| rows exact sorted |"
+    )
+    md = [head, "|" + "---|" * (head.count("|") - 1)]
+    for (rows, vocab, sigma), by_config in results.items():
+        floor = rows * vocab * 4 / (bw / 2) * 1e3
+        for name, cell in by_config.items():
+            cells = " | ".join(f"{cell[p]:.2f}" for p in paths_)
+            md.append(
+                f"| {rows} | {vocab:,} | {sigma:g} | {name} | {cells} | "
+                f"{cell[base] / cell['exact']:.1f}x | {cell[base] / cell['batch_invariant']:.1f}x | "
+                f"{floor:.3f} | {cell['batch_invariant'] / floor:.0f}x | "
+                f"{int(cell['sorted rows'])}/{rows} |"
+            )
+    return "\n".join(md)
+
+
+def goals(results: dict[tuple[int, int, float], dict[str, dict[str, float]]], base: str) -> str:
+    ex = [c[base] / c["exact"] for r in results.values() for c in r.values()]
+    bi = [c[base] / c["batch_invariant"] for r in results.values() for c in r.values()]
+    return (
+        f"Goals (issue 27), over every row of the table: `exact` >= {GOAL_EXACT:g}x {base}: "
+        f"median {statistics.median(ex):.1f}x, min {min(ex):.1f}x, met in "
+        f"{sum(x >= GOAL_EXACT for x in ex)}/{len(ex)}; `batch_invariant` >= "
+        f"{GOAL_INVARIANT:g}x: median {statistics.median(bi):.1f}x, min {min(bi):.1f}x, met in "
+        f"{sum(x >= GOAL_INVARIANT for x in bi)}/{len(bi)}."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="B in {1, 32}, V = 32,000 (< 2 min)")
+    ap.add_argument("--flat", action="store_true", help="also sigma 1 rows (B = 32)")
+    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--report", type=Path, default=ROOT / "bench-report.md")
+    ap.add_argument("--no-write", action="store_true", help="print the section only")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    vllm = vllm_functions()
+    if vllm is None:
+        progress(f"vLLM 0.25.1 not found at {VLLM} (make extras): its column is left out")
+    fns = paths(vllm)
+    sizes = [(1, 32_000), (32, 32_000)] if args.quick else [
+        (b, v) for v in (32_000, 151_936) for b in (1, 32, 256)
+    ]
+    cases = [(b, v, 4.0) for b, v in sizes]
+    if args.flat:
+        cases += [(32, v, 1.0) for v in ((32_000,) if args.quick else (32_000, 151_936))]
+    results = {}
+    for rows, vocab, sigma in cases:
+        reps = args.reps or (3 if rows * vocab > 4_000_000 else 7)
+        results[(rows, vocab, sigma)] = measure(fns, rows, vocab, sigma, reps)
+    bw = copy_bandwidth(256 * 151_936 * 4)
+    base = next(iter(fns))
+    text = (
+        f"{HEADING} (issue 27)\n\n"
+        "Temperature → (min-p) → top-k → top-p → draw per step on the CPU, one thread per "
+        "path, median ms (`benches/sampling_tail.py`"
+        + (" --quick" if args.quick else "")
+        + f"; {time.perf_counter() - t0:.0f} s). Logits N(0, sigma²); the floor is one read of "
+        f"the logits at the measured copy bandwidth ({bw / 1e9:.1f} GB/s read + write). "
+        "`rows exact sorted`: rows whose top-p boundary was too close to call in float64 "
+        "(or cut a run of equal values), which `exact` hands to the sort.\n\n"
+        + table(results, bw)
+        + "\n\n"
+        + goals(results, base)
+        + "\n"
+    )
+    print(text)
+    if not args.no_write:
+        write_section(args.report, HEADING, text)
+        progress(f"wrote section 9 of {args.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
