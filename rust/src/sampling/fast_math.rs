@@ -12,7 +12,8 @@ const ROUND: f32 = 12_582_912.0;
 #[inline(always)]
 pub fn exp_nonpositive(x: f32) -> f32 {
     let c = x.max(-87.0);
-    let n = (c * LOG2E + ROUND) - ROUND;
+    let t = c * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = c - n * LN2_HI - n * LN2_LO;
     let z = r * r;
     let p = (((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
@@ -23,7 +24,10 @@ pub fn exp_nonpositive(x: f32) -> f32 {
         * z
         + r
         + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // n sits in t's low mantissa bits: 2^n from integer arithmetic alone (no float-to-int
+    // conversion, whose saturating form does not vectorize).
+    let n_int = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
+    let scale = f32::from_bits((n_int.wrapping_add(127) as u32) << 23);
     if x < -87.0 {
         0.0
     } else {

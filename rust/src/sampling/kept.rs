@@ -68,7 +68,7 @@ pub fn mask_row(
     if v == 0 || (k.is_none() && p.is_none()) {
         return RowOutcome::Masked;
     }
-    if row.iter().any(|x| x.is_nan()) {
+    if row.iter().fold(false, |nan, x| nan | x.is_nan()) {
         return RowOutcome::NeedsSort;
     }
     let mut cut = f32::NEG_INFINITY;
@@ -95,17 +95,12 @@ pub fn mask_row(
         let thr = (1.0f32 - p).max(0.0) as f64;
         let boundary = if candidates {
             let (vals, idx) = (std::mem::take(&mut s.vals), std::mem::take(&mut s.idx));
-            let b = top_p_boundary(
-                vals.iter().copied().zip(idx.iter().copied()),
-                thr,
-                strict,
-                s,
-            );
+            let b = top_p_boundary(&vals, Some(&idx), thr, strict, s);
             s.vals = vals;
             s.idx = idx;
             b
         } else {
-            top_p_boundary(row.iter().copied().zip(0u32..), thr, strict, s)
+            top_p_boundary(row, None, thr, strict, s)
         };
         match boundary {
             Some((b, sure)) => {
@@ -164,20 +159,24 @@ pub fn kth_largest(row: &[f32], k: usize, s: &mut Scratch) -> f32 {
     kth
 }
 
-/// The smallest value top-p keeps among `entries` (value, index) and whether the decision is
-/// certain (see the module docs); `None` when it is not and `strict`, or when the row has no
-/// finite maximum.
+/// The smallest value top-p keeps among `vals` (at row indices `idx`, or their own positions)
+/// and whether the decision is certain (see the module docs); `None` when it is not and
+/// `strict`, or when the row has no finite maximum.
 fn top_p_boundary(
-    entries: impl Iterator<Item = (f32, u32)> + Clone,
+    vals: &[f32],
+    idx: Option<&[u32]>,
     thr: f64,
     strict: bool,
     s: &mut Scratch,
 ) -> Option<(f32, bool)> {
-    let (m, low) = entries
-        .clone()
-        .fold((f32::NEG_INFINITY, f32::INFINITY), |(m, l), (x, _)| {
-            (m.max(x), if x > f32::NEG_INFINITY { l.min(x) } else { l })
-        });
+    let m = vals.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let low = vals.iter().fold(f32::INFINITY, |l, &x| {
+        l.min(if x > f32::NEG_INFINITY {
+            x
+        } else {
+            f32::INFINITY
+        })
+    });
     if !m.is_finite() {
         return None;
     }
@@ -188,19 +187,32 @@ fn top_p_boundary(
     }
     // e = exp(x - m) per entry (vectorized), then its mass per bucket.
     s.sample.clear();
-    s.sample.extend(entries.clone().map(|(x, _)| x));
+    s.sample.extend_from_slice(vals);
     super::fast_math::exp_shifted(&mut s.sample, m);
+    // Four interleaved histograms: runs of entries in one bucket (the flat tail) would
+    // otherwise wait on each other's store.
     s.mass.clear();
-    s.mass.resize(BUCKETS, 0.0);
-    let mut total = 0.0f64;
-    for &e in &s.sample {
-        s.mass[bucket(e)] += e as f64;
+    s.mass.resize(4 * BUCKETS, 0.0);
+    let (h0, rest) = s.mass.split_at_mut(BUCKETS);
+    let (h1, rest) = rest.split_at_mut(BUCKETS);
+    let (h2, h3) = rest.split_at_mut(BUCKETS);
+    let quads = s.sample.chunks_exact(4);
+    for &e in quads.remainder() {
+        h0[bucket(e)] += e as f64;
     }
-    for &w in &s.mass {
-        total += w;
+    for q in quads {
+        h0[bucket(q[0])] += q[0] as f64;
+        h1[bucket(q[1])] += q[1] as f64;
+        h2[bucket(q[2])] += q[2] as f64;
+        h3[bucket(q[3])] += q[3] as f64;
     }
+    for b in 0..BUCKETS {
+        h0[b] += h1[b] + h2[b] + h3[b];
+    }
+    s.mass.truncate(BUCKETS);
+    let total: f64 = s.mass.iter().sum();
     if thr == 0.0 {
-        return zero_probability_cut(entries, m, total, strict);
+        return zero_probability_cut(vals, m, total, strict);
     }
     // Walk up from the smallest values to the bucket where the masked mass passes thr.
     let limit = thr * total;
@@ -218,8 +230,9 @@ fn top_p_boundary(
     // The entries of bucket b, ascending by value (index order among ties does not matter:
     // a cut inside a run of ties is refused below).
     s.bucket.clear();
-    for ((x, i), &e) in entries.zip(&s.sample) {
+    for (j, (&x, &e)) in vals.iter().zip(&s.sample).enumerate() {
         if bucket(e) == b {
+            let i = idx.map_or(j as u32, |idx| idx[j]);
             s.bucket.push((x, i, e as f64));
         }
     }
@@ -261,16 +274,11 @@ const NEVER_ZERO_BELOW: f32 = 80.0;
 /// (not 0) and `e` is a normal float32 (within 87 of the max), or when `e` underflows to 0
 /// whatever the exponential (more than 104.5 below); otherwise torch's exponential and
 /// rounding decide (`strict`: refused; else kept when the exact value reaches 2^-150).
-fn zero_probability_cut(
-    entries: impl Iterator<Item = (f32, u32)>,
-    m: f32,
-    total: f64,
-    strict: bool,
-) -> Option<(f32, bool)> {
+fn zero_probability_cut(vals: &[f32], m: f32, total: f64, strict: bool) -> Option<(f32, bool)> {
     let (zero, half, nonzero) = (2f64.powi(-152), 2f64.powi(-150), 2f64.powi(-148));
     let mut cut = f32::INFINITY;
     let mut certain = true;
-    for (x, _) in entries {
+    for &x in vals {
         let d = (m - x) as f64;
         if d > 104.5 {
             continue;
