@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from .demo import DemoOptions, run_demo
+from .tail import SAMPLING_MODES
 
 
 def parser() -> argparse.ArgumentParser:
@@ -69,6 +70,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run this library alone (all its processors' parameters, no agreement check)",
     )
+    demo.add_argument(
+        "--sampling",
+        choices=SAMPLING_MODES,
+        default="exact",
+        help="our Sampler's tail (default exact: the reference's tokens without its sort; "
+        "batch_invariant samples other tokens, so it needs --no-reference)",
+    )
     return ap
 
 
@@ -85,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 threads=args.threads,
                 check_every=args.check_every,
                 no_reference=args.no_reference,
+                sampling=args.sampling,
             )
         )
     return 2  # pragma: no cover - argparse requires a command

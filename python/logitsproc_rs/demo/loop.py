@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import sys
 
@@ -31,6 +32,7 @@ class DemoOptions:
     threads: int | None = None
     check_every: int = 1
     no_reference: bool = False
+    sampling: str = "exact"
 
 
 def run_demo(opts: DemoOptions) -> int:
@@ -50,6 +52,13 @@ def run_demo(opts: DemoOptions) -> int:
     if vocab < 256:
         print("--vocab must be at least 256", file=sys.stderr)
         return 2
+    if opts.sampling == "batch_invariant" and use_ref:
+        print("--sampling batch_invariant draws other tokens than the reference: add "
+              "--no-reference", file=sys.stderr)  # fmt: skip
+        return 2
+    # Our sampling tail's Rust threads as many as torch's (one on CPU by default), so the
+    # two sides are timed on the same cores.
+    os.environ.setdefault("LOGITSPROC_SAMPLING_THREADS", str(torch.get_num_threads()))
 
     cfg = EngineConfig(
         max_num_seqs=batch,
@@ -65,7 +74,7 @@ def run_demo(opts: DemoOptions) -> int:
     ours_named = [(processor_name(p), p) for p in ours.all]
     ref_named = [(processor_name(p), p) for p in ref.all] if ref is not None else []
     t_ours, t_ref = Timings(), Timings()
-    sampler = Sampler(timed_processors(ours_named, t_ours, on_cuda))
+    sampler = Sampler(timed_processors(ours_named, t_ours, on_cuda), sampling=opts.sampling)
     ref_sampler = ReferenceSampler(timed_processors(ref_named, t_ref, on_cuda))
     agreement = Agreement() if ref is not None else None
 
@@ -73,7 +82,8 @@ def run_demo(opts: DemoOptions) -> int:
     work = EngineWorkload(batch, vocab, opts.seed, features, device)
     print_header(
         f"logitsproc_rs demo: {steps} steps, batch up to {batch}, vocab {vocab}, "
-        f"device {device} ({torch.get_num_threads()} CPU threads), seed {opts.seed}",
+        f"device {device} ({torch.get_num_threads()} CPU threads), seed {opts.seed}, "
+        f"sampling {opts.sampling}",
         features,
         skipped,
         use_ref,
@@ -94,6 +104,9 @@ def run_demo(opts: DemoOptions) -> int:
             continue
 
         md_ours, md_ref = work.metadata(rows, changed=update is not None)
+        if opts.sampling == "batch_invariant":  # keys: the request ids; positions: its tokens
+            md_ours.seeds = [r.req_id for r in rows]
+            md_ours.positions = [len(r.output_token_ids) for r in rows]
         logits = work.logits(n)
         ref_logits = logits.clone() if check else None
         if check and check_every > 1:  # the reference skipped steps: bring its generators level
