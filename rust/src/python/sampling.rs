@@ -70,6 +70,13 @@ pub fn unsafe_mask_top_k_top_p(
     ))
 }
 
+/// The tokens, the default generator's state after the draws, each seeded one's.
+type RaceOutcome<'py> = (
+    Vec<i64>,
+    Option<Bound<'py, PyBytes>>,
+    Vec<Bound<'py, PyBytes>>,
+);
+
 fn generator(bytes: &[u8]) -> PyResult<Mt19937> {
     Mt19937::from_torch_state(bytes).map_err(|e| PyValueError::new_err(e.0))
 }
@@ -95,11 +102,7 @@ pub fn unsafe_exponential_race<'py>(
     default_state: Option<Vec<u8>>,
     seeded: Vec<(usize, usize)>,
     states: Vec<Vec<u8>>,
-) -> PyResult<(
-    Vec<i64>,
-    Option<Bound<'py, PyBytes>>,
-    Vec<Bound<'py, PyBytes>>,
-)> {
+) -> PyResult<RaceOutcome<'py>> {
     per_row(&Some(need.clone()), rows, "need")?;
     if let Some(&(r, g)) = seeded
         .iter()

@@ -356,7 +356,7 @@ mod tests {
                     } // ties
                 })
                 .collect();
-            let k = [None, Some(1), Some(3), Some(v / 2), Some(v - 1)][case % 5 + 0]
+            let k = [None, Some(1), Some(3), Some(v / 2), Some(v - 1)][case % 5]
                 .filter(|_| case % 4 != 0);
             let p = [None, Some(0.1f32), Some(0.5), Some(0.9), Some(0.999)][(case / 5) % 5];
             let want = sorted_kept(&row, k, p);
