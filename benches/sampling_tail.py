@@ -12,6 +12,7 @@ Paths, each from the same logits, in one run:
 - **exact**: ``Sampler(sampling="exact")``'s tail: the sort-free kept set, torch's
   ``softmax``, the exponential race on torch's own streams (the ``torch sort`` tokens);
 - **batch_invariant**: the sort-free kept set and the counter-keyed Gumbel race;
+- min-p: vLLM's own MinP (probabilities) on its path, our ``MinPLogitsProcessor`` on ours;
 - **floor**: one read of the logits at the measured copy bandwidth (bytes / (copy bandwidth /
   2): a copy reads and writes).
 
@@ -38,15 +39,17 @@ from typing import Any
 os.environ.setdefault("LOGITSPROC_SAMPLING_THREADS", "1")
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
-import torch  # noqa: E402
-from report_tables import write_section  # noqa: E402
+import torch
+from report_tables import write_section
 
-from logitsproc_rs import tail  # noqa: E402
-from logitsproc_rs.sampler import apply_top_k_top_p, random_sample  # noqa: E402
+from logitsproc_rs import BatchUpdate, EngineConfig, SamplingParams, build_logitsprocs, tail
+from logitsproc_rs.sampler import apply_top_k_top_p, random_sample
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADING = "## 9. The sampling tail"
-VLLM = Path(os.environ.get("LOGITSPROC_VLLM_0251", Path.home() / ".cache/logitsproc_rs/vllm-0.25.1"))
+VLLM = Path(
+    os.environ.get("LOGITSPROC_VLLM_0251", Path.home() / ".cache/logitsproc_rs/vllm-0.25.1")
+)
 TEMPERATURE = 0.8
 #: name: (top_k, top_p, min_p)
 CONFIGS: dict[str, tuple[int | None, float | None, float]] = {
@@ -73,21 +76,41 @@ def vllm_functions() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     return ops.apply_top_k_top_p, ops.compiled_random_sample
 
 
-def min_p_(logits: torch.Tensor, min_p: float) -> torch.Tensor:
-    """vLLM 0.25.1's MinP (``builtin.py``), the same op on every path."""
+def vllm_min_p_(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """vLLM 0.25.1's MinP (``builtin.py``: probabilities against the max's)."""
     probs = logits.softmax(dim=-1)
     top = probs.amax(dim=-1, keepdim=True)
     return logits.masked_fill_(probs < min_p * top, float("-inf"))
 
 
+class OurMinP:
+    """Our ``MinPLogitsProcessor`` (its Rust host kernel on CPU logits), every row at
+    ``min_p``, for one batch size."""
+
+    def __init__(self, rows: int, vocab: int, min_p: float) -> None:
+        self.min_p = min_p
+        self.procs = build_logitsprocs(
+            EngineConfig(max_num_seqs=rows, vocab_size=vocab), "cpu", False
+        )
+        params = SamplingParams(temperature=TEMPERATURE, min_p=min_p)
+        self.procs.update_state(
+            BatchUpdate(rows, [], [(r, params, [], []) for r in range(rows)], [])
+        )
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.procs.apply_each(self.procs.argmax_invariant, logits)
+
+
 def paths(vllm: Any) -> dict[str, Callable[..., torch.Tensor]]:
     def start(x, k, p, mp):
         x = x.div_(TEMPERATURE)
-        return min_p_(x, mp) if mp else x
+        return mp(x) if mp else x
 
     def vllm_cpu(x, k, p, mp):
         apply, compiled = vllm
-        return compiled(apply(start(x, k, p, mp), k, p))
+        x = x.div_(TEMPERATURE)
+        x = vllm_min_p_(x, mp.min_p) if mp else x
+        return compiled(apply(x, k, p))
 
     def torch_sort(x, k, p, mp):
         x = apply_top_k_top_p(start(x, k, p, mp), k, p, None if k is None else int(k.max()))
@@ -131,9 +154,10 @@ def measure(
     gen = torch.Generator().manual_seed(rows * 7 + vocab)
     logits = torch.randn(rows, vocab, generator=gen) * sigma
     out: dict[str, dict[str, float]] = {}
-    for name, (k, p, mp) in CONFIGS.items():
+    for name, (k, p, min_p) in CONFIGS.items():
         kt = None if k is None else torch.full((rows,), k, dtype=torch.int64)
         pt = None if p is None else torch.full((rows,), p)
+        mp = OurMinP(rows, vocab, min_p) if min_p else None
         cell: dict[str, float] = {}
         for path, fn in fns.items():
             fn(logits.clone(), kt, pt, mp)  # warm (and compile)
@@ -171,7 +195,8 @@ def table(results: dict[tuple[int, int, float], dict[str, dict[str, float]]], bw
             cells = " | ".join(f"{cell[p]:.2f}" for p in paths_)
             md.append(
                 f"| {rows} | {vocab:,} | {sigma:g} | {name} | {cells} | "
-                f"{cell[base] / cell['exact']:.1f}x | {cell[base] / cell['batch_invariant']:.1f}x | "
+                f"{cell[base] / cell['exact']:.1f}x | "
+                f"{cell[base] / cell['batch_invariant']:.1f}x | "
                 f"{floor:.3f} | {cell['batch_invariant'] / floor:.0f}x | "
                 f"{int(cell['sorted rows'])}/{rows} |"
             )
@@ -204,9 +229,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if vllm is None:
         progress(f"vLLM 0.25.1 not found at {VLLM} (make extras): its column is left out")
     fns = paths(vllm)
-    sizes = [(1, 32_000), (32, 32_000)] if args.quick else [
-        (b, v) for v in (32_000, 151_936) for b in (1, 32, 256)
-    ]
+    sizes = (
+        [(1, 32_000), (32, 32_000)]
+        if args.quick
+        else [(b, v) for v in (32_000, 151_936) for b in (1, 32, 256)]
+    )
     cases = [(b, v, 4.0) for b, v in sizes]
     if args.flat:
         cases += [(32, v, 1.0) for v in ((32_000,) if args.quick else (32_000, 151_936))]

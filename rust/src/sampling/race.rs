@@ -31,12 +31,37 @@ fn race_row_plain(probs: &[f32], words: &[u32]) -> usize {
     best.1
 }
 
-/// The race over one row whose stream words (`2 * probs.len()`, untempered) are `words`.
+/// Entries tested together before any full draw.
+const CHUNK: usize = 16;
+
+/// The race over one row whose stream words (`2 * probs.len()`, untempered) are `words`;
+/// compiled for AVX2 where the CPU has it (the same results: integer tests and float32
+/// comparisons, no fused multiply-add).
 pub fn race_row(probs: &[f32], words: &[u32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        unsafe fn wide(probs: &[f32], words: &[u32]) -> usize {
+            race(probs, words)
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { wide(probs, words) };
+        }
+    }
+    race(probs, words)
+}
+
+#[inline(always)]
+fn race(probs: &[f32], words: &[u32]) -> usize {
     debug_assert_eq!(words.len(), 2 * probs.len());
     // A uniform of 0 (both words 0 after tempering; tempering maps only 0 to 0) or a NaN
     // probability: the plain form decides (torch's NaN rule).
-    let zero_lo = words.chunks_exact(2).any(|w| w[1] == 0);
+    let zero_lo = words
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .fold(false, |z, &w| z | (w == 0));
     let (mut top, mut top_i) = (f32::NEG_INFINITY, usize::MAX);
     let mut nan = false;
     for (i, &p) in probs.iter().enumerate() {
@@ -52,22 +77,38 @@ pub fn race_row(probs: &[f32], words: &[u32]) -> usize {
     let mut best = top / exponential_f32(q_of(top_i));
     let mut best_i = top_i;
     // Entry i can reach `best` only if q_i <= p_i / best (to float32 rounding), and
-    // q = -log1p(-u) >= u: so a uniform above p_i / best (with slack) cannot.
+    // q = -log1p(-u) >= u: so a uniform above p_i / best (with slack) cannot. The uniform's
+    // top 21 bits (its first word) give a first test for a whole chunk: u >= hi * 2^32.
     const SLACK: f64 = 1.0 + 1e-6;
     const TO_UNIT: f64 = 1.0 / (1u64 << 53) as f64;
     let mut reach = SLACK / best as f64 / TO_UNIT; // in units of the 53-bit integer
-    for (i, &p) in probs.iter().enumerate() {
-        if p <= 0.0 || i == top_i {
+    let mut pass = [false; CHUNK];
+    for (c, ps) in probs.chunks(CHUNK).enumerate() {
+        let reach_hi = (reach * (1.0 / 4_294_967_296.0) * (1.0 + 1e-5)) as f32 + 1.0;
+        let ws = &words[2 * c * CHUNK..];
+        let mut any = false;
+        for (j, &p) in ps.iter().enumerate() {
+            let hi = (temper(ws[2 * j]) & 0x1f_ffff) as i32 as f32;
+            pass[j] = p > 0.0 && hi <= p * reach_hi;
+            any |= pass[j];
+        }
+        if !any {
             continue;
         }
-        let u = q_of(i);
-        if u as f64 > p as f64 * reach {
-            continue;
-        }
-        let r = p / exponential_f32(u);
-        if r > best || (r == best && i < best_i) {
-            (best, best_i) = (r, i);
-            reach = SLACK / best as f64 / TO_UNIT;
+        for (j, &p) in ps.iter().enumerate() {
+            let i = c * CHUNK + j;
+            if !pass[j] || i == top_i {
+                continue;
+            }
+            let u = q_of(i);
+            if u as f64 > p as f64 * reach {
+                continue;
+            }
+            let r = p / exponential_f32(u);
+            if r > best || (r == best && i < best_i) {
+                (best, best_i) = (r, i);
+                reach = SLACK / best as f64 / TO_UNIT;
+            }
         }
     }
     best_i
