@@ -65,6 +65,7 @@ def _params() -> list[SamplingParams]:
             epsilon_cutoff=0.08,
             dry_multiplier=0.8,
             dry_allowed_length=1,
+            kept_top_k=6,
             max_tokens=None,
         ),
         SamplingParams(
@@ -80,6 +81,7 @@ def _params() -> list[SamplingParams]:
             eta_cutoff=0.1,
             xtc_probability=1.0,
             xtc_threshold=0.05,
+            kept_top_p=0.7,
             max_tokens=None,
         ),
     ]
