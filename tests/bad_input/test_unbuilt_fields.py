@@ -34,6 +34,8 @@ SWITCH_ON: dict[str, Any] = {
     "epsilon_cutoff": 0.01,
     "eta_cutoff": 0.01,
     "xtc_probability": 0.5,
+    "kept_top_k": 5,
+    "kept_top_p": 0.9,
 }
 # A value for each tuning-only field (set alone: nothing to apply).
 TUNE: dict[str, Any] = {
