@@ -162,7 +162,8 @@ class RefLogitsProcessors:
 class RefSamplingMetadata:
     """Per-step sampling inputs, one entry per batch row, with vLLM's field names (the
     ``ReferenceSampler`` reads any object with these attributes). ``top_k`` holds the vocab
-    size for rows without top-k."""
+    size for rows without top-k. ``seeds`` / ``positions`` key our ``batch_invariant`` draw;
+    the reference (vLLM's sampler) has no such mode and does not read them."""
 
     temperature: torch.Tensor | None
     all_greedy: bool
@@ -172,6 +173,8 @@ class RefSamplingMetadata:
     max_top_k: int | None = None
     generators: dict[int, torch.Generator] = field(default_factory=dict)
     max_num_logprobs: int | None = None
+    seeds: list[int | None] | None = None
+    positions: list[int] | None = None
 
 
 @dataclass

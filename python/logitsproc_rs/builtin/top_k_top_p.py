@@ -43,4 +43,14 @@ class TopKTopPLogitsProcessor(PipelineView):
         k = pipe.dense(TABLE + ".top_k", rows, rowspace).view(-1)  # float32, 0: off
         p = pipe.dense(TABLE + ".top_p", rows, rowspace).view(-1)  # float32, 1: off
         top_k = torch.where(k >= 1, k.clamp(max=vocab), vocab).to(torch.int64)
-        return tail.mask_top_k_top_p_(logits, top_k, p.to(torch.float32, copy=True))
+        top_p = p.to(torch.float32, copy=True)
+        if logits.device.type == "cpu":
+            # As vLLM's batch: no top-p tensor unless a row uses it (then p = 1 rows lose their
+            # zero-probability tokens), no top-k tensor unless a row uses it. Host tensors: no
+            # sync. On a device this would sync, so there both are always passed.
+            return tail.mask_top_k_top_p_(
+                logits,
+                top_k if bool((top_k < vocab).any()) else None,
+                top_p if bool((top_p < 1).any()) else None,
+            )
+        return tail.mask_top_k_top_p_(logits, top_k, top_p)

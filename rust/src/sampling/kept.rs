@@ -139,10 +139,21 @@ pub fn kth_largest(row: &[f32], k: usize, s: &mut Scratch) -> f32 {
     loop {
         s.vals.clear();
         s.idx.clear();
-        for (i, &x) in row.iter().enumerate() {
-            if x >= floor {
-                s.vals.push(x);
-                s.idx.push(i as u32);
+        // Chunks with nothing at or above the floor (most of them) are passed over on a
+        // vectorized max.
+        for (c, xs) in row.chunks(16).enumerate() {
+            if xs
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+                < floor
+            {
+                continue;
+            }
+            for (j, &x) in xs.iter().enumerate() {
+                if x >= floor {
+                    s.vals.push(x);
+                    s.idx.push((c * 16 + j) as u32);
+                }
             }
         }
         if s.vals.len() >= k {

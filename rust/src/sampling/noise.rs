@@ -79,15 +79,13 @@ pub fn gumbel_race_row(row: &[f32], key: u32) -> Option<usize> {
 #[inline(always)]
 fn race(row: &[f32], key: u32) -> Option<usize> {
     let (gmax, _) = gumbel_bounds();
-    let (mut top, mut top_i) = (f32::NEG_INFINITY, usize::MAX);
-    for (i, &x) in row.iter().enumerate() {
-        if x > top {
-            (top, top_i) = (x, i);
-        }
-    }
-    if top_i == usize::MAX || !top.is_finite() {
+    let top = row
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    if !top.is_finite() {
         return None;
     }
+    let top_i = row.iter().position(|&x| x == top)?;
     let mut best = top + gumbel(token_bits(key, top_i as u32));
     let mut best_i = top_i;
     let bound = |c: f32| (-(-(c - 0.01)).exp()).exp();

@@ -57,22 +57,15 @@ fn race(probs: &[f32], words: &[u32]) -> usize {
     debug_assert_eq!(words.len(), 2 * probs.len());
     // A uniform of 0 (both words 0 after tempering; tempering maps only 0 to 0) or a NaN
     // probability: the plain form decides (torch's NaN rule).
-    let zero_lo = words
+    let zero_lo = words.chunks_exact(2).fold(false, |z, w| z | (w[1] == 0));
+    let nan = probs.iter().fold(false, |n, p| n | p.is_nan());
+    let top = probs
         .iter()
-        .skip(1)
-        .step_by(2)
-        .fold(false, |z, &w| z | (w == 0));
-    let (mut top, mut top_i) = (f32::NEG_INFINITY, usize::MAX);
-    let mut nan = false;
-    for (i, &p) in probs.iter().enumerate() {
-        nan |= p.is_nan();
-        if p > top {
-            (top, top_i) = (p, i);
-        }
-    }
-    if zero_lo || nan || top_i == usize::MAX || top <= 0.0 {
+        .fold(f32::NEG_INFINITY, |m, &p| if p > m { p } else { m });
+    if zero_lo || nan || top <= 0.0 {
         return race_row_plain(probs, words);
     }
+    let top_i = probs.iter().position(|&p| p == top).unwrap_or(0);
     let q_of = |i: usize| uniform53(temper(words[2 * i]), temper(words[2 * i + 1]));
     let mut best = top / exponential_f32(q_of(top_i));
     let mut best_i = top_i;
@@ -83,14 +76,13 @@ fn race(probs: &[f32], words: &[u32]) -> usize {
     const TO_UNIT: f64 = 1.0 / (1u64 << 53) as f64;
     let mut reach = SLACK / best as f64 / TO_UNIT; // in units of the 53-bit integer
     let mut pass = [false; CHUNK];
-    for (c, ps) in probs.chunks(CHUNK).enumerate() {
+    for (c, (ps, ws)) in probs.chunks(CHUNK).zip(words.chunks(2 * CHUNK)).enumerate() {
         let reach_hi = (reach * (1.0 / 4_294_967_296.0) * (1.0 + 1e-5)) as f32 + 1.0;
-        let ws = &words[2 * c * CHUNK..];
         let mut any = false;
-        for (j, &p) in ps.iter().enumerate() {
-            let hi = (temper(ws[2 * j]) & 0x1f_ffff) as i32 as f32;
-            pass[j] = p > 0.0 && hi <= p * reach_hi;
-            any |= pass[j];
+        for ((ok, &p), w) in pass.iter_mut().zip(ps).zip(ws.chunks_exact(2)) {
+            let hi = (temper(w[0]) & 0x1f_ffff) as i32 as f32;
+            *ok = (p > 0.0) & (hi <= p * reach_hi);
+            any |= *ok;
         }
         if !any {
             continue;
