@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _background
 import pytest
 import torch
 
@@ -31,14 +32,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the real-engine scenarios the selected tests need now, in the background, so
-    they run while the other tests do (``test_vllm_engine.plan``)."""
+    """Start the subprocess jobs (``_background.py``) and then the real-engine scenarios the
+    selected tests need now, in the background, so they run while the other tests do
+    (``test_vllm_engine.plan``)."""
+    if session.config.option.collectonly:
+        return
+    _background.plan(session.items)
     module = _engine_tests(session)
-    if module is not None and not session.config.option.collectonly:
+    if module is not None:
         module.plan([i for i in session.items if getattr(i, "module", None) is module])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    _background.cancel_all()
     module = _engine_tests(session)
     if module is not None:
         module.stop_all()

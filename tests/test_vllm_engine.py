@@ -25,9 +25,10 @@ import signal
 import subprocess
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
+import _background
 import pytest
 from _extras import missing
 
@@ -126,11 +127,11 @@ def model() -> Path:
 # An engine scenario is a subprocess of its own, about one core busy (an engine start, Triton's
 # interpreter) for 20-200 s. So the session starts every scenario its selected tests need as
 # soon as collection ends (``conftest.py``), longest first, on ``LOGITSPROC_ENGINE_WORKERS``
-# threads (default 1: with pytest itself, one busy process per core), while pytest runs the
+# threads (``_background.pool``, default 1: with pytest itself, one busy process per core;
+# the Triton interpreter's subprocess jobs go first there), while pytest runs the
 # other tests; a test waits only for what has not finished. What a test asks for that was not
 # planned starts then.
 
-_POOL: ThreadPoolExecutor | None = None
 _RUNS: dict[tuple[Path, str], Future] = {}
 _PROCS: set[subprocess.Popen] = set()
 _LOCK = threading.Lock()
@@ -149,13 +150,9 @@ _EXPECTED_S = {
 
 
 def _scenario(engine_python: Path, name: str) -> Future:
-    global _POOL
     with _LOCK:
         if (engine_python, name) not in _RUNS:
-            if _POOL is None:
-                workers = int(os.environ.get("LOGITSPROC_ENGINE_WORKERS", "1"))
-                _POOL = ThreadPoolExecutor(workers, thread_name_prefix="engine")
-            _RUNS[engine_python, name] = _POOL.submit(
+            _RUNS[engine_python, name] = _background.pool().submit(
                 lambda: _drive(engine_python, _make_model(), name)
             )
         return _RUNS[engine_python, name]

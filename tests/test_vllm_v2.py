@@ -35,10 +35,15 @@ def vllm_dir() -> Path:
 
 
 def run(
-    vllm_dir: Path, script: str, *args: object, fields: str = "namespace"
+    vllm_dir: Path,
+    script: str,
+    *args: object,
+    fields: str = "namespace",
+    environ: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """``script`` under ``environ`` (default ``os.environ``) with vLLM's and our paths."""
     env = {
-        **os.environ,
+        **(os.environ if environ is None else environ),
         "PYTHONPATH": f"{vllm_dir}{os.pathsep}{ROOT / 'python'}",
         "LOGITSPROC_V2_FIELDS": fields,
     }

@@ -12,8 +12,12 @@ driver masks exactly the thinking-budget ones. Each run is ~15 s of imports plus
 
 from __future__ import annotations
 
+import os
+import subprocess
+
+import _background
 import pytest
-from test_vllm_v2 import result, run, vllm_dir  # noqa: F401  (vllm_dir: the fixture)
+from test_vllm_v2 import INTERFACE, TARGET, result, run, vllm_dir  # noqa: F401  (vllm_dir: the fixture)
 
 DRIVER = "v2_mrv2_own.py"
 SETS = ("logit_bias", "penalties", "bad_words", "thinking", "all")
@@ -34,21 +38,29 @@ RUNS = {
 }
 
 
+# The environment as the session started: a background thread must not see a test's
+# ``monkeypatch``.
+_SESSION_ENV = dict(os.environ)
+
+
+@_background.job(__name__, "runs")
+def _driver_run() -> subprocess.CompletedProcess | None:
+    """The driver's batch, Triton's interpreter on, under the session's starting environment;
+    None without vLLM 0.33.0."""
+    if not INTERFACE.is_file():
+        return None
+    return run(
+        TARGET, DRIVER, "batch", *RUNS.values(), environ=dict(_SESSION_ENV, TRITON_INTERPRET="1")
+    )
+
+
 @pytest.fixture(scope="module")
 def runs(vllm_dir):  # noqa: F811
     """Each run's RESULT and its own output, by name."""
     import json
-    import os
 
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"  # for the driver only (it sets it too)
-    try:
-        proc = run(vllm_dir, DRIVER, "batch", *RUNS.values())
-    finally:
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
+    proc = _background.result(__name__, "runs")
+    assert proc is not None  # vllm_dir skipped or failed otherwise
     assert proc.returncode == 0, f"driver failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     out: dict[str, tuple[dict, str]] = {}
     chunks = proc.stdout.split("RUN ")[1:]
