@@ -10,13 +10,22 @@ an engine.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The environment as the session started (this module is imported by ``conftest.py``): a job
+# on a background thread must not see a test's ``monkeypatch``.
+_SESSION_ENV = dict(os.environ)
+_PYTHON_DIR = str(Path(__file__).resolve().parent.parent / "python")
 
 _JOBS: dict[tuple[str, str], Callable[[], Any]] = {}
 _FUTURES: dict[tuple[str, str], Future] = {}
@@ -75,3 +84,30 @@ def cancel_all() -> None:
     with _LOCK:
         for future in _FUTURES.values():
             future.cancel()
+
+
+def session_env(**extra: str) -> dict[str, str]:
+    """The session's starting environment, plus ``extra``."""
+    return dict(_SESSION_ENV, **extra)
+
+
+def interpreter_script(module: str, script: Path, **extra_env: str) -> None:
+    """Registers fixture ``interpreted`` of ``module``: ``script`` run by this Python under
+    ``TRITON_INTERPRET=1`` with ``python/`` on the path (its checks print one ``RESULTS``
+    JSON line; ``results`` reads it)."""
+
+    def run() -> subprocess.CompletedProcess:
+        env = session_env(TRITON_INTERPRET="1", **extra_env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (_PYTHON_DIR, env.get("PYTHONPATH"))))
+        return subprocess.run(
+            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+        )
+
+    job(module, "interpreted")(run)
+
+
+def results(proc: subprocess.CompletedProcess) -> dict[str, Any]:
+    """The ``RESULTS`` JSON line of an ``interpreter_script`` run that succeeded."""
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULTS ") :])

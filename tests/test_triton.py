@@ -26,7 +26,6 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -382,30 +381,14 @@ def _main() -> None:
 # The tests
 
 
-# The environment as the session started: a background thread must not see a test's
-# ``monkeypatch``.
-_SESSION_ENV = dict(os.environ)
-
-
-@_background.job(__name__, "interpreted")
-def _interpreter_run() -> subprocess.CompletedProcess:
-    """The subprocess, under the session's starting environment."""
-    env = dict(_SESSION_ENV, TRITON_INTERPRET="1", LOGITSPROC_KERNELS="triton")
-    python_dir = str(HERE.parent.parent / "python")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (python_dir, env.get("PYTHONPATH"))))
-    return subprocess.run(
-        [sys.executable, str(HERE)], env=env, capture_output=True, text=True, timeout=300
-    )
+_background.interpreter_script(__name__, HERE, LOGITSPROC_KERNELS="triton")
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict[str, Any]:
     if not HAS_TRITON:
         pytest.skip("triton is not installed")
-    proc = _background.result(__name__, "interpreted")
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULTS ") :])
+    return _background.results(_background.result(__name__, "interpreted"))
 
 
 def _passed(results: dict[str, Any], name: str) -> dict[str, Any]:

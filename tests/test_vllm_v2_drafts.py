@@ -12,7 +12,6 @@ driver masks exactly the thinking-budget ones. Each run is ~15 s of imports plus
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import _background
@@ -38,11 +37,6 @@ RUNS = {
 }
 
 
-# The environment as the session started: a background thread must not see a test's
-# ``monkeypatch``.
-_SESSION_ENV = dict(os.environ)
-
-
 @_background.job(__name__, "runs")
 def _driver_run() -> subprocess.CompletedProcess | None:
     """The driver's batch, Triton's interpreter on, under the session's starting environment;
@@ -50,7 +44,11 @@ def _driver_run() -> subprocess.CompletedProcess | None:
     if not INTERFACE.is_file():
         return None
     return run(
-        TARGET, DRIVER, "batch", *RUNS.values(), environ=dict(_SESSION_ENV, TRITON_INTERPRET="1")
+        TARGET,
+        DRIVER,
+        "batch",
+        *RUNS.values(),
+        environ=_background.session_env(TRITON_INTERPRET="1"),
     )
 
 
