@@ -118,7 +118,7 @@ def test_vllm_processors_run_in_our_build_logitsprocs():
 
 def test_ours_in_vllm_build_logitsprocs_match_native_under_churn():
     r = run_driver("v1_ours_in_vllm.py", "120")
-    for mode in ("routed", "plain"):
+    for mode in ("routed", "plain", "every_field"):
         c = r[mode]
         assert c["steps"] >= 40 and c["swaps"] > 0 and c["moves"] > c["swaps"], (mode, c)
         assert c["rows_changed"] > c["steps"], (mode, c)

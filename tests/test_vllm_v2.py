@@ -75,6 +75,8 @@ def test_v2_matches_v1_under_churn(vllm_dir, seed, max_num_seqs, vocab, steps, d
     assert st["pipelines"] == 1  # every processor loaded together shares one pipeline
     assert st["rows"] > steps * max_num_seqs // 4
     assert st["recycled"] > 10 and st["resumed"] > 3
+    if max_num_seqs <= 8:  # (a batch of 32 does not turn over to plain requests in time)
+        assert st["skipped"] > 0 and st["applied_idle"] > 0  # batches none of ours acts on
     assert (st["draft_rows"] > steps) == bool(drafts)
     if faults:
         assert st["bad_params"] >= 3 and st["failed"] >= 3
@@ -93,6 +95,15 @@ def test_v2_wire_fields_match_v1_under_churn(vllm_dir):
     proc = run(vllm_dir, "v2_churn.py", 5, 16, 96, 150, 1, 1, fields="wire")
     st = result(proc)
     assert st["pipelines"] == 1 and st["rows"] > 150 and st["bad_params"] >= 1
+
+
+def test_v2_every_field_classes_match_v1_under_churn(vllm_dir):
+    """The recommended load (``EveryFieldLogitsProcessor``, the thinking budget,
+    ``EveryFieldSamplingLogitsProcessor``): the same rows as V1, drafts included."""
+    env = {**os.environ, "LOGITSPROC_V2_LOAD": "every_field"}
+    st = result(run(vllm_dir, "v2_churn.py", 6, 8, 96, 300, 1, 0, environ=env))
+    assert st["pipelines"] == 1 and st["rows"] > 300 and st["recycled"] > 10
+    assert st["draft_rows"] > 100 and st["skipped"] > 0 and st["applied_idle"] > 0
 
 
 @pytest.mark.parametrize("route", ["no_prefetch", "half_prefetch"])
@@ -142,6 +153,11 @@ def test_vllm_loader_with_our_classes(vllm_dir):
     assert "extra_args['logitsproc_rs']" in out["bad_namespace"] and "min_p" in out["bad_namespace"]
     assert "unknown field(s) ['top_k']" in out["unknown_namespace"]
     assert out["min_p_kept"] == 1
+    # Idle: nobody acts on requests without our fields, and a step of only them does nothing.
+    idle = out["idle"]
+    assert idle["acts"] is False and idle["same"] and idle["core_steps"] == 0, idle
+    assert idle["acting"] == ["LogitMargin"] and idle["busy_core_steps"] == 1, idle
+    assert idle["busy_changed_rows"] == [2], idle
     # With vLLM 0.33.0's own V1 package importable (tests/extras/vllm_v1.sh installs what it
     # needs), its SamplingParams go through the same processors as ours.
     if out["real_v1_package"] or REQUIRED:

@@ -34,6 +34,8 @@ class PipelineView(LogitsProcessor):
     ``TABLES`` names the core tables the processor needs. Built the vLLM way
     (``cls(vllm_config, device, is_pin_memory)``) a processor gets a pipeline of its own;
     ``build_logitsprocs`` builds one pipeline for all of them and passes ``pipeline=``.
+    ``registered=False``: a part of another processor (``builtin._combined``), which alone
+    takes part in the pipeline's steps.
 
     A built-in also says where vLLM applies it (``STAGE``), where its plain reference
     implementation is (``REFERENCE``, ``"module:Class"``) and whether vLLM builds it under
@@ -56,6 +58,7 @@ class PipelineView(LogitsProcessor):
         is_pin_memory: bool,
         *,
         pipeline: Pipeline | None = None,
+        registered: bool = True,
     ) -> None:
         if pipeline is None:
             pipeline = Pipeline(
@@ -63,7 +66,8 @@ class PipelineView(LogitsProcessor):
             )
         self._pipe = pipeline
         self._column_index = self._find_columns()
-        pipeline.register(self)
+        if registered:  # (a part of a combined processor is not: the combined one is)
+            pipeline.register(self)
         self.attach(pipeline)
 
     def attach(self, pipeline: Pipeline) -> None:

@@ -28,6 +28,7 @@ from logitsproc_rs import (
     MoveDirectionality,
     SamplingParams,
     build_logitsprocs,
+    builtin,
 )
 from logitsproc_rs.vllm import v1
 
@@ -50,6 +51,21 @@ EXPORTED = [
     "logitsproc_rs.vllm.v1:PenaltiesLogitsProcessor",
     v1.ThinkingBudgetLogitsProcessor,
 ]
+# The recommended form: every field in two classes (and the thinking budget, its own), with our
+# processors beyond vLLM's on the native side too, and fields for some of them.
+EVERY_FIELD = [
+    "logitsproc_rs.vllm.v1:EveryFieldLogitsProcessor",
+    v1.ThinkingBudgetLogitsProcessor,
+    v1.EveryFieldSamplingLogitsProcessor,
+    LogitMargin,
+]
+BEYOND = {
+    "no_repeat_ngram_size": (2, 3),
+    "top_n_sigma": (1.0, 2.0),
+    "typical_p": (0.5, 0.9),
+    "kept_top_k": (3, 20),
+    "dry_multiplier": (0.8,),
+}
 PLAIN_TABLES = [
     builtin
     for builtin in (
@@ -66,8 +82,11 @@ PLAIN = [
 ]
 
 
-def fields(rng: random.Random, plain: bool) -> dict:
+def fields(rng: random.Random, plain: bool, beyond: bool = False) -> dict:
     f: dict = {}
+    for name, values in BEYOND.items() if beyond else ():
+        if rng.random() < 0.25:
+            f[name] = rng.choice(values)
     if not plain and rng.random() < 0.4:
         f["min_p"] = rng.choice((0.05, 0.3))
     if not plain and rng.random() < 0.4:
@@ -87,8 +106,8 @@ def fields(rng: random.Random, plain: bool) -> dict:
     return f
 
 
-def make_pair(rng: random.Random, plain: bool) -> tuple[object, SamplingParams]:
-    f = fields(rng, plain)
+def make_pair(rng: random.Random, plain: bool, beyond: bool) -> tuple[object, SamplingParams]:
+    f = fields(rng, plain, beyond)
     stops = rng.sample(range(6, V), rng.randint(0, 2))
     extra: dict = {}
     if not plain and rng.random() < 0.5:
@@ -118,11 +137,11 @@ def make_pair(rng: random.Random, plain: bool) -> tuple[object, SamplingParams]:
     return theirs, ours
 
 
-def run(seed: int, plain: bool, steps: int) -> dict:
+def run(seed: int, plain: bool, steps: int, every_field: bool = False) -> dict:
     twins: dict[int, tuple[object, SamplingParams]] = {}
 
     def make_params(rng: random.Random) -> object:
-        theirs, ours = make_pair(rng, plain)
+        theirs, ours = make_pair(rng, plain, every_field)
         twins[id(theirs)] = (theirs, ours)  # holds theirs: the id stays unique
         return theirs
 
@@ -139,14 +158,16 @@ def run(seed: int, plain: bool, steps: int) -> dict:
         max_tokens=(2, 30), next_token=next_token, prompt_len=(1, 6),
     )  # fmt: skip
     sim.batch.builder = lp.BatchUpdateBuilder()
-    theirs = lp.build_logitsprocs(
-        cfg, torch.device("cpu"), False, False, PLAIN if plain else EXPORTED
-    )
-    native = build_logitsprocs(
-        cfg, "cpu", False, custom_logitsprocs=[] if plain else [LogitMarginLogitsProcessor]
-    )
+    loaded = EVERY_FIELD if every_field else PLAIN if plain else EXPORTED
+    theirs = lp.build_logitsprocs(cfg, torch.device("cpu"), False, False, loaded)
+    custom: list = [] if plain else [LogitMarginLogitsProcessor]
+    if every_field:
+        # In the combined classes' order (theirs: EveryField..., then LogitMargin last).
+        opt_in = [c for c in builtin.OPT_IN_PROCESSORS if c is not builtin.XTCLogitsProcessor]
+        custom = [*opt_in, *custom]
+    native = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=custom)
     bridges = [p for p in theirs.all if isinstance(p, v1._Bridge)]
-    assert len(bridges) == (5 if plain else 8), bridges
+    assert len(bridges) == len(loaded), bridges
     assert len({id(p.pipeline) for p in bridges}) == 1, "the bridges do not share one pipeline"
 
     def to_native(u: object) -> BatchUpdate | None:
@@ -188,6 +209,7 @@ def run(seed: int, plain: bool, steps: int) -> dict:
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 120
 routed = run(5, plain=False, steps=steps)
 plain = run(6, plain=True, steps=steps // 2)
-for c in (routed, plain):
+every_field = run(7, plain=False, steps=steps, every_field=True)
+for c in (routed, plain, every_field):
     assert c["swaps"] > 0 and c["rows_changed"] > 0, c
-result(routed=routed, plain=plain)
+result(routed=routed, plain=plain, every_field=every_field)

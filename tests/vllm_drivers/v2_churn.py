@@ -28,6 +28,7 @@ Every row of every step must equal the V1 row of its request, exactly. Prints on
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import sys
 from typing import Any
@@ -84,7 +85,17 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
     fields = {k: getattr(cfg, k) for k in EngineConfig.__dataclass_fields__}
     v2_cfg = EngineConfig(**{**fields, "num_speculative_tokens": max_drafts or None})
     rs = h.RunnerState(max_num_seqs, 4096, vocab)
-    if h.FIELDS != "plain":  # the module's classes, as a user loads them by name
+    if os.environ.get("LOGITSPROC_V2_LOAD") == "every_field":
+        # The recommended form: every field in two classes, the thinking budget its own (in
+        # V1's order: the combined classes' parts run in it).
+        assert not faults and h.FIELDS != "plain"
+        names = [
+            "logitsproc_rs.vllm.v2:EveryFieldLogitsProcessor",
+            "logitsproc_rs.vllm.v2:ThinkingBudgetLogitsProcessor",
+            "logitsproc_rs.vllm.v2:EveryFieldSamplingLogitsProcessor",
+        ]
+        order = [n.rsplit(":", 1)[1] for n in names]
+    elif h.FIELDS != "plain":  # the module's classes, as a user loads them by name
         names = [bridge(Boost) if n == "Boost" else f"logitsproc_rs.vllm.v2:{n}" for n in order]
     else:  # bridges reading the ordinary fields
         names = [
@@ -97,6 +108,16 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
 
     sim = make_sim(seed, max_num_seqs, vocab, placeholders=False)
     rng = random.Random(seed + 1)
+    # Requests that set none of our fields: a few throughout, and nearly all arrivals in the
+    # middle of the run, so that whole batches go by that none of ours acts on.
+    plain_rng, make_full = random.Random(seed + 3), sim.make_params
+
+    def sometimes_plain(r: random.Random) -> Any:
+        sp = make_full(r)
+        middle = steps // 5 <= sim.steps < steps * 4 // 5
+        return SamplingParams() if plain_rng.random() < (0.95 if middle else 0.2) else sp
+
+    sim.make_params = sometimes_plain
     if faults:
         make_params = sim.make_params
 
@@ -108,9 +129,21 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
 
         sim.make_params = boosted
     g = torch.Generator().manual_seed(seed)
+    own_rng = random.Random(seed + 2)  # when vLLM's own states need processing
     slot_of: dict[int, int] = {}
     stats = dict.fromkeys(
-        ("rows", "draft_rows", "recycled", "resumed", "skipped", "fed", "bad_params", "failed"), 0
+        (
+            "rows",
+            "draft_rows",
+            "recycled",
+            "resumed",
+            "skipped",
+            "applied_idle",
+            "fed",
+            "bad_params",
+            "failed",
+        ),
+        0,
     )
     used: set[int] = set()
     preempted: list[int] = []
@@ -183,9 +216,14 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
                 Boost.FAIL = False
             stats["failed"] += 1
             continue
-        got = h.sample_apply(procs, needs, logits[v1_rows], ctx)
-        if not np.any(needs[ctx.idx_mapping_np]):
-            stats["skipped"] += 1
+        # Now and then vLLM's own sampling states need the batch processed (a temperature,
+        # its own fields): MRV2 then calls every processor's apply, also ours when none of
+        # ours acts on any request of it (those must leave it as it is).
+        ours = bool(np.any(needs[ctx.idx_mapping_np]))
+        theirs = own_rng.random() < 0.3
+        got = h.sample_apply(procs, needs | theirs, logits[v1_rows], ctx)
+        if not ours:
+            stats["applied_idle" if theirs else "skipped"] += 1
         assert torch.equal(got, want[v1_rows]), f"step {sim.steps}: V2 differs from V1"
         stats["rows"] += len(rows)
         stats["draft_rows"] += len(v1_rows) - len(rows)

@@ -118,10 +118,51 @@ def main() -> None:
     assert torch.isfinite(y[2]).sum() >= 1
     out["failed_closed"] = True
 
+    out["idle"] = idle_steps(cfg)
+
     out["real_v1_package"] = real
     if real:
         out["vllm_params"] = vllm_params(cfg, names)
     h.report(out)
+
+
+def idle_steps(cfg: EngineConfig) -> dict:
+    """Requests that set none of our fields (a column's reader gives nothing either): no
+    processor says it acts on them, and a step of only them (MRV2 calls apply when its own
+    states need it) reaches no core call and returns the logits as they came. A request with
+    the column's field: that processor alone acts, and the step runs."""
+    from logit_margin import LogitMarginLogitsProcessor
+
+    rs = h.RunnerState(4, 64, 32)
+    names = [
+        *(f"{V2}:{c.__name__}" for c in v2.ALL if c is not v2.ThinkingBudgetLogitsProcessor),
+        v2.bridge(LogitMarginLogitsProcessor, name="LogitMargin"),
+    ]
+    procs = h.build(cfg, rs, names)
+    core = procs[0].pipeline.core
+    slots = [rs.add_request([3, 4], [5]) for _ in range(2)]
+    acts = [p.add_request(s, SamplingParams(temperature=0.7)) for s in slots for p in procs]
+    for p in procs:
+        p.apply_staged_writes()
+    before = core.steps
+    x = torch.randn(2, 32)
+    y = x
+    for p in procs:
+        y = p.apply(y, h.context(rs, slots, [0, 0]))
+    out = {"acts": any(acts), "same": y is x, "core_steps": core.steps - before}
+    margin = rs.add_request([3, 4], [])
+    sp = SamplingParams(temperature=0.7, extra_args={"logit_margin": 2.0})
+    out["acting"] = [type(p).__name__ for p in procs if p.add_request(margin, sp)]
+    for p in procs:
+        p.apply_staged_writes()
+    x = torch.randn(3, 32)
+    y = x.clone()
+    ctx = h.context(rs, [*slots, margin], [0, 0, 0])
+    for p in procs:
+        y = p.apply(y, ctx)
+    out["busy_core_steps"] = core.steps - before
+    out["busy_changed_rows"] = [i for i in range(3) if not torch.equal(x[i], y[i])]
+    return out
 
 
 def vllm_params(cfg: EngineConfig, names: list[str]) -> int:

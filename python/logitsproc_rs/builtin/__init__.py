@@ -16,6 +16,7 @@ from typing import Any
 
 from ..registry import TABLES
 from ..views import PipelineView, Stage
+from ._combined import combined
 from .allowed_token_ids import AllowedTokenIdsLogitsProcessor
 from .bad_words import BadWordsLogitsProcessor
 from .dry import DryLogitsProcessor
@@ -85,12 +86,40 @@ def asked_for(params: Iterable[Any]) -> list[type[PipelineView]]:
     ]
 
 
+# Every built-in but the thinking budget (it needs a reasoning config) as two processors, one
+# per phase: what an engine that calls each processor every step loads to pay two calls a step
+# instead of one per built-in (the vLLM bridges' recommended form). Their parts run in the
+# order build_logitsprocs gives them with every opt-in one passed as a custom processor.
+_LOOP_ORDER = [
+    *SAMPLER_TRANSFORMS_BEFORE,
+    *BUILTIN_LOGITS_PROCESSORS,
+    *OPT_IN_PROCESSORS,
+    *SAMPLER_TRANSFORMS_AFTER,
+]
+EveryFieldLogitsProcessor = combined(
+    "EveryFieldLogitsProcessor",
+    [c for c in _LOOP_ORDER if not c.ARGMAX_INVARIANT],
+    "Every argmax-changing built-in but the thinking budget, as one processor: allowed ids, "
+    "bad words, min-tokens, logit bias, no-repeat-ngram, DRY, penalties (in that order).",
+)
+EveryFieldSamplingLogitsProcessor = combined(
+    "EveryFieldSamplingLogitsProcessor",
+    [c for c in _LOOP_ORDER if c.ARGMAX_INVARIANT],
+    "Every argmax-invariant built-in as one processor: min-p, top-n-sigma, typical-p, "
+    "epsilon, eta, XTC, the kept top-k / top-p (in that order).",
+)
+COMBINED: tuple[type[PipelineView], ...] = (
+    EveryFieldLogitsProcessor,
+    EveryFieldSamplingLogitsProcessor,
+)
+
 # What vLLM builds of its built-ins under speculative decoding.
 SPEC_DECODE_BUILTINS = [c for c in BUILTIN_LOGITS_PROCESSORS if c.WITH_SPEC_DECODE]
 
 __all__ = [
     "BUILTINS",
     "BUILTIN_LOGITS_PROCESSORS",
+    "COMBINED",
     "OPT_IN_PROCESSORS",
     "REASONING_TRANSFORMS",
     "SAMPLER_TRANSFORMS_AFTER",
@@ -101,6 +130,8 @@ __all__ = [
     "DryLogitsProcessor",
     "EpsilonCutoffLogitsProcessor",
     "EtaCutoffLogitsProcessor",
+    "EveryFieldLogitsProcessor",
+    "EveryFieldSamplingLogitsProcessor",
     "LogitBiasLogitsProcessor",
     "MinPLogitsProcessor",
     "MinTokensLogitsProcessor",

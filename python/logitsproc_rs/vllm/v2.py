@@ -53,7 +53,7 @@ import numbers
 import weakref
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import torch
@@ -62,6 +62,7 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
 )
 
 from .. import _core, builtin
+from ..builtin._combined import CombinedView, combined
 from ..columns import ColumnLogitsProcessor
 from ..errors import BatchUpdateError, processor_raised
 from ..params import _show, config_size, config_spec_tokens
@@ -102,17 +103,23 @@ class _Group(Group):
         slots = config_size(req_states.max_num_reqs, "max_num_reqs")
         self.reads_history = False
         # Requests added since the last apply_staged_writes: slot -> (the engine's params, what
-        # our tables read, joined members).
-        self.pending: dict[int, tuple[Any, Any, set[int]]] = {}
+        # our tables read, joined members, whether each member acts on it).
+        self.pending: dict[int, tuple[Any, Any, set[int], dict[int, bool]]] = {}
         # Slots whose request has a fed history, and how many of its tokens we have fed
         # (prompt included: the same count as the runner's total_len).
         self.known = np.full(slots, -1, dtype=np.int64)
+        # Slots whose request some member acts on (or that are failed closed): a step whose
+        # batch has none of them does nothing (``idle_for``), and only these slots' histories
+        # are read. ``num_active`` counts them.
+        self.active = np.zeros(slots, dtype=bool)
+        self.num_active = 0
         self.fresh: set[int] = set()  # installed this step, from a total_len read just now
         # Tokens one step can commit for a request: the sampled one plus accepted drafts.
         self.window = 1 + max(0, config_spec_tokens(vllm_config) if vllm_config else 0)
         self.last_slots: list[int] = []  # the last batch: who may have committed tokens
         self.snapshot: Any = None  # what prefetch read: (row of each slot, starts, host, event)
-        self.ctx: Any = None
+        self.ctx: Any = None  # the last ctx stepped
+        self.idle_ctx: Any = None  # the last ctx found idle (``idle_for``)
         # Each slot's temperature: MRV2 applies it after the custom processors, so MinP
         # reads it to select what vLLM's own min_p selects (after temperature).
         self.temperature = np.ones(slots, dtype=np.float32)
@@ -138,24 +145,26 @@ class _Group(Group):
             stable_slots=True,
         )
         for m in self.members:
-            if isinstance(m._view, (_TemperedMinP, _SampledRowsOnly)):
-                m._view.group = self
+            for view in (m._view, *getattr(m._view, "parts", ())):
+                if isinstance(view, (_TemperedMinP, _SampledRowsOnly)):
+                    view.group = self
         self.reads_history = bool(self.tables() & HISTORY_TABLES)  # only their tokens are fed
         self.close()  # later processors start a group of their own
         return pipe
 
     # --- add_request ----------------------------------------------------------------------
 
-    def add(self, member: _Bridge, req_idx: Any, params: Any) -> Any:
-        """Returns what our tables read of the request. Everything is read and checked before
-        anything changes: a slot that is not one raises (``slot_of``), and an interrupt
-        raised by the request's own attributes leaves the slot's previous state whole."""
+    def add(self, member: _Bridge, req_idx: Any, params: Any) -> bool:
+        """Whether ``member`` acts on the request (on a failed-closed one every member does).
+        Everything is read and checked before anything changes: a slot that is not one
+        raises (``slot_of``), and an interrupt raised by the request's own attributes leaves
+        the slot's previous state whole."""
         pipe = self.ensure()
         slot = self.slot_of(member, req_idx)
         pending = self.pending.get(slot)
         if pending is not None and pending[0] is params and id(member) not in pending[2]:
             pending[2].add(id(member))  # joins the add another member made for this slot
-            return pending[1]
+            return pending[3].get(id(member), False)
         temperature = _temperature(params)
         tokens = None
         try:
@@ -169,9 +178,16 @@ class _Group(Group):
             pipe.add_request(slot, routed, None, [])  # neutral: replaces the previous occupant
             owner = self.owner(e) or type(member).__name__
             _guard.log_refused(f"{owner}.add_request(req_idx={slot})", e, tokens)
+        refused = isinstance(routed, _guard.Refused)
+        # Which members act on it: each one's add_request answers from this (MRV2 skips a
+        # batch's apply when none acts on any of its requests).
+        acts = {id(m): refused or cast(_Bridge, m).acts_on(routed) for m in self.members}
+        active = any(acts.values())
         # Nothing below reads the request or can fail: the slot changes as a whole.
-        self.pending[slot] = (params, routed, {id(member)})
+        self.pending[slot] = (params, routed, {id(member)}, acts)
         self.known[slot] = -1
+        self.num_active += int(active) - int(self.active[slot])
+        self.active[slot] = active
         if tokens is not None:
             self.forced.rows[slot] = tokens
             self.forced.changed()
@@ -180,7 +196,7 @@ class _Group(Group):
         self.temperature[slot] = temperature
         if self.temperature_dev.device.type != "cpu":
             self.temperature_dev[slot] = float(temperature)
-        return routed
+        return acts[id(member)]
 
     def slot_of(self, member: _Bridge, req_idx: Any) -> int:
         """``req_idx`` as a slot: an int (numpy's too) in ``[0, max_num_reqs)``. A bool, a
@@ -234,12 +250,33 @@ class _Group(Group):
             raise refuse(f"slot {int(slots[k])} is not in [0, {n}) (max_num_reqs)", k)
         return slots
 
+    def idle_for(self, ctx: Any) -> bool:
+        """Whether no request of ``ctx``'s batch is one a member acts on: then the step does
+        nothing (no core call, no gather, no copy) and every member returns the logits as
+        they are. Read on the host from ``ctx.idx_mapping_np``; a map that is not a 1-d int
+        array of slots is not idle (the step refuses it, naming it)."""
+        raw = ctx.idx_mapping_np
+        if type(raw) is not np.ndarray or raw.ndim != 1 or raw.dtype.kind not in "iu":
+            return False
+        if self.num_active:
+            try:
+                if self.active[raw].any():
+                    return False
+            except IndexError:
+                return False  # a slot beyond: the step refuses it
+            if raw.size and raw.min() < 0:
+                return False  # numpy would have wrapped it: the step refuses it
+        # (With no active slot at all, nothing of ctx is read, so nothing of it is checked.)
+        self.idle_ctx = ctx
+        self.last_slots = []  # none of them may commit tokens we read
+        return True
+
     # --- apply_staged_writes --------------------------------------------------------------
 
     def staged_writes(self, member: _Bridge) -> None:
         """Once per step: every member gets the call, in load order, every step (also when
         no apply follows); the first does the work."""
-        if member is not self.members[0]:
+        if member is not self.members[0] or not (self.pending or self.last_slots or self.fresh):
             return
         # A new step: a slot installed at an earlier one is no longer fresh, even when no
         # apply came in between (MRV2 skips it when no request of the batch needs one), so
@@ -256,11 +293,14 @@ class _Group(Group):
         if not self.pending:
             return
         pipe = self.ensure()
-        slots = np.fromiter(self.pending, dtype=np.int64)
-        params = [self.pending[s][1] for s in slots.tolist()]
+        # Only requests a member acts on need their tokens: for the others (and when no
+        # table reads tokens) the adds made in add_request stand.
+        active = [s for s in self.pending if self.active[s]] if self.reads_history else []
+        params = [self.pending[s][1] for s in active]
         self.pending.clear()
-        if not self.reads_history:
-            return  # no table reads tokens: the adds made in add_request stand
+        if not active:
+            return
+        slots = np.asarray(active, dtype=np.int64)
         rs = self.req_states
         prompt_len = np.asarray(rs.prompt_len.np)[slots].astype(np.int64)
         # MRV2 commits a request's first sampled token after its first step, so total_len
@@ -420,16 +460,30 @@ class _Bridge(Bridge, _V2LogitsProcessor, metaclass=BridgeType):
         )
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
-        routed = self._group.add(self, req_idx, sampling_params)
-        return isinstance(routed, _guard.Refused) or self.acts_on(routed)
+        return self._group.add(self, req_idx, sampling_params)
 
     def acts_on(self, sp: Any) -> bool:
-        """Whether this processor may change a request's logits (MRV2 skips ``apply`` for
-        batches where no processor acts). Conservative: True unless its fields are unset."""
-        fields = [f for t in self.VIEW.TABLES for f in TABLES[t].fields]
-        if not fields or self.VIEW.COLUMNS:
-            return True
-        return any(f.is_set(getattr(sp, key, None)) for f in fields for key in {f.name, f.attr})
+        """Whether this processor may change a request's logits (what ``add_request``
+        returns; MRV2 skips ``apply`` for batches where no processor acts): a built-in when
+        the request sets one of its tables' fields, a column processor when a reader gives a
+        value (the core holds the column's default otherwise). ``sp`` has passed the core's
+        checks, so the readers ran once already; one that raises now counts as acting."""
+        view = self.VIEW
+        if not view.TABLES and not view.COLUMNS:
+            return True  # nothing declared to tell by
+        for t in view.TABLES:
+            for f in TABLES[t].fields:
+                if f.is_set(getattr(sp, f.name, None)) or (
+                    f.attr != f.name and f.is_set(getattr(sp, f.attr, None))
+                ):
+                    return True
+        for column in view.COLUMNS:
+            try:
+                if column.read(sp) is not None:
+                    return True
+            except Exception:
+                return True
+        return False
 
     def apply_staged_writes(self) -> None:
         self._group.staged_writes(self)
@@ -437,6 +491,8 @@ class _Bridge(Bridge, _V2LogitsProcessor, metaclass=BridgeType):
     def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
         group = self._group
         if ctx is not group.ctx:
+            if ctx is group.idle_ctx or group.idle_for(ctx):
+                return logits  # no request of this batch is ours: nothing to do
             group.step(self, logits, ctx)
         view = self._view
         assert view is not None
@@ -496,7 +552,12 @@ def bridge(
     ``"module:Name"`` where the module defines ``Name = bridge(MyColumns)``). ``namespace``:
     where built-in tables read their fields (module docstring); ``None``: the ordinary ones.
     The processors of one runner must agree on it."""
-    if cls is builtin.MinPLogitsProcessor:
+    if cls in builtin.COMBINED:
+        # Its parts as this bridge runs each of them (below), in one processor.
+        assert issubclass(cls, CombinedView)
+        parts = [_as_run_here(p) for p in cls.PARTS]
+        cls, name = combined(cls.__name__, parts, cls.__doc__ or ""), name or cls.__name__
+    elif cls is builtin.MinPLogitsProcessor:
         # MRV2 applies temperature after the custom processors.
         cls, name = _TemperedMinP, name or cls.__name__
     elif cls in builtin.BUILTINS and cls.ARGMAX_INVARIANT:
@@ -507,6 +568,14 @@ def bridge(
         _Bridge, cls, name, module, namespace, lambda view: view.__doc__
     )
     return bridged
+
+
+def _as_run_here(view: type[PipelineView]) -> type[PipelineView]:
+    """A built-in as MRV2 runs it through this bridge (``bridge``): MinP on tempered
+    logits, the other argmax-invariant ones on sampled rows only, the rest as they are."""
+    if view is builtin.MinPLogitsProcessor:
+        return _TemperedMinP
+    return _sampled_rows_only(view) if view.ARGMAX_INVARIANT else view
 
 
 class _TemperedMinP(builtin.MinPLogitsProcessor):
@@ -568,6 +637,10 @@ def _sampled_rows_only(view: type[PipelineView]) -> type[PipelineView]:
 # Every built-in, under its own class name (``logitsproc_rs.vllm.v2:MinPLogitsProcessor``).
 _BRIDGED = {view: bridge(view, module=__name__) for view in builtin.BUILTINS}
 globals().update({cls.__name__: cls for cls in _BRIDGED.values()})
+# Every field of ours in two classes (as in ``v1``; the thinking budget stays its own).
+_COMBINED = {view: bridge(view, module=__name__) for view in builtin.COMBINED}
+globals().update({cls.__name__: cls for cls in _COMBINED.values()})
+EVERY_FIELD: Sequence[type[_Bridge]] = tuple(_COMBINED.values())
 
 # vLLM 0.25.1's processors and sampler transforms (not ours beyond vLLM's, which are opt-in), as
 # MRV2 runs custom processors: the argmax-changing ones in the built-ins' order, then the
@@ -580,6 +653,8 @@ ALL: Sequence[type[_Bridge]] = sorted(
 
 __all__ = [
     "ALL",
+    "EVERY_FIELD",
     "bridge",
     *(cls.__name__ for cls in _BRIDGED.values()),
+    *(cls.__name__ for cls in _COMBINED.values()),
 ]
