@@ -341,8 +341,10 @@ class Pipeline(StableSlots):
         self.arena.order_current_stream()
         if not self.status[self._placeholders] or self._resteped:
             return
-        self._resteped = True  # once per step: the engine fills placeholders before sampling
         self.core.restep()
+        # Once per step (the engine fills placeholders before sampling), counted only once the
+        # re-read succeeded: a refused one changed nothing, so the next apply is refused alike.
+        self._resteped = True
         if self.stable_slots and self._row_map is not None:
             self.core.remap_rows()  # the row map again, with its drafts
         self._upload(self.arena.upload_in_apply)

@@ -122,10 +122,13 @@ pub type SyncResult = std::result::Result<usize, BadEntry>;
 /// An output-list entry no engine writes: at `pos`, neither a token id nor an async placeholder
 /// (`after: None`), or a token after the placeholder at `after` (placeholders are only ever a
 /// suffix: the engine appends one per step in flight and fills it in before it appends more).
+/// `rewritten`: what the sync replaced in the copy before it stopped there (as `Ok`'s value),
+/// for the caller to keep marked: the next sync compares against the copy as it is now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BadEntry {
     pub pos: usize,
     pub after: Option<usize>,
+    pub rewritten: usize,
 }
 
 impl std::fmt::Display for BadEntry {
@@ -185,6 +188,7 @@ pub fn sync_history(
             return Err(BadEntry {
                 pos: i,
                 after: None,
+                rewritten,
             });
         };
         if t < 0 {
@@ -196,6 +200,7 @@ pub fn sync_history(
             return Err(BadEntry {
                 pos: i,
                 after: Some(*unresolved),
+                rewritten,
             });
         }
         tokens.push(t);
@@ -368,7 +373,8 @@ mod tests {
             sync_history(&src, &mut copy, &mut unresolved),
             Err(BadEntry {
                 pos: 2,
-                after: None
+                after: None,
+                rewritten: usize::MAX
             })
         );
     }
@@ -384,7 +390,8 @@ mod tests {
             e,
             BadEntry {
                 pos: 3,
-                after: Some(1)
+                after: Some(1),
+                rewritten: 1
             }
         );
         assert!(e.to_string().contains("position 3"), "{e}");

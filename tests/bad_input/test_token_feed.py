@@ -459,3 +459,82 @@ def test_a_placeholder_left_in_the_middle_of_a_live_list_is_refused() -> None:
     ref.update_state(None)
     x = logits(2)
     assert torch.equal(_our_logits(ours, x), _ref_logits(ref, x))
+
+
+def _held(procs: Any) -> dict[str, Any]:
+    """What a pipeline holds, read without applying (an apply re-reads placeholders)."""
+    pipe = procs.pipeline
+    core = pipe.core
+    return {
+        "views": [v.clone() for v in pipe.arena.views],
+        "status": core.status(),
+        "py_status": list(pipe.status),
+        "active": core.active(),
+        "counted": [core.penalties_counted(i) for i in range(CFG.max_num_seqs)],
+        "device": {k: s.cells.clone() for k, s in pipe.device_state.items()},
+    }
+
+
+@pytest.mark.parametrize("emulate_device", [False, True], ids=["cpu", "emulated_device"])
+def test_a_placeholder_re_read_refused_at_apply_is_refused_again(emulate_device: bool) -> None:
+    """The engine appended a token after a −1 it has not filled, between the step and the
+    apply: the step's re-read of placeholders (at the first apply) is refused, and so is every
+    apply after it, alike, changing nothing; once the engine repairs the list the logits are
+    the reference's. A refused re-read used to count as the step's one re-read, so the next
+    apply went ahead on the same bad list."""
+    outs: list[list[int]] = [[4], [2, -1]]
+    ours = build_logitsprocs(CFG, "cpu", False, emulate_device=emulate_device)
+    ref = build_reference_logitsprocs(CFG, "cpu")
+    update = BatchUpdate(2, [], [(i, _params(i + 1), [1], outs[i]) for i in range(2)], [])
+    ours.update_state(update)
+    ref.update_state(update)
+    assert ours.pipeline.count("placeholders")
+    outs[1].append(5)
+    before = _held(ours)
+    x = logits(2)
+    refusals = []
+    for _ in range(2):
+        with pytest.raises(RequestError, match=r"index 1\b.*output_tok_ids.*position 2\b") as ei:
+            _our_logits(ours, x)
+        e = ei.value
+        refusals.append((type(e), str(e), e.index, e.field))
+        assert_unchanged(before, _held(ours))
+    assert refusals[0] == refusals[1]
+    outs[1][1] = 6  # the engine fills the placeholder: the step goes on
+    assert torch.equal(_our_logits(ours, x), _ref_logits(ref, x))
+    assert ours.pipeline.core.penalties_counted(1) == outs[1] == [2, 6, 5]
+
+
+@pytest.mark.parametrize("at_apply", [False, True], ids=["step", "apply"])
+def test_a_refused_read_keeps_a_rewrite_it_found_in_another_list(at_apply: bool) -> None:
+    """In the step (or the re-read of placeholders at apply) that refuses request 1's list,
+    request 0's list was truncated and regrown with the end of its thinking. Once request 1's
+    list is repaired, the logits are those of a twin that never saw the refusal. The refused
+    read used to drop what it found replaced, and request 0 was forced to end its thinking."""
+    cfg = EngineConfig(
+        max_num_seqs=4, vocab_size=V, reasoning_start_token_ids=[5], reasoning_end_token_ids=[7]
+    )
+    tail = [-1] if at_apply else []
+
+    def world() -> tuple[Any, list[list[int]]]:
+        procs = build_logitsprocs(cfg, "cpu", False)
+        outs = [[5, 3, 4, *tail], [2, *tail]]
+        params = SamplingParams(thinking_token_budget=8)
+        procs.update_state(BatchUpdate(2, [], [(i, params, [1], outs[i]) for i in range(2)], []))
+        outs[0][:] = [5, 7, 6] + [3] * 7  # past the budget, but thinking ended at position 1
+        return procs, outs
+
+    def go_on(procs: Any) -> torch.Tensor:
+        if not at_apply:
+            procs.update_state(None)
+        return run(procs, logits(2))
+
+    ours, outs = world()
+    twin, twin_outs = world()
+    outs[1].extend([-1, 9])
+    bad = len(outs[1]) - 1
+    with pytest.raises(RequestError, match=rf"index 1\b.*output_tok_ids.*position {bad}\b"):
+        go_on(ours)
+    outs[1][:] = twin_outs[1][:] = [2, 9]
+    assert torch.equal(go_on(ours), go_on(twin))
+    assert ours.pipeline.core.thinking_forced() == twin.pipeline.core.thinking_forced() == []

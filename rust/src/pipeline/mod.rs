@@ -235,8 +235,8 @@ pub struct Pipeline<S> {
     pending: Vec<(usize, Option<Checked>)>,
     /// A V1 step checked by [`prepare`](Pipeline::prepare), not applied yet.
     prepared: Option<Prepared>,
-    /// A prepared step was aborted after its sync: the next sync keeps the rewrite marks it
-    /// left (no table has seen them yet).
+    /// A prepared step was aborted after its sync, or a sync was refused: the next sync keeps
+    /// the rewrite marks it left (no table has seen them yet).
     rewrites_kept: bool,
 }
 
@@ -987,5 +987,71 @@ mod tests {
         assert!(p.map_rows(&[3, 3], Some(bad)).is_err());
         let deep = Drafts::new(vec![0, 1, 2, 3], &[(3, &[1, 1, 1][..])]); // beyond max_rows / 4
         assert!(p.map_rows(&[3, 3, 3, 3], Some(deep)).is_err());
+    }
+
+    #[test]
+    fn a_refused_sync_keeps_what_it_found_replaced() {
+        // Request 0 thinks (start 1, end 2); its list is truncated and regrown with the end
+        // token (thinking ended) in the same step as a token after a placeholder is refused, in
+        // request 1's list or its own. Once that is repaired, every table holds what a twin
+        // that never saw the refusal holds (the thinking table sees the rewrite only through
+        // the sync's mark). At a step, and at the re-read of placeholders before apply.
+        use std::sync::{Arc, RwLock};
+        for restep in [false, true] {
+            for own in [false, true] {
+                let tail: &[i64] = if restep { &[-1] } else { &[] };
+                let list = |tokens: &[i64]| -> SharedHistory {
+                    Arc::new(RwLock::new([tokens, tail].concat()))
+                };
+                // Past the budget: forced to end, unless the end token is seen.
+                let regrown = [&[1, 2, 6][..], &[3; 10]].concat();
+                let world = || {
+                    let srcs = [list(&[1, 3, 4]), list(&[5])];
+                    let mut p = pipeline(false, 4);
+                    let mut u = BatchUpdate::new(2);
+                    for (slot, src) in srcs.iter().enumerate() {
+                        let output = Output {
+                            tokens: src.read().unwrap().clone(),
+                            source: Some(src.clone()),
+                        };
+                        let mut r = RequestParams::neutral(output);
+                        r.set("thinking_token_budget", Value::OptInt(Some(8)));
+                        u.added.push((slot, r));
+                    }
+                    p.update(u).unwrap();
+                    *srcs[0].write().unwrap() = regrown.clone();
+                    (p, srcs)
+                };
+                let again = |p: &mut Pipeline<SharedHistory>| {
+                    if restep {
+                        p.restep()
+                    } else {
+                        p.update_none()
+                    }
+                };
+                let (mut ours, srcs) = world();
+                let (mut twin, twin_srcs) = world();
+                let before = snapshot(&ours);
+                let bad = usize::from(!own);
+                srcs[bad].write().unwrap().extend([-1, 9]); // a token after a placeholder
+                for _ in 0..2 {
+                    let e = again(&mut ours).unwrap_err();
+                    assert_eq!((e.index(), e.field()), (Some(bad), Some("output_tok_ids")));
+                    assert_eq!(snapshot(&ours), before, "restep {restep}, own {own}");
+                }
+                for s in [&srcs, &twin_srcs] {
+                    let mut v = s[bad].write().unwrap();
+                    *v = if own { regrown.clone() } else { vec![5] };
+                    v.push(9);
+                }
+                again(&mut ours).unwrap();
+                again(&mut twin).unwrap();
+                assert_eq!(
+                    snapshot(&ours),
+                    snapshot(&twin),
+                    "restep {restep}, own {own}"
+                );
+            }
+        }
     }
 }

@@ -88,8 +88,10 @@ impl<S: HistorySource> Pipeline<S> {
                     Ok(rewritten) => store.mark_rewritten(*id, rewritten),
                     Err(bad) => {
                         // The copy holds what came before the bad entry: the next sync
-                        // re-reads from there.
+                        // re-reads from there (and finds nothing replaced before it, so the
+                        // mark is set now).
                         unresolved[i] = unresolved[i].min(bad.pos);
+                        store.mark_rewritten(*id, bad.rewritten);
                         junk = Some((*id, bad));
                     }
                 }
@@ -101,6 +103,11 @@ impl<S: HistorySource> Pipeline<S> {
         match junk {
             None => Ok(()),
             Some((id, bad)) => {
+                // Refused: no table reads what this sync brought up to date, so what it found
+                // replaced stays marked for the next sync (as after an aborted step), which
+                // finds the copies already current. Without this a refused step or re-step
+                // hid a truncated and regrown output from the tables that rely on the mark.
+                self.rewrites_kept = true;
                 let slot = self
                     .outputs
                     .iter()
