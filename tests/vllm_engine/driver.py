@@ -10,7 +10,8 @@ scenario is one engine start:
   mixed. The shared requests in our namespace and with vLLM's ordinary fields, effect checks,
   a churn run, bad input; top-k / top-p through vLLM's fields and through ours.
 - ``ours_profile``: ``ours``'s engine, only the idle/busy cost of our processors (a soak test,
-  and ``make bench-engine``); ``mrv2_profile`` the same on MRV2.
+  and ``make bench-engine``); ``mrv2_profile`` the same on MRV2; ``every_field_profile`` the
+  same for the recommended load (``EveryFieldLogitsProcessor`` and its sampling twin).
 - ``plain``: in-process, no custom processors: the shared requests and the churn run with
   vLLM's ordinary fields, which ``ours`` must reproduce token for token from its namespace.
 - ``served``: vLLM's OpenAI-compatible server (``served.py``) with ``ours``'s processors by
@@ -506,6 +507,93 @@ def ours_profile(model: str) -> None:
     def _():
         return profile(llm, processors)
 
+    @section("tokens")
+    def _():
+        return profile_tokens(llm)
+
+
+def every_field_processors() -> list[Any]:
+    """The recommended load (README): every field of ours in two classes, and the thinking
+    budget (it needs the engine's reasoning config)."""
+    return [
+        "logitsproc_rs.vllm.v1:EveryFieldLogitsProcessor",
+        "logitsproc_rs.vllm.v1:ThinkingBudgetLogitsProcessor",
+        "logitsproc_rs.vllm.v1:EveryFieldSamplingLogitsProcessor",
+    ]
+
+
+def every_field_profile(model: str) -> None:
+    """An engine with only the recommended load, and ``ours_profile``'s profile of it: its
+    idle cost against vLLM's own three built-ins in the same run, its busy sampler step
+    against the same requests through vLLM's own fields; and the requests' tokens, which
+    must be ``ours_profile``'s (the same fields, loaded one class each)."""
+    llm = engine(model, every_field_processors())
+
+    @section("profile")
+    def _():
+        return profile(llm, every_field_processors())
+
+    @section("tokens")
+    def _():
+        return profile_tokens(llm)
+
+
+THROUGHPUT_REQUESTS = 64  # per timed run: four batches' worth of 16 slots
+THROUGHPUT_TOKENS = 96
+THROUGHPUT_ROUNDS = 5
+
+
+def throughput(model: str) -> None:
+    """What a vLLM user measures: offline throughput (generated tokens per second of
+    ``LLM.generate``, 64 requests of 96 tokens at T = 1, seeded) on two engines held side by
+    side, one with the recommended load of ours and one with no processor of ours, the timed
+    runs interleaved (five rounds, medians): requests that set none of our fields on both
+    (ours loaded and idle vs not loaded: goal >= 0.99), and every field through ours vs the
+    same fields through vLLM's own (goal >= 1)."""
+    ours = engine(model, every_field_processors())
+    plain = engine(model, None)
+    idle = profile_load(False, THROUGHPUT_TOKENS) * (THROUGHPUT_REQUESTS // MAX_NUM_SEQS)
+    busy = profile_load(True, THROUGHPUT_TOKENS) * (THROUGHPUT_REQUESTS // MAX_NUM_SEQS)
+    for s in busy:
+        s["margin"] = None  # no field of vLLM's is a logit margin
+    runs = {
+        "idle_ours": (ours, idle, "ns"),
+        "idle_plain": (plain, idle, "ns"),
+        "busy_ours": (ours, busy, "ns"),
+        "busy_own": (plain, busy, "ordinary"),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in runs}
+    for llm, specs, form in runs.values():
+        run(llm, specs[:MAX_NUM_SEQS], form)  # warm-up
+    for r in range(THROUGHPUT_ROUNDS):
+        order = list(runs) if r % 2 == 0 else list(runs)[::-1]
+        for k in order:
+            llm, specs, form = runs[k]
+            t0 = time.perf_counter()
+            outs = run(llm, specs, form)
+            rates[k].append(sum(len(o["t"]) for o in outs) / (time.perf_counter() - t0))
+
+    @section("throughput")
+    def _():
+        med = {k: round(statistics.median(v), 1) for k, v in rates.items()}
+        return {
+            "tokens_per_s": med,
+            "all_tokens_per_s": {k: [round(x, 1) for x in v] for k, v in rates.items()},
+            "idle_ratio": round(med["idle_ours"] / med["idle_plain"], 3),
+            "busy_ratio": round(med["busy_ours"] / med["busy_own"], 3),
+            "requests": THROUGHPUT_REQUESTS,
+            "tokens": THROUGHPUT_TOKENS,
+        }
+
+
+def profile_tokens(llm) -> dict:
+    """The busy profile's requests (every field through ours), 24 tokens each: what two
+    loads of the same fields must agree on."""
+    specs = profile_load(True, 24)
+    for s in specs:
+        s["margin"] = None  # (ours_profile loads the margin column; every_field_profile not)
+    return {"busy": [o["t"] for o in run(llm, specs)]}
+
 
 def ours(model: str) -> None:
     processors, extra = ours_processors()
@@ -878,7 +966,7 @@ def profile_load(busy: bool, n: int = PROFILE_TOKENS) -> list[dict]:
             s["ns"] = {
                 "min_p": 0.05,
                 "logit_bias": {rng.randrange(5, VOCAB): 1.0 for _ in range(8)},
-                "min_tokens": 300,
+                "min_tokens": min(300, n),
                 "stop_token_ids": [rng.randrange(5, VOCAB)],
                 "presence_penalty": 0.3,
                 "frequency_penalty": 0.2,
@@ -1295,8 +1383,8 @@ def mrv2_profile(model: str) -> None:
     def _():
         from logitsproc_rs.vllm import v2
 
-        # The built-ins vLLM has too, and the column: as ``ours``'s profile on V1.
-        return profile_v2(llm, [getattr(v2, n) for n in BUILTIN_NAMES])
+        # Every bridge of ours the engine loaded (``v2_processors``): what a user pays.
+        return profile_v2(llm, _loaded_bridges(llm, v2))
 
 
 MRV2_PROFILE_TOKENS = 64  # decode steps per MRV2 profile run (Triton's interpreter is slow)
@@ -1304,47 +1392,92 @@ MRV2_PROFILE_TOKENS = 64  # decode steps per MRV2 profile run (Triton's interpre
 
 def profile_v2(llm, classes: list) -> dict:
     """Our V2 bridges' ``add_request`` + ``apply_staged_writes`` + ``apply`` per engine step
-    (a step starts at the first class's ``apply_staged_writes``), idle and busy, as
-    ``profile`` does for V1; MRV2's own kernels run in Triton's interpreter here, so only our
-    share is meaningful, not the engine step."""
+    (a step starts at MRV2's ``Sampler.apply_staged_writes``), idle and busy, as ``profile``
+    does for V1; in the same run, vLLM's own MRV2 sampling states for the same fields timed
+    the same way (``LogitBiasState``: logit bias, allowed ids, min-tokens; ``PenaltiesState``,
+    ``BadWordsState``, ``ThinkingBudgetState``; ``SamplingStates.apply_min_p``), idle and with
+    the busy requests through vLLM's own fields (``busy_own``). MRV2's own kernels run in
+    Triton's interpreter here, so the busy figures of vLLM's states are interpreted kernels:
+    only the idle comparison (no kernel runs) says what a GPU would."""
+    from vllm.v1.worker.gpu.sample.bad_words import BadWordsState
+    from vllm.v1.worker.gpu.sample.logit_bias import LogitBiasState
+    from vllm.v1.worker.gpu.sample.penalties import PenaltiesState
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+    from vllm.v1.worker.gpu.sample.states import SamplingStates
+    from vllm.v1.worker.gpu.sample.thinking_budget import ThinkingBudgetState
+
     names = [c.__name__ for c in classes]
+    per_state = ("add_request", "apply_staged_writes", "apply")
+    own = {
+        LogitBiasState: per_state,
+        PenaltiesState: per_state,
+        BadWordsState: per_state,
+        ThinkingBudgetState: per_state,
+        SamplingStates: ("apply_min_p",),
+    }
+    own_names = [f"vllm.{c.__name__}" for c in own]
     steps: list[dict[str, int]] = []
     saved = []
 
-    def timed(cls, meth: str):
+    def timed(cls, meth: str, label: str):
         orig = getattr(cls, meth)
 
         def wrapper(self, *args, **kwargs):
-            if meth == "apply_staged_writes" and cls is classes[0]:
-                steps.append(collections.defaultdict(int))
             t = time.perf_counter_ns()
             try:
                 return orig(self, *args, **kwargs)
             finally:
                 if steps:
-                    steps[-1][cls.__name__] += time.perf_counter_ns() - t
+                    steps[-1][label] += time.perf_counter_ns() - t
+
+        return wrapper
+
+    def step_start(orig):
+        def wrapper(self, *args, **kwargs):
+            steps.append(collections.defaultdict(int))
+            return orig(self, *args, **kwargs)
 
         return wrapper
 
     for cls in classes:
-        for meth in ("add_request", "apply_staged_writes", "apply"):
+        for meth in per_state:
             saved.append((cls, meth, cls.__dict__.get(meth)))
-            setattr(cls, meth, timed(cls, meth))
+            setattr(cls, meth, timed(cls, meth, cls.__name__))
+    for cls, meths in own.items():
+        for meth in meths:
+            saved.append((cls, meth, cls.__dict__.get(meth)))
+            setattr(cls, meth, timed(cls, meth, f"vllm.{cls.__name__}"))
+    saved.append((Sampler, "apply_staged_writes", Sampler.__dict__.get("apply_staged_writes")))
+    Sampler.apply_staged_writes = step_start(Sampler.apply_staged_writes)
 
-    def measure(busy: bool) -> dict:
+    def median(values) -> float:
+        return round(statistics.median(values), 1)
+
+    def measure(busy: bool, form: str = "ns") -> dict:
         steps.clear()
-        run(llm, profile_load(busy, MRV2_PROFILE_TOKENS))
-        per_step = [sum(st.values()) / 1e3 for st in steps]
+        run(llm, profile_load(busy, MRV2_PROFILE_TOKENS), form)
         return {
             "steps": len(steps),
-            "median_us": round(statistics.median(per_step), 1),
+            "median_us": median(sum(st.get(n, 0) for n in names) / 1e3 for st in steps),
             "per_processor_median_us": {
-                n: round(statistics.median(st.get(n, 0) / 1e3 for st in steps), 1) for n in names
+                n: median(st.get(n, 0) / 1e3 for st in steps) for n in names
+            },
+            "vllm_own_median_us": median(
+                sum(st.get(n, 0) for n in own_names) / 1e3 for st in steps
+            ),
+            "vllm_own_per_state_median_us": {
+                n: median(st.get(n, 0) / 1e3 for st in steps) for n in own_names
             },
         }
 
     try:
-        return {"idle": measure(False), "busy": measure(True)}
+        run(llm, [spec(PROMPTS[0], n=4)])  # warm the wrappers
+        return {
+            "classes": names,
+            "idle": measure(False),
+            "busy": measure(True),
+            "busy_own": measure(True, "ordinary"),
+        }
     finally:
         for cls, meth, orig in saved:
             if orig is None:
@@ -1382,6 +1515,13 @@ def mrv2_spec(model: str) -> None:
     @section("metrics")
     def _():
         return spec_metrics(llm)
+
+
+def _loaded_bridges(llm, v2: Any) -> list:
+    """The classes of the MRV2 bridges the in-process engine's runner built."""
+    core = llm.llm_engine.engine_core.engine_core
+    sampler = core.model_executor.driver_worker.worker.model_runner.sampler
+    return [type(p) for p in sampler.logits_processors if isinstance(p, v2._Bridge)]
 
 
 def _mrv2_engine(model: str, processors: list | None, **options: Any):
@@ -1422,7 +1562,7 @@ def main() -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         import triton_standin  # noqa: F401  (before vLLM: MRV2 needs Triton, interpreted here)
-    elif scenario in ("ours", "plain", "ours_profile"):
+    elif scenario in ("ours", "plain", "ours_profile", "every_field_profile", "throughput"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     elif scenario == "served":
         pass  # the server is another process, with vLLM's defaults
@@ -1432,6 +1572,8 @@ def main() -> None:
     scenarios = {
         "ours": ours,
         "ours_profile": ours_profile,
+        "every_field_profile": every_field_profile,
+        "throughput": throughput,
         "plain": plain,
         "pickled": pickled,
         "served": served,
