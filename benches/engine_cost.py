@@ -9,7 +9,8 @@ processors' ``update_state`` and ``apply`` (each timed by a wrapper, whose own c
 included). Then, each its own engine: ``every_field_profile`` (the recommended load, against
 vLLM's own built-ins in the same run), ``mrv2_profile`` (every MRV2 bridge loaded, against
 vLLM's own MRV2 sampling states in the same run; ``--no-mrv2`` skips it) and ``throughput``
-(offline tokens/s, ours loaded vs not, ours vs vLLM's own fields). ``--baseline DIR`` runs the same driver against another checkout's ``python/``
+(offline tokens/s, ours loaded vs not, ours vs vLLM's own fields). ``--baseline DIR`` runs
+the same driver against another checkout's ``python/``
 (its extension built there), for a before / after ratio measured in the same run. The
 section replaces its earlier version in the report, in place (``make bench`` runs this after
 ``bench-python``, which rewrites the rest, and before ``bench-beyond``'s section 7).
@@ -210,7 +211,8 @@ def idle_table(every: dict | None, mrv2: dict | None, rates: dict | None) -> str
         md.append(
             f"**Offline throughput** (the driver's `throughput`: two engines side by side, "
             f"`LLM.generate` of {t['requests']} requests × {t['tokens']} tokens at T = 1, "
-            "seeded, five interleaved rounds, median tokens/s; V1 in-process). The MRV2 "
+            "seeded, seven interleaved rounds, median tokens/s; a ratio is the median of the "
+            "rounds' ratios, whose two runs are adjacent in time; V1 in-process). The MRV2 "
             "engine here runs its kernels interpreted, so its throughput is not measured.\n"
         )
         md.append("| run | tokens/s | ratio | goal |")

@@ -540,14 +540,14 @@ def every_field_profile(model: str) -> None:
 
 THROUGHPUT_REQUESTS = 64  # per timed run: four batches' worth of 16 slots
 THROUGHPUT_TOKENS = 96
-THROUGHPUT_ROUNDS = 5
+THROUGHPUT_ROUNDS = 7
 
 
 def throughput(model: str) -> None:
     """What a vLLM user measures: offline throughput (generated tokens per second of
     ``LLM.generate``, 64 requests of 96 tokens at T = 1, seeded) on two engines held side by
     side, one with the recommended load of ours and one with no processor of ours, the timed
-    runs interleaved (five rounds, medians): requests that set none of our fields on both
+    runs interleaved (seven rounds, medians): requests that set none of our fields on both
     (ours loaded and idle vs not loaded: goal >= 0.99), and every field through ours vs the
     same fields through vLLM's own (goal >= 1)."""
     ours = engine(model, every_field_processors())
@@ -573,14 +573,19 @@ def throughput(model: str) -> None:
             outs = run(llm, specs, form)
             rates[k].append(sum(len(o["t"]) for o in outs) / (time.perf_counter() - t0))
 
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+
     @section("throughput")
     def _():
         med = {k: round(statistics.median(v), 1) for k, v in rates.items()}
         return {
             "tokens_per_s": med,
             "all_tokens_per_s": {k: [round(x, 1) for x in v] for k, v in rates.items()},
-            "idle_ratio": round(med["idle_ours"] / med["idle_plain"], 3),
-            "busy_ratio": round(med["busy_ours"] / med["busy_own"], 3),
+            # Each round's two runs are adjacent in time: the median of the rounds' ratios
+            # is steadier on a shared machine than the ratio of the medians.
+            "idle_ratio": round(ratio("idle_ours", "idle_plain"), 3),
+            "busy_ratio": round(ratio("busy_ours", "busy_own"), 3),
             "requests": THROUGHPUT_REQUESTS,
             "tokens": THROUGHPUT_TOKENS,
         }
