@@ -9,11 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from logitsproc_rs import EngineConfig, RequestError, SamplingParams
+from logitsproc_rs import BatchUpdate, EngineConfig, RequestError, SamplingParams
+from logitsproc_rs.builtin import MinTokensLogitsProcessor
 from logitsproc_rs.pipeline import Pipeline
 from logitsproc_rs.registry import INT_FIELD_RANGE, TABLES
 from logitsproc_rs.vllm import _guard
 from logitsproc_rs.vllm._fields import Routed, routed_params
+from logitsproc_rs.vllm._group import Bridge
 
 ALL_TABLES = ("logit_bias", "min_tokens", "bad_words", "allowed", "no_repeat_ngram", "dry")
 
@@ -36,6 +38,8 @@ def ns(**fields) -> SamplingParams:
         ({"bad_words_token_ids": [[5] * 65]}, (), "65 tokens in a word exceed"),
         ({"allowed_token_ids": list(range(4097))}, (), "4097 entries exceed"),
         ({"min_tokens": 3, "stop_token_ids": list(range(100))}, range(100, 128), "129 stop ids"),
+        ({"stop_token_ids": list(range(5000))}, (), "5000 stop ids exceed"),
+        ({"stop_token_ids": list(range(129))}, range(1000), "129 stop ids exceed"),
         ({"no_repeat_ngram_size": 129}, (), "129 is above the per-request cap of 128"),
         ({"no_repeat_ngram_window": 2049}, (), "2049 is above the per-request cap of 2048"),
         ({"no_repeat_ngram_whitelist": list(range(1025))}, (), "1025 entries exceed"),
@@ -71,6 +75,37 @@ def test_caps_at_the_limit_and_of_absent_tables_pass() -> None:
     _guard.check_caps("request", ns(), many, ALL_TABLES)
     assert Routed(many, ns()).all_stop_token_ids == set()
     assert Routed(many, ns(min_tokens=2)).all_stop_token_ids == set(range(500))
+
+
+def test_the_namespaces_stop_ids_are_capped_without_min_tokens() -> None:
+    """A cap holds whether or not its field is in use: the namespace's 5,000 stop ids passed
+    the front end while our min_tokens was not set. They reach the worker's table either way
+    (where the core caps them too); the request's own join them only with our min_tokens."""
+    request = SimpleNamespace(
+        stop_token_ids=[7], all_stop_token_ids={7, 0}, extra_args={"logitsproc_rs": {}}
+    )
+    request.extra_args["logitsproc_rs"]["stop_token_ids"] = list(range(5000))
+
+    class Bridged(Bridge):
+        VIEW = MinTokensLogitsProcessor
+
+    with pytest.raises(RequestError) as e:
+        Bridged.validate_params(request)
+    assert e.value.field == "stop_token_ids" and e.value.index is None
+    assert "field 'extra_args['logitsproc_rs']['stop_token_ids']'" in str(e.value)
+    assert "5000 stop ids exceed the per-request cap of 128" in str(e.value)
+    ours = ns(stop_token_ids=list(range(5000)))
+    assert Routed(request, ours).all_stop_token_ids == set(range(5000))
+    assert Routed(request, ns(stop_token_ids=[3])).all_stop_token_ids == {3}
+    assert Routed(request, ns(stop_token_ids=[3], min_tokens=2)).all_stop_token_ids == {0, 3, 7}
+    # In the worker (a request the front end did not see): the core refuses it too.
+    cfg = EngineConfig(max_num_seqs=2, vocab_size=6000)
+    pipe = Pipeline(cfg, "cpu", False, tables=["min_tokens"])
+    with pytest.raises(RequestError) as e:
+        pipe.step(BatchUpdate(1, [], [(0, Routed(request, ours), None, [])], []))
+    assert (e.value.index, e.value.field, e.value.processor) == (0, "stop_token_ids", "min_tokens")
+    request.extra_args["logitsproc_rs"]["stop_token_ids"] = list(range(128))
+    Bridged.validate_params(request)  # at the cap
 
 
 def test_a_refused_request_reads_neutral_everywhere() -> None:

@@ -289,7 +289,8 @@ pub struct FieldSpec {
     /// The `SamplingParams` attribute it is read from.
     pub attr: &'static str,
     pub kind: FieldKind,
-    /// Read only when this `Int` field (declared before it) is > 0.
+    /// Given to its table only when this `Int` field (declared before it) is > 0; read, and
+    /// so held to its caps, either way (a cap holds whether or not the field is in use).
     pub when_positive: Option<&'static str>,
     /// Whether it only tunes its processor (DRY's base, XTC's threshold, a window): set alone
     /// it changes nothing. The other fields switch the processor on for the request; a
@@ -377,7 +378,8 @@ impl FieldSpec {
         self
     }
 
-    /// The same field, read only when `int_field` is > 0.
+    /// The same field, given to its table only when `int_field` is > 0 (see
+    /// [`FieldSpec::when_positive`]).
     pub const fn when_positive(mut self, int_field: &'static str) -> Self {
         self.when_positive = Some(int_field);
         self

@@ -133,6 +133,35 @@ def test_stop_ids_over_cap() -> None:
 
 
 @pytest.mark.parametrize(
+    "params",
+    [SamplingParams(stop_token_ids=list(range(5000))), P(all_stop_token_ids=range(4))],
+    ids=["ours_5000", "duck_typed_over_a_cap_of_3"],
+)
+def test_stop_ids_over_cap_without_min_tokens(params: Any) -> None:
+    """A cap holds whether or not its field is in use: stop ids beyond it were accepted while
+    min_tokens was 0 (they were only read with min_tokens on)."""
+    cfg = CFG if isinstance(params, SamplingParams) else EngineConfig(8, 50, max_stop_token_ids=3)
+    check_rejected(MIN_TOKENS, bad_update((4, params, None, [])), 4, "stop_token_ids", cfg, "cap")
+    procs = build_logitsprocs(cfg, "cpu", False)
+    with pytest.raises(RequestError) as ei:
+        procs.update_state(BatchUpdate(1, [], [(0, params, None, [])], []))
+    e = ei.value
+    assert (e.index, e.field, e.processor) == (0, "stop_token_ids", "min_tokens"), e
+
+
+def test_stop_ids_without_min_tokens_are_only_counted() -> None:
+    """Up to the cap, stop ids without min_tokens are accepted as before, an id outside the
+    vocabulary too (they are the engine's stop tokens; min_tokens holds none back)."""
+    procs = build_logitsprocs(CFG, "cpu", False)
+    fine = [
+        SamplingParams(stop_token_ids=list(range(128)), eos_token_id=1),  # at the cap
+        P(all_stop_token_ids={V + 7}),
+    ]
+    procs.update_state(BatchUpdate(2, [], [(i, p, None, []) for i, p in enumerate(fine)], []))
+    assert dict(procs.pipeline.core.active())["min_tokens"] == 0
+
+
+@pytest.mark.parametrize(
     ("proc", "field"), [(MIN_P, "min_p"), (LOGIT_BIAS, "logit_bias"), (MIN_TOKENS, "min_tokens")]
 )
 def test_params_property_raising(proc: str, field: str) -> None:

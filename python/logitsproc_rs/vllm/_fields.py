@@ -45,12 +45,13 @@ class Routed:
         self._request = request
         self._ours = ours
         # vLLM stops the request on its own stop ids and EOS anyway: MinTokens holds those
-        # back, plus any extra ones the namespace names. Only a request with our min_tokens
-        # has any (a plain request's own stop ids are vLLM's business, and not capped by us).
-        self.all_stop_token_ids: set[int] = set()
+        # back, plus any extra ones the namespace names. The request's own join only with our
+        # min_tokens (a plain request's own stop ids are vLLM's business, and not capped by
+        # us); the namespace's are always given, so that their cap holds either way.
+        self.all_stop_token_ids: set[int] = set(ours.stop_token_ids or ())
         if ours.min_tokens:
             own = getattr(request, "all_stop_token_ids", None) or ()
-            self.all_stop_token_ids = set(ours.stop_token_ids or ()) | set(own)
+            self.all_stop_token_ids |= set(own)
 
     def __getattr__(self, name: str) -> Any:
         if name in FIELD_TABLE:

@@ -48,9 +48,10 @@ def check_caps(
     """The per-request caps of ``tables``, at the front end (``RequestError`` naming the field
     as ``label(name)``, the form the request used: ``_fields.read_namespace``). Which cap
     bounds which field, its default and what an entry is called come from the core's registry;
-    what is counted is what the worker's table holds: distinct allowed ids, and for min-tokens
-    the stop ids the request names (its own and the namespace's) plus EOS, which the engine
-    adds after the front end. ``label`` defaults to the Python form's."""
+    what is counted is what the worker's table is given: distinct allowed ids, and for
+    min-tokens the namespace's stop ids, with our min_tokens also the request's own plus EOS,
+    which the engine adds after the front end. A cap holds whether or not the field is in use
+    (stop ids without min_tokens). ``label`` defaults to the Python form's."""
     tables = set(tables)
     label = label or dict_label()
 
@@ -86,9 +87,16 @@ def check_caps(
                     over(f.attr, max(map(len, lists)), f.caps[1], f"tokens in a {f.item}")
     if "logit_bias" in tables and ours.logit_bias:
         counted("logit_bias", len(ours.logit_bias))
-    if "min_tokens" in tables and ours.min_tokens:
-        named = set(ours.stop_token_ids or ()) | set(getattr(request, "stop_token_ids", None) or ())
-        counted("stop_token_ids", len(named) + 1, "stop ids (with EOS)")
+    if "min_tokens" in tables:
+        # What the worker's table is given (``_fields.Routed``), capped whether or not
+        # min_tokens is on: the namespace's stop ids, and with our min_tokens the request's
+        # own and EOS too.
+        named = set(ours.stop_token_ids or ())
+        if ours.min_tokens:
+            named |= set(getattr(request, "stop_token_ids", None) or ())
+            counted("stop_token_ids", len(named) + 1, "stop ids (with EOS)")
+        else:
+            counted("stop_token_ids", len(named), "stop ids")
     if "allowed" in tables and ours.allowed_token_ids:
         counted("allowed_token_ids", len(set(ours.allowed_token_ids)))
     if "no_repeat_ngram" in tables and ours.no_repeat_ngram_whitelist:

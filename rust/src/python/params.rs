@@ -252,11 +252,12 @@ impl Reader {
         let mut p = RequestParams::neutral(output_of(e, self.token_feed)?);
         p.fields = Fields::with_capacity(self.fields.len());
         for f in &self.fields {
-            if let Some(gate) = f.spec.when_positive {
-                if !matches!(p.get(gate), Some(Value::Int(n)) if *n > 0) {
-                    continue;
-                }
-            }
+            // A gated field is read (and so capped) whether or not its gate is on, and given
+            // to its table only while it is.
+            let gated_off = f
+                .spec
+                .when_positive
+                .is_some_and(|gate| !matches!(p.get(gate), Some(Value::Int(n)) if *n > 0));
             let v = param_named(e.index, &e.params, f.spec.attr, f.attr.bind(py))?;
             let index = e.index;
             let name = f.spec.name;
@@ -295,7 +296,9 @@ impl Reader {
                 FieldKind::IdLists { .. } => Value::IdLists(read_id_lists(index, name, &v, f)?),
                 FieldKind::Bias { .. } => Value::Bias(read_bias(index, name, &v, f.cap)?),
             };
-            p.push(name, value);
+            if !gated_off {
+                p.push(name, value);
+            }
         }
         if pipeline.wants_prompt(&p.fields) && !e.prompt_tok_ids.is_none() {
             p.prompt = Some(token_ids(e.index, "prompt_tok_ids", &e.prompt_tok_ids)?);

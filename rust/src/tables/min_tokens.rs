@@ -23,8 +23,9 @@ use crate::tables::Build;
 /// Per-request caps (engine-config names) and their defaults.
 pub const CAPS: &[(&str, usize)] = &[("max_stop_token_ids", 128)];
 
-/// The request fields MinTokens reads: the stop ids only when `min_tokens` > 0 (a plain
-/// request's stop ids are not capped by this table).
+/// The request fields MinTokens reads: the stop ids are held (and checked against the
+/// vocabulary) only when `min_tokens` > 0, but read and capped either way: a cap holds whether
+/// or not its field is in use ([`FieldSpec::when_positive`]).
 pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("min_tokens", FieldKind::Int { neutral: 0 }).range(Range::int_at_least(0)),
     FieldSpec::new(
