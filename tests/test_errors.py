@@ -246,6 +246,78 @@ def test_front_end_caps() -> None:
     )
 
 
+def _refusing(monkeypatch: pytest.MonkeyPatch, make: str, dtype: torch.dtype, error: Exception):
+    """torch's ``make`` (``"zeros"``, ``"empty"``) raises ``error`` for a tensor of ``dtype``
+    (what an allocator out of memory raises), and works for any other."""
+    real = getattr(torch, make)
+
+    def refuse(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if kwargs.get("dtype") == dtype:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, make, refuse)
+
+
+_OOM = [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory"),
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.50 GiB"),
+]
+
+
+@pytest.mark.parametrize("error", _OOM, ids=["cpu", "cuda"])
+@pytest.mark.parametrize(
+    ("make", "dtype", "what", "field", "size"),
+    [
+        ("zeros", torch.int32, "the penalties' count matrix", "penalties", "[9, 50] torch.int32"),
+        ("zeros", torch.uint8, "the arena", "arena", "torch.uint8"),
+        ("empty", torch.uint8, "the upload scratch area", "arena", "torch.uint8"),
+    ],
+    ids=["penalties", "arena", "scratch"],
+)
+def test_a_refused_allocation_is_an_allocation_error(
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
+    make: str,
+    dtype: torch.dtype,
+    what: str,
+    field: str,
+    size: str,
+) -> None:
+    """A tensor a table or processor keeps, refused by torch's allocator (its RuntimeError, on
+    a GPU its OutOfMemoryError): an AllocationError (a MemoryError) naming what it was for and
+    the size asked for, chained to torch's. The penalties' count matrix let torch's error
+    escape."""
+    _refusing(monkeypatch, make, dtype, error)
+    with pytest.raises(AllocationError) as ei:
+        build_logitsprocs(CFG, "cpu", False, emulate_device=True)
+    e = ei.value
+    assert isinstance(e, MemoryError) and isinstance(e, LogitsprocError)
+    assert not isinstance(e, RuntimeError)
+    assert e.__cause__ is error and e.field == field
+    assert str(e).startswith(f"could not allocate {what} ("), e
+    assert size in str(e) and "bytes on cpu): " in str(e) and str(error) in str(e), e
+    if field == "penalties":
+        assert f"{9 * V * 4} bytes on cpu" in str(e), e
+
+
+def test_a_refused_first_use_allocation_is_an_allocation_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The allowed ids' bitmask scratch (made at the first apply of the Triton path): an
+    AllocationError naming it and its size, as at construction."""
+    procs = build_logitsprocs(CFG, "cpu", False)
+    (allowed,) = [p for p in procs.all if "allowed" in p.TABLES]
+    _refusing(monkeypatch, "zeros", torch.int32, _OOM[1])
+    with pytest.raises(AllocationError) as ei:
+        allowed._scratch(torch.zeros(3, V))
+    assert ei.value.field == "allowed"
+    assert str(ei.value).startswith(
+        "could not allocate the allowed ids' bitmask scratch ([8, 2] torch.int32, 64 bytes on "
+        "cpu): CUDA out of memory"
+    ), ei.value
+
+
 def test_move_direction_from_python() -> None:
     from logitsproc_rs.loader import _vllm_batch_update
 

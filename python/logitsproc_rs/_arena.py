@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .errors import AllocationError
+from ._alloc import allocated
 
 _CUDA_HOST_REGISTER_PORTABLE = 1
 _DTYPES = {
@@ -48,20 +48,6 @@ def _unregister(ptrs: list[int], events: list[Any], _keepalive: list[Any]) -> No
     cudart = torch.cuda.cudart()
     for p in ptrs:
         cudart.cudaHostUnregister(p)
-
-
-def _allocated(make: Any, nbytes: int, device: torch.device, what: str) -> torch.Tensor:
-    """``make(nbytes)`` bytes on ``device``; an allocation torch refuses (a ``RuntimeError``,
-    its ``OutOfMemoryError`` among them) is an ``AllocationError`` (a ``MemoryError``) saying
-    what for and how much."""
-    try:
-        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            t: torch.Tensor = make(nbytes, dtype=torch.uint8, device=device)
-            return t
-    except RuntimeError as e:
-        raise AllocationError(
-            f"could not allocate {what} ({nbytes} bytes on {device}): {e}", field="arena"
-        ) from e
 
 
 class DeviceArena:
@@ -92,12 +78,14 @@ class DeviceArena:
                 self.views.append(torch.from_dlpack(core.buffer(i)))
             return
         total = max(core.arena_bytes, 1)
-        self.arena = _allocated(torch.zeros, total, device, "the arena")
+        self.arena = allocated((total,), torch.uint8, device, "the arena", "arena")
         for _name, off, nbytes, dtype, length in self.sections:
             self.views.append(self.arena[off : off + nbytes].view(_DTYPES[dtype])[:length])
         # Packed uploads land in a scratch area and are scattered into the arena as int32 words
         # (every section is 256-byte aligned and holds 4- or 8-byte elements).
-        self._scratch = _allocated(torch.empty, total, device, "the upload scratch area")
+        self._scratch = allocated(
+            (total,), torch.uint8, device, "the upload scratch area", "arena", fill=None
+        )
         self._words = self.arena.view(torch.int32)
         if self._pin:
             fin = weakref.finalize(self, _unregister, self._pinned, self._events, self._staging)

@@ -144,6 +144,23 @@ class ProtocolError(LogitsprocError, RuntimeError):
 class AllocationError(LogitsprocError, MemoryError):
     """The allocator refused a buffer (``field``: what it was for)."""
 
+    @classmethod
+    def refused(
+        cls,
+        what: str,
+        shape: tuple[int, ...],
+        dtype: object,
+        nbytes: int,
+        device: object,
+        error: BaseException,
+        *,
+        field: str,
+    ) -> AllocationError:
+        """torch refused ``what`` (``error``: what it raised), a ``shape`` tensor of ``dtype``:
+        ``could not allocate the arena ([4096] torch.uint8, 4096 bytes on cuda:0): ...``."""
+        size = f"[{', '.join(map(str, shape))}] {dtype}, {nbytes} bytes on {device}"
+        return cls(f"could not allocate {what} ({size}): {error}", field=field)
+
 
 def with_context(
     error: BaseException, prefix: str, other: type[Exception] = ValueError

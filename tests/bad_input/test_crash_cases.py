@@ -552,6 +552,26 @@ def case():
     assert line.startswith("RAISED AllocationError could not allocate the"), line
 
 
+def test_a_penalties_count_matrix_torch_cannot_allocate_is_an_allocation_error() -> None:
+    """On a device the penalties keep a [max_num_seqs + 1, V] int32 count matrix: 4 GiB here,
+    past the child's memory limit, where the core's host buffers and the arena fit. An
+    AllocationError (a MemoryError) naming it and the size asked for; it was torch's
+    RuntimeError."""
+    line = run_case(
+        """
+def case():
+    cfg = EngineConfig(max_num_seqs=1023, vocab_size=2**20)
+    build_logitsprocs(cfg, "cpu", False, emulate_device=True)
+    return "built"
+""",
+        RAISED,
+    )
+    assert line.startswith(
+        "RAISED AllocationError could not allocate the penalties' count matrix "
+        "([1024, 1048576] torch.int32, 4294967296 bytes on cpu): "
+    ), line
+
+
 def test_cuda_looking_duck_typed_logits() -> None:
     """An object that only looks like a CUDA tensor (device, shape, dtype attributes)."""
     run_case(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
+from .._alloc import allocated
 from ..views import PipelineView, Stage
 from ._common import host_sparse_
 
@@ -53,6 +54,8 @@ class AllowedTokenIdsLogitsProcessor(PipelineView):
         bits = self._bits
         if bits is None or bits.shape[0] < rows or bits.device != logits.device:
             n = max(rows, self._pipe.capacity)
-            bits = torch.zeros((n, (vocab + 31) // 32), dtype=torch.int32, device=logits.device)
+            shape = (n, (vocab + 31) // 32)
+            what = "the allowed ids' bitmask scratch"
+            bits = allocated(shape, torch.int32, logits.device, what, "allowed")
             self._bits = bits
         return bits

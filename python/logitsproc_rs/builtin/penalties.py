@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from .. import kernels
+from .._alloc import allocated
 from ..errors import InputError
 from ..pipeline import Pipeline
 from ..views import PipelineView, Stage
@@ -66,8 +67,12 @@ class PenaltyCounts:
     def __init__(self, pipe: Pipeline) -> None:
         self._pipe = pipe
         # Allocated up front (an engine sizes its KV cache after the processors exist).
-        self.cells = torch.zeros(
-            (pipe.capacity + 1, pipe.vocab_size), dtype=torch.int32, device=pipe.device
+        self.cells = allocated(
+            (pipe.capacity + 1, pipe.vocab_size),
+            torch.int32,
+            pipe.device,
+            "the penalties' count matrix",
+            "penalties",
         )
         self._copies = 0
         self._chunk = 0
