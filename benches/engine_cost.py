@@ -169,7 +169,7 @@ def idle_table(every: dict | None, mrv2: dict | None, rates: dict | None) -> str
         idle, busy, own = every["idle"], every["busy"], every["busy_own"]
         md.append(
             "**The recommended load** (`EveryFieldLogitsProcessor`, "
-            "`ThinkingBudgetLogitsProcessor`, `EveryFieldSamplingLogitsProcessor`; the driver's "
+            "`EveryFieldSamplingLogitsProcessor`; the driver's "
             "`every_field_profile`, its own engine), timed as above, against vLLM's own "
             "MinTokens, LogitBias and MinP in the same run:\n"
         )

@@ -1010,8 +1010,8 @@ def test_speculation_vllms_own_fields_for_comparison(mrv2, mrv2_spec):
 
 @pytest.mark.soak
 def test_every_field_cost_profile(every_field_profile, ours_profile, vllm_version):
-    """The recommended load (``EveryFieldLogitsProcessor``, ``ThinkingBudgetLogitsProcessor``,
-    ``EveryFieldSamplingLogitsProcessor``: two calls a step each): idle against vLLM's own
+    """The recommended load (``EveryFieldLogitsProcessor``, ``EveryFieldSamplingLogitsProcessor``:
+    two calls a step each): idle against vLLM's own
     three built-ins in the same run, busy against the same requests through vLLM's own
     fields; printed, not asserted (timings). Asserted: the busy requests' tokens equal
     ``ours_profile``'s (the same fields, one class each)."""

@@ -122,6 +122,12 @@ def test_ours_in_vllm_build_logitsprocs_match_native_under_churn():
         c = r[mode]
         assert c["steps"] >= 40 and c["swaps"] > 0 and c["moves"] > c["swaps"], (mode, c)
         assert c["rows_changed"] > c["steps"], (mode, c)
+    # The every-field classes without a reasoning config: no thinking table, and a request
+    # that asks for a thinking budget is failed closed (its row all -inf but its stop tokens),
+    # the log naming the field and the missing config.
+    bare = r["without_reasoning"]
+    assert "thinking" not in bare["tables"] and "penalties" in bare["tables"], bare
+    assert bare["logged"] and "reasoning config" in bare["logged"][0], bare
 
 
 def test_bridged_errors_fail_one_request_closed_and_leave_state_consistent():

@@ -98,8 +98,8 @@ def test_v2_wire_fields_match_v1_under_churn(vllm_dir):
 
 
 def test_v2_every_field_classes_match_v1_under_churn(vllm_dir):
-    """The recommended load (``EveryFieldLogitsProcessor``, the thinking budget,
-    ``EveryFieldSamplingLogitsProcessor``): the same rows as V1, drafts included."""
+    """The recommended load (``EveryFieldLogitsProcessor``, ``EveryFieldSamplingLogitsProcessor``):
+    the same rows as V1, drafts included."""
     env = {**os.environ, "LOGITSPROC_V2_LOAD": "every_field"}
     st = result(run(vllm_dir, "v2_churn.py", 6, 8, 96, 300, 1, 0, environ=env))
     assert st["pipelines"] == 1 and st["rows"] > 300 and st["recycled"] > 10

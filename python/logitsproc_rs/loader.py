@@ -229,7 +229,7 @@ def build_logitsprocs(
     views = [c for c in classes if isinstance(c, type) and issubclass(c, PipelineView)]
     pipeline = None
     if views or token_feed or stable_slots:
-        tables = {t for c in views for t in c.TABLES}
+        tables = {t for c in views for t in c.tables_for(vllm_config)}
         columns = [col for c in views for col in c.COLUMNS]
         pipeline = Pipeline(
             vllm_config,

@@ -51,6 +51,18 @@ class PipelineView(LogitsProcessor):
     REFERENCE: str = ""
     WITH_SPEC_DECODE: bool = False
 
+    @classmethod
+    def lacks(cls, vllm_config: Any) -> str | None:
+        """What an engine with this config lacks to run it (``None``: nothing): a processor
+        that needs part of the config (the thinking budget: a reasoning config) says what, and
+        a combined processor (``builtin._combined``) leaves it out there."""
+        return None
+
+    @classmethod
+    def tables_for(cls, vllm_config: Any) -> tuple[str, ...]:
+        """The tables it needs under this config (``TABLES`` but for a combined processor)."""
+        return cls.TABLES
+
     def __init__(
         self,
         vllm_config: Any,
@@ -62,7 +74,11 @@ class PipelineView(LogitsProcessor):
     ) -> None:
         if pipeline is None:
             pipeline = Pipeline(
-                vllm_config, device, is_pin_memory, tables=self.TABLES, columns=self.COLUMNS
+                vllm_config,
+                device,
+                is_pin_memory,
+                tables=self.tables_for(vllm_config),
+                columns=self.COLUMNS,
             )
         self._pipe = pipeline
         self._column_index = self._find_columns()

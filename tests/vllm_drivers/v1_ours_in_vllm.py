@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import sys
 
+import log_records
 import torch
 import v1_harness  # noqa: F401  (paths, threads)
 from logit_margin import LogitMarginLogitsProcessor
@@ -51,11 +52,10 @@ EXPORTED = [
     "logitsproc_rs.vllm.v1:PenaltiesLogitsProcessor",
     v1.ThinkingBudgetLogitsProcessor,
 ]
-# The recommended form: every field in two classes (and the thinking budget, its own), with our
-# processors beyond vLLM's on the native side too, and fields for some of them.
+# The recommended form: every field in two classes, with our processors beyond vLLM's on the
+# native side too, and fields for some of them.
 EVERY_FIELD = [
     "logitsproc_rs.vllm.v1:EveryFieldLogitsProcessor",
-    v1.ThinkingBudgetLogitsProcessor,
     v1.EveryFieldSamplingLogitsProcessor,
     LogitMargin,
 ]
@@ -207,9 +207,33 @@ def run(seed: int, plain: bool, steps: int, every_field: bool = False) -> dict:
 
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 120
+
+
+def without_reasoning() -> dict:
+    """The every-field classes in an engine without a reasoning config: built without the
+    thinking budget, and a request that sets it is failed closed, the log naming the field
+    and what the engine lacks."""
+    bare = EngineConfig(max_num_seqs=MAX, vocab_size=V)
+    procs = lp.build_logitsprocs(bare, torch.device("cpu"), False, False, EVERY_FIELD[:2])
+    ours = [p for p in procs.all if isinstance(p, v1._Bridge)]
+    sp = VllmSamplingParams(extra_args={v1.NAMESPACE: {"thinking_token_budget": 4}})
+    builder = lp.BatchUpdateBuilder()
+    builder.added.append((0, sp, [1, 2], []))
+    update = builder.get_and_reset(1)
+    records = log_records.capture()
+    for p in procs.all:
+        p.update_state(update)
+    row = apply_all(procs, torch.zeros(1, V))
+    return {
+        "tables": sorted(ours[0].pipeline.tables),
+        "logged": [m for m in records.messages if "thinking_token_budget" in m],
+        "finite": int(torch.isfinite(row).sum()),
+    }
+
+
 routed = run(5, plain=False, steps=steps)
 plain = run(6, plain=True, steps=steps // 2)
 every_field = run(7, plain=False, steps=steps, every_field=True)
 for c in (routed, plain, every_field):
     assert c["swaps"] > 0 and c["rows_changed"] > 0, c
-result(routed=routed, plain=plain, every_field=every_field)
+result(routed=routed, plain=plain, every_field=every_field, without_reasoning=without_reasoning())

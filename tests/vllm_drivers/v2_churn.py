@@ -86,12 +86,11 @@ def main(seed: int, max_num_seqs: int, vocab: int, steps: int, max_drafts: int, 
     v2_cfg = EngineConfig(**{**fields, "num_speculative_tokens": max_drafts or None})
     rs = h.RunnerState(max_num_seqs, 4096, vocab)
     if os.environ.get("LOGITSPROC_V2_LOAD") == "every_field":
-        # The recommended form: every field in two classes, the thinking budget its own (in
-        # V1's order: the combined classes' parts run in it).
+        # The recommended form: every field in two classes (in V1's order: the combined
+        # classes' parts run in it).
         assert not faults and h.FIELDS != "plain"
         names = [
             "logitsproc_rs.vllm.v2:EveryFieldLogitsProcessor",
-            "logitsproc_rs.vllm.v2:ThinkingBudgetLogitsProcessor",
             "logitsproc_rs.vllm.v2:EveryFieldSamplingLogitsProcessor",
         ]
         order = [n.rsplit(":", 1)[1] for n in names]

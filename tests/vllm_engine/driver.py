@@ -513,11 +513,9 @@ def ours_profile(model: str) -> None:
 
 
 def every_field_processors() -> list[Any]:
-    """The recommended load (README): every field of ours in two classes, and the thinking
-    budget (it needs the engine's reasoning config)."""
+    """The recommended load (README): every field of ours in two classes."""
     return [
         "logitsproc_rs.vllm.v1:EveryFieldLogitsProcessor",
-        "logitsproc_rs.vllm.v1:ThinkingBudgetLogitsProcessor",
         "logitsproc_rs.vllm.v1:EveryFieldSamplingLogitsProcessor",
     ]
 

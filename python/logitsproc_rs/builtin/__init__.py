@@ -86,21 +86,24 @@ def asked_for(params: Iterable[Any]) -> list[type[PipelineView]]:
     ]
 
 
-# Every built-in but the thinking budget (it needs a reasoning config) as two processors, one
-# per phase: what an engine that calls each processor every step loads to pay two calls a step
-# instead of one per built-in (the vLLM bridges' recommended form). Their parts run in the
-# order build_logitsprocs gives them with every opt-in one passed as a custom processor.
+# Every built-in as two processors, one per phase: what an engine that calls each processor
+# every step loads to pay two calls a step instead of one per built-in (the vLLM bridges'
+# recommended form). Their parts run in the order build_logitsprocs gives them with every
+# opt-in one passed as a custom processor; the thinking budget is left out of an engine without
+# a reasoning config (as build_logitsprocs leaves it out).
 _LOOP_ORDER = [
     *SAMPLER_TRANSFORMS_BEFORE,
     *BUILTIN_LOGITS_PROCESSORS,
     *OPT_IN_PROCESSORS,
     *SAMPLER_TRANSFORMS_AFTER,
+    *REASONING_TRANSFORMS,
 ]
 EveryFieldLogitsProcessor = combined(
     "EveryFieldLogitsProcessor",
     [c for c in _LOOP_ORDER if not c.ARGMAX_INVARIANT],
-    "Every argmax-changing built-in but the thinking budget, as one processor: allowed ids, "
-    "bad words, min-tokens, logit bias, no-repeat-ngram, DRY, penalties (in that order).",
+    "Every argmax-changing built-in as one processor: allowed ids, bad words, min-tokens, "
+    "logit bias, no-repeat-ngram, DRY, penalties, the thinking budget (in that order; the "
+    "thinking budget only in an engine with a reasoning config).",
 )
 EveryFieldSamplingLogitsProcessor = combined(
     "EveryFieldSamplingLogitsProcessor",

@@ -24,13 +24,23 @@ class CombinedView(PipelineView):
 
     PARTS: ClassVar[tuple[type[PipelineView], ...]] = ()
 
+    @classmethod
+    def parts_for(cls, vllm_config: Any) -> list[type[PipelineView]]:
+        """The parts an engine with this config runs (the thinking budget only with a
+        reasoning config)."""
+        return [p for p in cls.PARTS if p.lacks(vllm_config) is None]
+
+    @classmethod
+    def tables_for(cls, vllm_config: Any) -> tuple[str, ...]:
+        return tuple(t for p in cls.parts_for(vllm_config) for t in p.TABLES)
+
     def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool, **kw: Any) -> None:
         super().__init__(vllm_config, device, is_pin_memory, **kw)
         # The parts read the same pipeline; they are not processors of it on their own (its
         # step protocol and its processor list know the combined one only).
         self.parts = [
             p(vllm_config, device, is_pin_memory, pipeline=self._pipe, registered=False)
-            for p in self.PARTS
+            for p in self.parts_for(vllm_config)
         ]
 
     @classmethod

@@ -10,6 +10,8 @@ tokens. Unlike 0.25.1, a SWAP with one empty side moves the state instead of dup
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..views import Stage
 from ._common import TripleView
 
@@ -23,5 +25,16 @@ class ThinkingBudgetLogitsProcessor(TripleView):
 
     TABLES = ("thinking",)
     ARGMAX_INVARIANT = False
+
+    @classmethod
+    def lacks(cls, vllm_config: Any) -> str | None:
+        # As build_logitsprocs decides: with a reasoning config (its ids, or a clear error).
+        if getattr(vllm_config, "reasoning_config", None) is not None:
+            return None
+        return (
+            "a reasoning config (start vLLM with --reasoning-parser or --reasoning-config; "
+            "EngineConfig.reasoning_start_token_ids / reasoning_end_token_ids)"
+        )
+
     STAGE = Stage.REASONING
     REFERENCE = "logitsproc_rs.reference_thinking:RefThinkingBudgetLogitsProcessor"

@@ -47,6 +47,7 @@ class Group:
 
     def __init__(self, key: Any, config: Any) -> None:
         self.key = key
+        self.config = config
         self.members: list[Bridge] = []
         self.namespace: str | None = None
         self.pipeline: Pipeline | None = None
@@ -103,8 +104,9 @@ class Group:
         raise NotImplementedError
 
     def tables(self) -> set[str]:
-        """The tables of every member."""
-        return {t for m in self.members for t in m.VIEW.TABLES}
+        """The tables of every member under the engine's config (a combined member leaves out
+        a part the config cannot run: the thinking budget without a reasoning config)."""
+        return {t for m in self.members for t in m.VIEW.tables_for(self.config)}
 
     def build_pipeline(self, config: Any, device: Any, pin: bool, **options: Any) -> Pipeline:
         """One pipeline with every member's tables and columns (``options``: the pipeline's
@@ -134,12 +136,16 @@ class Group:
             return None
         bridge = self.members[0].BRIDGE if self.members else "logitsproc_rs.vllm.v1"
         have = self.tables()
-        return {
-            t: f"add '{bridge}:{c.__name__}' to vLLM's logits_processors"
-            for c in BUILTINS
-            for t in c.TABLES
-            if t not in have
-        }
+        # Tables a member carries but left out under this config: loading more cannot help.
+        left_out = {t for m in self.members for t in m.VIEW.TABLES} - have
+
+        def how(c: type[PipelineView]) -> str:
+            lacks = c.lacks(self.config)
+            if lacks is not None and set(c.TABLES) & left_out:
+                return f"{c.__name__} needs {lacks}"
+            return f"add '{bridge}:{c.__name__}' to vLLM's logits_processors"
+
+        return {t: how(c) for c in BUILTINS for t in c.TABLES if t not in have}
 
     # --- requests -----------------------------------------------------------------------------
 

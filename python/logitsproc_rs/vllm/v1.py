@@ -327,9 +327,10 @@ globals().update({cls.__name__: cls for cls in _BRIDGED.values()})
 ALL: tuple[type[VllmLogitsProcessor], ...] = tuple(
     c for view, c in _BRIDGED.items() if view.STAGE is not Stage.OPT_IN
 )
-# Every field of ours in two classes (``EveryFieldLogitsProcessor``, argmax-changing, and
-# ``EveryFieldSamplingLogitsProcessor``, argmax-invariant; the thinking budget stays its own):
-# the recommended way to load ours, two calls a step instead of one per processor.
+# Every field of ours in two classes (``EveryFieldLogitsProcessor``, argmax-changing, the
+# thinking budget with a reasoning config; ``EveryFieldSamplingLogitsProcessor``,
+# argmax-invariant): the recommended way to load ours, two calls a step instead of one per
+# processor.
 _COMBINED = {view: bridge(view, module=__name__) for view in builtin.COMBINED}
 globals().update({cls.__name__: cls for cls in _COMBINED.values()})
 EVERY_FIELD: tuple[type[VllmLogitsProcessor], ...] = tuple(_COMBINED.values())

@@ -637,7 +637,7 @@ def _sampled_rows_only(view: type[PipelineView]) -> type[PipelineView]:
 # Every built-in, under its own class name (``logitsproc_rs.vllm.v2:MinPLogitsProcessor``).
 _BRIDGED = {view: bridge(view, module=__name__) for view in builtin.BUILTINS}
 globals().update({cls.__name__: cls for cls in _BRIDGED.values()})
-# Every field of ours in two classes (as in ``v1``; the thinking budget stays its own).
+# Every field of ours in two classes (as in ``v1``).
 _COMBINED = {view: bridge(view, module=__name__) for view in builtin.COMBINED}
 globals().update({cls.__name__: cls for cls in _COMBINED.values()})
 EVERY_FIELD: Sequence[type[_Bridge]] = tuple(_COMBINED.values())
