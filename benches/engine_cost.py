@@ -131,13 +131,7 @@ def section(
             "which vLLM has no field for, dropped there). Goals: ours idle ≤ vLLM's trio idle; "
             "the busy sampler step through ours ≤ 0.5× through vLLM's own.\n"
         )
-        md.append("| measure | ours | vLLM's own | ours / vLLM's |")
-        md.append("|---|---:|---:|---:|")
-        a, b = idle["median_us"], idle["vllm_trio_median_us"]
-        md.append(f"| idle: the processors (µs/step) | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
-        a, b = busy["sampler_step_median_us"], own["sampler_step_median_us"]
-        md.append(f"| busy: the sampler step (µs/step) | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
-        md.append("")
+        md.append(vs_table("", idle, busy, own))
     kept_own, kept_ours = ours.get("kept_own"), ours.get("kept_ours")
     if kept_own is not None and kept_ours is not None:
         md.append(kept_table(kept_own, kept_ours, topk))
@@ -161,6 +155,19 @@ def section(
     return "\n".join(md) + "\n"
 
 
+def vs_table(prefix: str, idle: dict, busy: dict, own: dict) -> str:
+    """Ours against vLLM's own, idle (the processors) and busy (the sampler step)."""
+    rows = [
+        ("idle: the processors", idle["median_us"], idle["vllm_trio_median_us"]),
+        ("busy: the sampler step", busy["sampler_step_median_us"], own["sampler_step_median_us"]),
+    ]
+    md = ["| measure | ours | vLLM's own | ours / vLLM's |", "|---|---:|---:|---:|"]
+    md += [
+        f"| {prefix}{what} (µs/step) | {a:.1f} | {b:.1f} | {a / b:.2f}× |" for what, a, b in rows
+    ]
+    return "\n".join(md) + "\n"
+
+
 def idle_table(every: dict | None, mrv2: dict | None, rates: dict | None) -> str:
     """Issue 37's rows: the recommended load on V1 and the MRV2 bridges against vLLM's own
     code in the same engine run, and the offline throughput a user measures."""
@@ -173,13 +180,7 @@ def idle_table(every: dict | None, mrv2: dict | None, rates: dict | None) -> str
             "`every_field_profile`, its own engine), timed as above, against vLLM's own "
             "MinTokens, LogitBias and MinP in the same run:\n"
         )
-        md.append("| measure | ours | vLLM's own | ours / vLLM's |")
-        md.append("|---|---:|---:|---:|")
-        a, b = idle["median_us"], idle["vllm_trio_median_us"]
-        md.append(f"| V1 idle: the processors (µs/step) | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
-        a, b = busy["sampler_step_median_us"], own["sampler_step_median_us"]
-        md.append(f"| V1 busy: the sampler step (µs/step) | {a:.1f} | {b:.1f} | {a / b:.2f}× |")
-        md.append("")
+        md.append(vs_table("V1 ", idle, busy, own))
     if mrv2 is not None:
         idle, busy, own = mrv2["idle"], mrv2["busy"], mrv2["busy_own"]
         md.append(

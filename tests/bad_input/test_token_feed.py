@@ -63,19 +63,24 @@ def run(procs: Any, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def snapshot(procs: Any) -> dict[str, Any]:
+def held(procs: Any) -> dict[str, Any]:
+    """What a pipeline holds, read without applying (an apply re-reads placeholders)."""
     pipe = procs.pipeline
     core = pipe.core
-    rows = core.batch_size
     return {
         "views": [v.clone() for v in pipe.arena.views],
         "status": core.status(),
         "py_status": list(pipe.status),
         "active": core.active(),
-        "batch_size": rows,
+        "batch_size": core.batch_size,
         "counted": [core.penalties_counted(i) for i in range(CFG.max_num_seqs)],
-        "logits": run(procs, logits(rows)),
+        "device": {k: s.cells.clone() for k, s in pipe.device_state.items()},
     }
+
+
+def snapshot(procs: Any) -> dict[str, Any]:
+    """What a pipeline holds, and what it makes of some logits."""
+    return {**held(procs), "logits": run(procs, logits(procs.pipeline.core.batch_size))}
 
 
 def follow_up(procs: Any) -> None:
@@ -461,20 +466,6 @@ def test_a_placeholder_left_in_the_middle_of_a_live_list_is_refused() -> None:
     assert torch.equal(_our_logits(ours, x), _ref_logits(ref, x))
 
 
-def _held(procs: Any) -> dict[str, Any]:
-    """What a pipeline holds, read without applying (an apply re-reads placeholders)."""
-    pipe = procs.pipeline
-    core = pipe.core
-    return {
-        "views": [v.clone() for v in pipe.arena.views],
-        "status": core.status(),
-        "py_status": list(pipe.status),
-        "active": core.active(),
-        "counted": [core.penalties_counted(i) for i in range(CFG.max_num_seqs)],
-        "device": {k: s.cells.clone() for k, s in pipe.device_state.items()},
-    }
-
-
 @pytest.mark.parametrize("emulate_device", [False, True], ids=["cpu", "emulated_device"])
 def test_a_placeholder_re_read_refused_at_apply_is_refused_again(emulate_device: bool) -> None:
     """The engine appended a token after a −1 it has not filled, between the step and the
@@ -490,7 +481,7 @@ def test_a_placeholder_re_read_refused_at_apply_is_refused_again(emulate_device:
     ref.update_state(update)
     assert ours.pipeline.count("placeholders")
     outs[1].append(5)
-    before = _held(ours)
+    before = held(ours)
     x = logits(2)
     refusals = []
     for _ in range(2):
@@ -498,7 +489,7 @@ def test_a_placeholder_re_read_refused_at_apply_is_refused_again(emulate_device:
             _our_logits(ours, x)
         e = ei.value
         refusals.append((type(e), str(e), e.index, e.field))
-        assert_unchanged(before, _held(ours))
+        assert_unchanged(before, held(ours))
     assert refusals[0] == refusals[1]
     outs[1][1] = 6  # the engine fills the placeholder: the step goes on
     assert torch.equal(_our_logits(ours, x), _ref_logits(ref, x))
