@@ -206,6 +206,13 @@ def idle_table(every: dict | None, mrv2: dict | None, rates: dict | None) -> str
         md.append("")
         per = ", ".join(f"{k} {v:.1f}" for k, v in idle["per_processor_median_us"].items())
         md.append(f"MRV2 idle per processor, µs/step: {per}.\n")
+        stages = idle.get("per_stage_median_us")
+        if stages:
+            md.append(
+                "MRV2 idle per stage, µs/step (every bridge): "
+                + ", ".join(f"`{k}` {v:.1f}" for k, v in stages.items())
+                + ".\n"
+            )
     if rates is not None:
         t = rates["throughput"]
         r = t["tokens_per_s"]

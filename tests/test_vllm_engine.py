@@ -1041,9 +1041,11 @@ def test_mrv2_cost_profile(mrv2_profile):
         p = prof[load]
         per = ", ".join(f"{k} {v}" for k, v in p["per_processor_median_us"].items())
         own = ", ".join(f"{k} {v}" for k, v in p["vllm_own_per_state_median_us"].items())
+        stages = ", ".join(f"{k} {v}" for k, v in p["per_stage_median_us"].items())
         print(
-            f"\nMRV2 engine cost, {load}: ours {p['median_us']} µs/step median, vLLM's own "
-            f"states {p['vllm_own_median_us']} µs; per processor: {per}; vLLM's: {own}"
+            f"\nMRV2 engine cost, {load}: ours {p['median_us']} µs/step median ({stages}), "
+            f"vLLM's own states {p['vllm_own_median_us']} µs; per processor: {per}; "
+            f"vLLM's: {own}"
         )
     assert prof["idle"]["steps"] >= 60 and prof["busy"]["steps"] >= 60, prof
     assert prof["idle"]["median_us"] < prof["busy"]["median_us"], "idle should cost less"

@@ -1445,7 +1445,7 @@ def profile_v2(llm, classes: list) -> dict:
     for cls in classes:
         for meth in per_state:
             saved.append((cls, meth, cls.__dict__.get(meth)))
-            setattr(cls, meth, timed(cls, meth, cls.__name__))
+            setattr(cls, meth, timed(cls, meth, f"{cls.__name__}.{meth}"))
     for cls, meths in own.items():
         for meth in meths:
             saved.append((cls, meth, cls.__dict__.get(meth)))
@@ -1459,11 +1459,16 @@ def profile_v2(llm, classes: list) -> dict:
     def measure(busy: bool, form: str = "ns") -> dict:
         steps.clear()
         run(llm, profile_load(busy, MRV2_PROFILE_TOKENS), form)
+
+        def ours(st: dict, names: list[str], stages: tuple[str, ...] = per_state) -> float:
+            return sum(st.get(f"{n}.{m}", 0) for n in names for m in stages) / 1e3
+
         return {
             "steps": len(steps),
-            "median_us": median(sum(st.get(n, 0) for n in names) / 1e3 for st in steps),
-            "per_processor_median_us": {
-                n: median(st.get(n, 0) / 1e3 for st in steps) for n in names
+            "median_us": median(ours(st, names) for st in steps),
+            "per_processor_median_us": {n: median(ours(st, [n]) for st in steps) for n in names},
+            "per_stage_median_us": {
+                m: median(ours(st, names, (m,)) for st in steps) for m in per_state
             },
             "vllm_own_median_us": median(
                 sum(st.get(n, 0) for n in own_names) / 1e3 for st in steps
