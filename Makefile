@@ -34,7 +34,7 @@ build: $(STAMP)  ## build the Rust extension (release, abi3: what ships) into py
 	rm -f python/logitsproc_rs/_core.cpython-*.so
 	VIRTUAL_ENV=$(VENV) $(VENV)/bin/maturin develop --release --skip-install -q
 
-test: test-rust test-python  ## cargo test + pytest, the real engines included (~9.5 min here; CI runs it after lint, then test-soak)
+test: test-rust test-python  ## cargo test + pytest, the real engines included (10-22 min on 2 cores, docs/testing.md; CI runs it after lint, then test-soak)
 
 test-rust:  ## Rust unit and property tests (no Python needed)
 	cargo test --workspace -q
