@@ -186,8 +186,8 @@ def build_logitsprocs(
         return LogitsProcessors()
     before: list[Any] = list(SAMPLER_TRANSFORMS_BEFORE) if sampler_transforms else []
     after: list[Any] = list(SAMPLER_TRANSFORMS_AFTER) if sampler_transforms else []
-    if sampler_transforms and getattr(vllm_config, "reasoning_config", None) is not None:
-        after.extend(REASONING_TRANSFORMS)
+    if sampler_transforms:
+        after.extend(c for c in REASONING_TRANSFORMS if c.lacks(vllm_config) is None)
     if config_vllm_drafts(vllm_config):
         if custom:
             logger.error("%s Rejected: %s", STR_SPEC_DEC_REJECTS_LOGITSPROCS, custom)

@@ -2,8 +2,8 @@
 
 An engine that calls every processor each step (vLLM's loop) pays a call per processor even
 when none has work; a combined processor pays one. Its parts are the built-ins themselves, on
-the same pipeline, applied in the order given (``BUILTINS``' order), so the logits are the
-parts' own, one after another. The parts of one combined processor share a phase: all can
+the same pipeline, applied in the order ``combined`` is given, so the logits are the parts'
+own, one after another. The parts of one combined processor share a phase: all can
 change the argmax, or none can (vLLM applies the second kind after temperature, to sampled
 rows only).
 """

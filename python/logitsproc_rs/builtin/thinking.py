@@ -25,16 +25,16 @@ class ThinkingBudgetLogitsProcessor(TripleView):
 
     TABLES = ("thinking",)
     ARGMAX_INVARIANT = False
+    STAGE = Stage.REASONING
+    REFERENCE = "logitsproc_rs.reference_thinking:RefThinkingBudgetLogitsProcessor"
 
     @classmethod
     def lacks(cls, vllm_config: Any) -> str | None:
-        # As build_logitsprocs decides: with a reasoning config (its ids, or a clear error).
+        # With a reasoning config its ids are read (or a clear error); build_logitsprocs and
+        # the combined processors leave it out without one.
         if getattr(vllm_config, "reasoning_config", None) is not None:
             return None
         return (
             "a reasoning config (start vLLM with --reasoning-parser or --reasoning-config; "
             "EngineConfig.reasoning_start_token_ids / reasoning_end_token_ids)"
         )
-
-    STAGE = Stage.REASONING
-    REFERENCE = "logitsproc_rs.reference_thinking:RefThinkingBudgetLogitsProcessor"

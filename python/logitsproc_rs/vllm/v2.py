@@ -557,13 +557,8 @@ def bridge(
         assert issubclass(cls, CombinedView)
         parts = [_as_run_here(p) for p in cls.PARTS]
         cls, name = combined(cls.__name__, parts, cls.__doc__ or ""), name or cls.__name__
-    elif cls is builtin.MinPLogitsProcessor:
-        # MRV2 applies temperature after the custom processors.
-        cls, name = _TemperedMinP, name or cls.__name__
-    elif cls in builtin.BUILTINS and cls.ARGMAX_INVARIANT:
-        # The other built-in argmax-invariant ones: V1 applies them to sampled rows only,
-        # after temperature; MRV2 runs every custom processor on every row before it.
-        cls, name = _sampled_rows_only(cls), name or cls.__name__
+    elif cls in builtin.BUILTINS:
+        cls, name = _as_run_here(cls), name or cls.__name__
     bridged: type[_Bridge] = make_bridge(
         _Bridge, cls, name, module, namespace, lambda view: view.__doc__
     )
@@ -571,8 +566,11 @@ def bridge(
 
 
 def _as_run_here(view: type[PipelineView]) -> type[PipelineView]:
-    """A built-in as MRV2 runs it through this bridge (``bridge``): MinP on tempered
-    logits, the other argmax-invariant ones on sampled rows only, the rest as they are."""
+    """A built-in as MRV2 runs it through this bridge (``bridge``): MRV2 runs custom
+    processors before temperature, on every row; V1 applies the argmax-invariant ones after
+    temperature, to sampled rows only. So MinP selects on tempered logits, the other
+    argmax-invariant ones mask sampled rows only (``_SampledRowsOnly``), the rest run as
+    they are."""
     if view is builtin.MinPLogitsProcessor:
         return _TemperedMinP
     return _sampled_rows_only(view) if view.ARGMAX_INVARIANT else view
