@@ -278,9 +278,8 @@ def markdown_report(
     md.append(
         "\n_The ≤ µs targets are GPU-machine host-time goals; on a noisy 2-core box the same "
         "code measures slower, so read a miss here together with the device. Where a trio "
-        "step's time goes (about 85% in the core's one `step` call, spread over reading Python "
-        "objects across the binding and the outputs' bookkeeping, no hot spot): "
-        "[docs/performance.md](docs/performance.md#per-step-host-time). The engine rows (V1 and "
+        "step's time goes: [docs/performance.md](docs/performance.md#per-step-host-time). "
+        "The engine rows (V1 and "
         "MRV2 idle, busy, throughput against vLLM's own code) are in section 6._\n"
     )
     md.append(
