@@ -156,6 +156,7 @@ def test_vllm_loader_with_our_classes(vllm_dir):
     # Idle: nobody acts on requests without our fields, and a step of only them does nothing.
     idle = out["idle"]
     assert idle["acts"] is False and idle["same"] and idle["core_steps"] == 0, idle
+    assert "idx_mapping_np[1]" in idle["bad_map"], idle
     assert idle["acting"] == ["LogitMargin"] and idle["busy_core_steps"] == 1, idle
     assert idle["busy_changed_rows"] == [2], idle
     # With vLLM 0.33.0's own V1 package importable (tests/extras/vllm_v1.sh installs what it

@@ -4,6 +4,7 @@ a subprocess)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -150,6 +151,9 @@ def idle_steps(cfg: EngineConfig) -> dict:
     for p in procs:
         y = p.apply(y, h.context(rs, slots, [0, 0]))
     out = {"acts": any(acts), "same": y is x, "core_steps": core.steps - before}
+    # An idle step still refuses a map whose slots are not slots.
+    bad = dataclasses.replace(h.context(rs, slots, [0, 0]), idx_mapping_np=np.asarray([0, -1]))
+    out["bad_map"] = expect(ValueError, procs[0].apply, x, bad)
     margin = rs.add_request([3, 4], [])
     sp = SamplingParams(temperature=0.7, extra_args={"logit_margin": 2.0})
     out["acting"] = [type(p).__name__ for p in procs if p.add_request(margin, sp)]

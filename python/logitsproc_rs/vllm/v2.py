@@ -258,15 +258,10 @@ class _Group(Group):
         raw = ctx.idx_mapping_np
         if type(raw) is not np.ndarray or raw.ndim != 1 or raw.dtype.kind not in "iu":
             return False
-        if self.num_active:
-            try:
-                if self.active[raw].any():
-                    return False
-            except IndexError:
-                return False  # a slot beyond: the step refuses it
-            if raw.size and raw.min() < 0:
-                return False  # numpy would have wrapped it: the step refuses it
-        # (With no active slot at all, nothing of ctx is read, so nothing of it is checked.)
+        if raw.size and (raw.min() < 0 or raw.max() >= self.active.shape[0]):
+            return False  # not slots: the step refuses them
+        if self.num_active and self.active[raw].any():
+            return False
         self.idle_ctx = ctx
         self.last_slots = []  # none of them may commit tokens we read
         return True
