@@ -152,6 +152,8 @@ def test_vllm_loader_with_our_classes(vllm_dir):
     )
     assert "extra_args['logitsproc_rs']" in out["bad_namespace"] and "min_p" in out["bad_namespace"]
     assert "unknown field(s) ['top_k']" in out["unknown_namespace"]
+    assert "field 'extra_args['logitsproc_rs']['dry_multiplier']'" in out["unloaded"]
+    assert "logitsproc_rs.vllm.v2:DryLogitsProcessor' to vLLM's" in out["unloaded"]
     assert out["min_p_kept"] == 1
     # Idle: nobody acts on requests without our fields, and a step of only them does nothing.
     idle = out["idle"]

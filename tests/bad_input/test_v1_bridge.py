@@ -129,12 +129,20 @@ UNBUILT = [
 
 
 @pytest.mark.parametrize("field", UNBUILT)
-def test_a_field_of_a_processor_not_loaded_fails_the_request_closed(
+def test_a_field_of_a_processor_not_loaded_is_refused_never_dropped(
     cases: dict[str, Any], field: str
 ) -> None:
     """Never dropped: a namespaced field whose processor vLLM did not load (only MinP, LogitBias
-    and the penalties are) fails the request closed, and the log names the field and the class
-    to load; vLLM's front end cannot know the loaded set (``validate_params`` is per class)."""
+    and the penalties are) is refused at vLLM's front end, naming the field and the class to
+    load (what ``vllm serve`` answers with HTTP 400). A request that reaches the worker all the
+    same (an engine that skips the front end) is failed closed there, and the log names the
+    field and the class to load. With the every-field classes loaded the field is served."""
+    front = cases[f"front[{field}]"]
+    assert front["raised"] == "RequestError" and "ValueError" in front["mro"], front
+    assert f"field 'extra_args['logitsproc_rs']['{field}']'" in front["message"], front
+    assert "did not load its processor" in front["message"], front
+    assert "logitsproc_rs.vllm.v1:" in front["message"], front
+    assert cases[f"front_every_field[{field}]"] == {"raised": None}
     r = cases[f"unbuilt[{field}]"]
     assert r["raised"] is None, r
     assert r["forced"] == [3], r
@@ -147,6 +155,7 @@ def test_a_field_that_only_tunes_an_unloaded_processor_is_served(
     cases: dict[str, Any], field: str
 ) -> None:
     """Set alone, a tuning field changes nothing, so the request is served as it is."""
+    assert cases[f"front[{field}]"] == {"raised": None}
     r = cases[f"unbuilt[{field}]"]
     assert r["raised"] is None and r["forced"] == [] and r["logged"] == [], r
     assert r["same"], r

@@ -159,9 +159,22 @@ UNBUILT = [
 TUNING_ONLY = [("dry_base", 2.0), ("xtc_threshold", 0.3), ("no_repeat_ngram_window", 4)]
 
 
+EVERY_FIELD = [v1.EveryFieldLogitsProcessor, v1.EveryFieldSamplingLogitsProcessor]
+
+
 def unbuilt(out: dict[str, Any]) -> None:
-    """Namespaced fields of processors the engine did not load."""
+    """Namespaced fields of processors the engine did not load: at vLLM's front end (its own
+    ``validate_logits_processors_parameters`` over the loaded classes: ``ROUTED``, and the
+    every-field classes, which load them all) and in the worker."""
     for field, value in UNBUILT + TUNING_ONLY:
+        for name, classes in (("front", ROUTED), ("front_every_field", EVERY_FIELD)):
+            try:
+                lp.validate_logits_processors_parameters(
+                    classes, request("routed", **{field: value})
+                )
+                out[f"{name}[{field}]"] = {"raised": None}
+            except BaseException as e:
+                out[f"{name}[{field}]"] = described(e)
         eng, twin = Engine("routed"), Engine("routed")
         error = None
         with log_records.only_errors() as logged:

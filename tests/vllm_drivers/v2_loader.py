@@ -66,6 +66,12 @@ def main() -> None:
         Exception, validate, SamplingParams(extra_args={"logitsproc_rs": {"top_k": 2}})
     )
 
+    # A field of a processor the engine did not load (DRY here): refused there too, naming
+    # the class to load (vLLM's validator holds the loaded classes).
+    out["unloaded"] = expect(
+        Exception, validate, SamplingParams(extra_args={"logitsproc_rs": {"dry_multiplier": 0.8}})
+    )
+
     # A column processor's own validate_params runs there too (as under V1), and the caps.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
     from logit_margin import LogitMarginLogitsProcessor

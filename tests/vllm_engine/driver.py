@@ -373,6 +373,10 @@ FRONT_END_BAD: dict[str, dict] = {
         }
     },
     "dry_breaker_too_long": {NS: {"dry_multiplier": 0.8, "dry_sequence_breakers": [[5] * 65]}},
+    # A field whose processor the engine did not load (no engine here loads epsilon's): the
+    # front end holds the loaded classes; and a cap holds with its field not in use.
+    "processor_not_loaded": {NS: {"epsilon_cutoff": 3e-4}},
+    "stop_token_ids_over_cap_alone": {NS: {"stop_token_ids": list(range(5, 134))}},
     "logit_margin_negative": {"logit_margin": -1},
     "logit_margin_type": {"logit_margin": "x"},
 }
@@ -646,6 +650,57 @@ def ours(model: str) -> None:
     @section("bad_input")
     def _():
         return bad_input(llm, captured)
+
+
+def tp2(model: str) -> None:
+    """``ours``'s processors (and the processors beyond vLLM) in a tensor-parallel engine: two
+    ranks, vLLM's multiprocessing executor, one CPU core each. ``ours``'s requests (shared,
+    effects, beyond, a churn past ``max_num_seqs``, bad input) for the one-rank engine's
+    tokens, and what each rank's processors saw (``rank_digest``)."""
+    import tempfile
+
+    import rank_digest
+
+    processors, extra = ours_processors()
+    digests = tempfile.mkdtemp(prefix="logitsproc-tp2-")
+    os.environ[rank_digest.DIR_ENV] = digests  # the workers inherit it
+    t0 = time.perf_counter()
+    try:
+        llm = engine(
+            model,
+            ["rank_digest:BatchDigest", *processors, *extra, "rank_digest:LogitsDigest"],
+            tensor_parallel_size=2,
+            distributed_executor_backend="mp",
+        )
+    except Exception as e:
+        RESULTS["start_error"] = f"{type(e).__name__}: {str(e)[:1000]}"
+        RESULTS["start_tb"] = traceback.format_exc()[-4000:]
+        return
+    RESULTS["start_s"] = round(time.perf_counter() - t0, 1)
+
+    @section("shared_ns")
+    def _():
+        return shared(llm, "ns")
+
+    @section("effects")
+    def _():
+        return effects(llm)
+
+    @section("beyond")
+    def _():
+        return beyond(llm)
+
+    @section("churn")
+    def _():
+        return {"first": run(llm, churn_specs())}
+
+    @section("bad_input")
+    def _():
+        return bad_input(llm, Captured())  # the workers' log is theirs: not read
+
+    @section("digests")
+    def _():
+        return rank_digest.read(digests)
 
 
 # (top_k, top_p) as vLLM's own fields, and as ours (kept_top_k, kept_top_p): top-k only,
@@ -1221,6 +1276,58 @@ def served(model: str) -> None:
         server.stop()
 
 
+def dp2_served(model: str) -> None:
+    """``vllm serve --data-parallel-size 2`` (two engines, one core each) with ``served``'s
+    processors: ``ours``'s requests over HTTP (shared, effects, beyond, a churn past
+    ``max_num_seqs``, bad input) and what each engine's processors saw (``rank_digest``)."""
+    import tempfile
+
+    import rank_digest
+    from served import Served
+
+    digests = tempfile.mkdtemp(prefix="logitsproc-dp2-")
+    os.environ[rank_digest.DIR_ENV] = digests  # the server and its engines inherit it
+    fd, log = tempfile.mkstemp(prefix="vllm-serve-dp2-", suffix=".log")
+    os.close(fd)
+    RESULTS["log"] = log
+    processors = ["rank_digest:BatchDigest", *SERVED_PROCESSORS, "rank_digest:LogitsDigest"]
+    try:
+        server = Served(model, processors, log, ENGINE_ARGS, ("--data-parallel-size", "2"))
+    except Exception as e:
+        RESULTS["start_error"] = f"{type(e).__name__}: {str(e)[-3000:]}"
+        return
+    RESULTS["start_s"] = server.start_s
+    try:
+
+        @section("shared_ns")
+        def _():
+            return shared(server, "ns")
+
+        @section("effects")
+        def _():
+            return effects(server)
+
+        @section("beyond")
+        def _():
+            return beyond(server)
+
+        @section("churn")
+        def _():
+            return {"first": run(server, churn_specs())}
+
+        @section("bad_input")
+        def _():
+            return bad_input(server, Captured())  # the workers' log is the server's: not read
+
+        RESULTS["alive"] = server.alive()
+    finally:
+        server.stop()
+
+    @section("digests")
+    def _():
+        return rank_digest.read(digests)
+
+
 def served_sections(server) -> None:
     @section("shared_ns")
     def _():
@@ -1572,7 +1679,7 @@ def main() -> None:
         import triton_standin  # noqa: F401  (before vLLM: MRV2 needs Triton, interpreted here)
     elif scenario in ("ours", "plain", "ours_profile", "every_field_profile", "throughput"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    elif scenario == "served":
+    elif scenario in ("served", "dp2_served"):
         pass  # the server is another process, with vLLM's defaults
     else:
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # the processors travel pickled
@@ -1584,6 +1691,8 @@ def main() -> None:
         "throughput": throughput,
         "plain": plain,
         "pickled": pickled,
+        "tp2": tp2,
+        "dp2_served": dp2_served,
         "served": served,
         **MRV2,
     }

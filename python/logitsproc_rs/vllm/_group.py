@@ -30,11 +30,12 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, ClassVar, TypeVar
 
 from ..builtin import BUILTINS
-from ..errors import ConfigError
+from ..errors import ConfigError, RequestError
 from ..pipeline import Pipeline
+from ..registry import TABLES
 from ..views import PipelineView
 from . import _guard
-from ._fields import NAMESPACE, Routed, read_namespace, routed_params
+from ._fields import _NEUTRAL, NAMESPACE, Routed, read_namespace, routed_params
 
 G = TypeVar("G", bound="Group")
 
@@ -143,7 +144,7 @@ class Group:
             lacks = c.lacks(self.config)
             if lacks is not None and set(c.TABLES) & left_out:
                 return f"{c.__name__} needs {lacks}"
-            return f"add '{bridge}:{c.__name__}' to vLLM's logits_processors"
+            return load_hint(bridge, c)
 
         return {t: how(c) for c in BUILTINS for t in c.TABLES if t not in have}
 
@@ -218,13 +219,51 @@ class Bridge:
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        """vLLM's front-end check: the namespace's fields and their caps, then the
-        processor's own. Token ids against the vocabulary are checked in the worker (vLLM
-        gives this check no vocabulary), which fails such a request closed."""
-        if cls.NAMESPACE and cls.VIEW.TABLES:
+        """vLLM's front-end check: the namespace's fields and their caps, that the engine
+        loaded a processor for each field set (``check_loaded``), then the processor's own.
+        Token ids against the vocabulary are checked in the worker (vLLM gives this check no
+        vocabulary), which fails such a request closed."""
+        if cls.NAMESPACE:
             ours, label = read_namespace(None, sampling_params, cls.NAMESPACE)
-            _guard.check_caps("request", ours, sampling_params, cls.VIEW.TABLES, label)
+            if cls.VIEW.TABLES:
+                _guard.check_caps("request", ours, sampling_params, cls.VIEW.TABLES, label)
+            if ours is not _NEUTRAL:
+                cls.check_loaded(ours, label, sys._getframe(1))
         cls.VIEW.validate_params(sampling_params)
+
+    @classmethod
+    def check_loaded(cls, ours: Any, label: Callable[[str], str], caller: Any) -> None:
+        """Refuses a field of ours that switches on a processor the engine did not load
+        (``RequestError`` naming the field and the class to load), as the worker's pipeline
+        would refuse it (``Group.refused``), but at the front end, where vLLM can still tell
+        the client (HTTP 400). The loaded classes come from vLLM's validator
+        (``_guard.front_end_classes``, ``caller``: its frame); the first of ours in them
+        checks, once per request. Where they cannot be read the worker refuses the request,
+        failing it closed."""
+        loaded = _guard.front_end_classes(caller)
+        if loaded is None:
+            return
+        ours_loaded = [
+            c
+            for c in loaded
+            if isinstance(c, type) and issubclass(c, Bridge) and c.NAMESPACE == cls.NAMESPACE
+        ]
+        if not ours_loaded or ours_loaded[0] is not cls:
+            return
+        have = {t for c in ours_loaded for t in c.VIEW.TABLES}
+        for c in BUILTINS:
+            for t in c.TABLES:
+                if t in have:
+                    continue
+                for f in TABLES[t].fields:
+                    if not f.tunes and f.is_set(getattr(ours, f.attr)):
+                        raise RequestError.located(
+                            None,
+                            f.attr,
+                            "it is set, but the engine did not load its processor: "
+                            + load_hint(cls.BRIDGE, c),
+                            label=label(f.attr),
+                        )
 
     @property
     def view(self) -> PipelineView:
@@ -236,6 +275,11 @@ class Bridge:
     @property
     def pipeline(self) -> Pipeline:
         return self._group.ensure()
+
+
+def load_hint(bridge: str, c: type[PipelineView]) -> str:
+    """How to get built-in ``c`` into a vLLM engine (``bridge``: its bridge's module)."""
+    return f"add '{bridge}:{c.__name__}' to vLLM's logits_processors"
 
 
 def make_bridge(

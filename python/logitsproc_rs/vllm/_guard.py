@@ -5,6 +5,11 @@ that only the worker can refuse is failed closed. Shared by ``v1`` and ``v2``; i
 that needs no vocabulary is checked: types, ranges, unknown fields, and the per-request caps
 (vLLM engines always get the default caps, ``params.config_cap``).
 
+**Which processors the engine loaded** is known there too: vLLM calls each loaded class's
+``validate_params`` from its validator, whose frame holds the loaded list
+(``front_end_classes``), so a field whose processor the engine did not load is refused with
+the class to load (``_group.Bridge.validate_params``), an HTTP 400 over ``vllm serve``.
+
 **In the worker**, a token id outside the vocabulary (which ``validate_params`` cannot know) is
 refused there. Raising would kill vLLM's engine with every request in flight, and dropping the
 request's fields would sample it unconstrained, so the request is *failed closed*: our tables
@@ -18,7 +23,8 @@ emits only stop tokens until ``max_tokens``), and the reason is logged at ERROR 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from types import FrameType
 from typing import Any
 
 import torch
@@ -101,6 +107,43 @@ def check_caps(
         counted("allowed_token_ids", len(set(ours.allowed_token_ids)))
     if "no_repeat_ngram" in tables and ours.no_repeat_ngram_whitelist:
         counted("no_repeat_ngram_whitelist", len(ours.no_repeat_ngram_whitelist))
+
+
+def front_end_classes(caller: FrameType) -> Sequence[Any] | None:
+    """The logits-processor classes vLLM's front end checks a request with, read from the frame
+    that called a bridge's ``validate_params`` (``caller``); ``None`` where that is not a
+    validator of vLLM's that this reads (a warning says so once, when it is vLLM's):
+
+    - V1 (vLLM 0.25.1 to 0.32, ``vllm/v1/sample/logits_processor/__init__.py``):
+      ``validate_logits_processors_parameters(logits_processors, params)`` loops over
+      ``cached_load_custom_logitsprocs(logits_processors)``, an ``lru_cache``: the same call
+      again returns the list it loops over (the entry-point plugins included);
+    - MRV2 (0.32, ``vllm/v1/worker/gpu/sample/logits_processor/loader.py``): the closure
+      ``validate_params`` that ``build_custom_logits_processors_params_validator`` returns
+      loops over its ``classes``."""
+    code = caller.f_code
+    if code.co_name == "validate_logits_processors_parameters":
+        load = caller.f_globals.get("cached_load_custom_logitsprocs")
+        if callable(load) and "logits_processors" in caller.f_locals:
+            return list(load(caller.f_locals["logits_processors"]))
+    elif code.co_name == "validate_params" and "classes" in code.co_freevars:
+        classes = caller.f_locals.get("classes")
+        if isinstance(classes, Sequence):
+            return classes
+    module = str(caller.f_globals.get("__name__", ""))
+    if module.startswith("vllm.") and module not in _UNREAD_VALIDATORS:
+        _UNREAD_VALIDATORS.add(module)
+        logger.warning(
+            "%s.%s calls validate_params in a way this version of logitsproc_rs does not read: "
+            "a field whose processor the engine did not load is failed closed in the worker "
+            "instead of refused at the front end",
+            module,
+            code.co_name,
+        )
+    return None
+
+
+_UNREAD_VALIDATORS: set[str] = set()
 
 
 def refused_index(error: ValueError, candidates: Iterable[int]) -> int | None:
