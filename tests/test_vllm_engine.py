@@ -54,6 +54,7 @@ TIMEOUT = {
     "every_field_profile": 600,
     "tp2": 600,
     "dp2_served": 600,
+    "mrv2_tp2": 600,
     "mrv2_profile": 600,
 }
 sys.path.insert(0, str(ENGINE_DIR))
@@ -147,6 +148,7 @@ _EXPECTED_S = {
     "mrv2_plain": 70,
     "tp2": 120,
     "dp2_served": 150,
+    "mrv2_tp2": 150,
     "ours_profile": 45,
     "every_field_profile": 45,
     "ours": 45,
@@ -205,7 +207,12 @@ _FIXED = {"ours_newer": (DISTRIBUTED_VERSION, "ours")}
 # The newer vLLM's pickled and served engines are soaks: the same driver code as 0.25.1's (the
 # version we reproduce, whose pickled and served engines ``make test`` keeps), two engines and
 # a server that cost ~90 s of a 2-core machine's ``make test``. ``make test-soak`` runs them.
-SOAK_SCENARIOS = {("0.32.0", "pickled"), ("0.32.0", "served"), ("0.32.0", "dp2_served")}
+SOAK_SCENARIOS = {
+    ("0.32.0", "pickled"),
+    ("0.32.0", "served"),
+    ("0.32.0", "dp2_served"),
+    ("0.32.0", "mrv2_tp2"),
+}
 # (The tensor-parallel engine, ~2 min of both cores, stays in ``make test``: the issue of
 # deployment it answers is one a newcomer's first run should cover.)
 
@@ -1030,6 +1037,23 @@ def test_tensor_parallel_ranks_see_the_same_batches(model):
         f"{len(first)} and {len(second)} calls; first difference at call {differ[:1]}: "
         f"{first[differ[0]] if differ else ''} vs {second[differ[0]] if differ else ''}"
     )
+
+
+@pytest.fixture(scope="module")
+def mrv2_tp2(model) -> dict:
+    return _run_scenario(_engine_python(MRV2_VERSION), model, "mrv2_tp2")
+
+
+@pytest.mark.parametrize("name", ["shared_ns", "effects", "beyond"])
+def test_mrv2_tensor_parallel_gives_the_one_rank_engines_tokens(mrv2_tp2, mrv2, name):
+    """The V2 bridges in MRV2 with tensor parallel 2 (a process per rank, each with Triton's
+    interpreter): the tokens of the same requests in the one-rank MRV2 engine (not the churn:
+    two interpreting ranks take it past 10 minutes on 2 cores)."""
+    assert mrv2_tp2.get("start_s") is not None, mrv2_tp2.get("start_error") or mrv2_tp2["_stderr"]
+    got, want = part(mrv2_tp2, name), part(mrv2, name)
+    assert set(got) == set(want)
+    bad = [f"{k}: TP 2 {got[k]} vs one rank {want[k]}" for k in want if got[k] != want[k]]
+    assert not bad, f"{len(bad)}/{len(want)} differ:\n" + "\n".join(bad)
 
 
 def test_data_parallel_engines_each_run_ours(model):

@@ -652,6 +652,37 @@ def ours(model: str) -> None:
         return bad_input(llm, captured)
 
 
+def one_rank_sections(llm, bad: bool, churn: bool = True) -> None:
+    """What a distributed engine runs to be compared with the one-rank engine: the shared
+    requests, the effects, the processors beyond vLLM, with ``churn`` a churn past
+    ``max_num_seqs`` and with ``bad`` the bad input (the workers' log is not this process's:
+    not read)."""
+
+    @section("shared_ns")
+    def _():
+        return shared(llm, "ns")
+
+    @section("effects")
+    def _():
+        return effects(llm)
+
+    @section("beyond")
+    def _():
+        return beyond(llm)
+
+    if churn:
+
+        @section("churn")
+        def _():
+            return {"first": run(llm, churn_specs())}
+
+    if bad:
+
+        @section("bad_input")
+        def _():
+            return bad_input(llm, Captured())
+
+
 def tp2(model: str) -> None:
     """``ours``'s processors (and the processors beyond vLLM) in a tensor-parallel engine: two
     ranks, vLLM's multiprocessing executor, one CPU core each. ``ours``'s requests (shared,
@@ -678,25 +709,7 @@ def tp2(model: str) -> None:
         return
     RESULTS["start_s"] = round(time.perf_counter() - t0, 1)
 
-    @section("shared_ns")
-    def _():
-        return shared(llm, "ns")
-
-    @section("effects")
-    def _():
-        return effects(llm)
-
-    @section("beyond")
-    def _():
-        return beyond(llm)
-
-    @section("churn")
-    def _():
-        return {"first": run(llm, churn_specs())}
-
-    @section("bad_input")
-    def _():
-        return bad_input(llm, Captured())  # the workers' log is theirs: not read
+    one_rank_sections(llm, bad=True)
 
     @section("digests")
     def _():
@@ -1315,27 +1328,7 @@ def dp2_served(model: str) -> None:
         return
     RESULTS["start_s"] = server.start_s
     try:
-
-        @section("shared_ns")
-        def _():
-            return shared(server, "ns")
-
-        @section("effects")
-        def _():
-            return effects(server)
-
-        @section("beyond")
-        def _():
-            return beyond(server)
-
-        @section("churn")
-        def _():
-            return {"first": run(server, churn_specs())}
-
-        @section("bad_input")
-        def _():
-            return bad_input(server, Captured())  # the workers' log is the server's: not read
-
+        one_rank_sections(server, bad=True)
         RESULTS["alive"] = server.alive()
     finally:
         server.stop()
@@ -1498,6 +1491,15 @@ def mrv2(model: str) -> None:
     @section("spec_reference")
     def _():
         return spec_outputs(llm, spec_specs(llm))
+
+
+def mrv2_tp2(model: str) -> None:
+    """Ours on MRV2 with tensor parallel 2 (vLLM's multiprocessing executor, a process per rank,
+    each with Triton's interpreter: ``standin_site``): ``mrv2``'s requests, for its tokens; not
+    the churn, whose 64 requests take the two interpreting ranks past 10 minutes here."""
+    llm = _mrv2_engine(model, v2_processors(), tensor_parallel_size=2)
+    if llm is not None:
+        one_rank_sections(llm, bad=False, churn=False)
 
 
 def mrv2_profile(model: str) -> None:
@@ -1685,14 +1687,21 @@ MRV2 = {
     "mrv2_plain": mrv2_plain,
     "mrv2_spec": mrv2_spec,
     "mrv2_profile": mrv2_profile,
+    "mrv2_tp2": mrv2_tp2,
 }
 
 
 def main() -> None:
     scenario, model = sys.argv[1], sys.argv[2]
     if scenario in MRV2:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+        if scenario == "mrv2_tp2":
+            # Every process of the engine starts with Triton's interpreter (``standin_site``).
+            os.environ["LOGITSPROC_TRITON_STANDIN"] = "1"
+            site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_site")
+            os.environ["PYTHONPATH"] = os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         import triton_standin  # noqa: F401  (before vLLM: MRV2 needs Triton, interpreted here)
     elif scenario in ("ours", "plain", "ours_profile", "every_field_profile", "throughput"):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
