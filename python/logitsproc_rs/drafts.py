@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import _core
+from ._core import int_item
 from .errors import RequestError
 from .params import _show
 
@@ -103,7 +103,7 @@ def _int_list(seq: Any, field: str, request: int | None = None) -> list[int]:
         at = i if request is None else request
         if isinstance(v, bool):
             raise RequestError.located(at, field, f"item {i} is a bool, not an int")
-        x = _core.int_item(v)  # the core's one rule: no caller code runs
+        x = int_item(v)  # the core's one rule: no caller code runs
         if x is None:
             raise RequestError.located(at, field, f"item {i} is not an int: {_show(v)}")
         out.append(x)

@@ -26,7 +26,7 @@ interpreter), so ``32 / b`` passes decide all 32 bits. Every ``b`` finds the sam
   maximal ascending prefix of *whole tied groups* whose mass is ``<= 1 - p``. ``p >= 1`` is
   off.
 
-**Where the kept set may differ from vLLM 0.25.1's sort path** (``sampler.apply_top_k_top_p``;
+**Where the kept set may differ from vLLM 0.25.1's sort path** (``tail.apply_top_k_top_p``;
 ``tests/test_triton_sampling.py`` counts every differing row and classifies it as one of these):
 
 1. *Ties at the top-p boundary* — a run of equal values whose ascending cumulative mass

@@ -33,8 +33,8 @@ from ..builtin import BUILTINS
 from ..errors import ConfigError
 from ..pipeline import Pipeline
 from ..views import PipelineView
-from . import _guard
 from ._fields import NAMESPACE, Routed, read_namespace, routed_params
+from ._guard import ForcedRows, check_caps, forced_tokens, log_refused, model_eos
 
 G = TypeVar("G", bound="Group")
 
@@ -53,8 +53,8 @@ class Group:
         self.pipeline: Pipeline | None = None
         # Whether our tables read the namespace (there is one, and the pipeline has tables).
         self.routes = False
-        self.eos = _guard.model_eos(config)
-        self.forced = _guard.ForcedRows()  # failed-closed requests: row or slot -> tokens
+        self.eos = model_eos(config)
+        self.forced = ForcedRows()  # failed-closed requests: row or slot -> tokens
 
     # --- members ------------------------------------------------------------------------------
 
@@ -173,8 +173,8 @@ class Group:
         """The tokens a refused request (``what``, for the log) may still emit: its stop
         tokens, else the model's EOS (``_guard``); the refusal is logged at ERROR."""
         assert self.pipeline is not None
-        tokens = _guard.forced_tokens(params, self.pipeline.vocab_size, self.eos)
-        _guard.log_refused(what, error, tokens)
+        tokens = forced_tokens(params, self.pipeline.vocab_size, self.eos)
+        log_refused(what, error, tokens)
         return tokens
 
 
@@ -223,7 +223,7 @@ class Bridge:
         gives this check no vocabulary), which fails such a request closed."""
         if cls.NAMESPACE and cls.VIEW.TABLES:
             ours, label = read_namespace(None, sampling_params, cls.NAMESPACE)
-            _guard.check_caps("request", ours, sampling_params, cls.VIEW.TABLES, label)
+            check_caps("request", ours, sampling_params, cls.VIEW.TABLES, label)
         cls.VIEW.validate_params(sampling_params)
 
     @property
