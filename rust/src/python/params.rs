@@ -15,9 +15,9 @@ use super::errors::{
 };
 use super::history::{describe, output_of, PyListSource};
 use super::update::{bounded_ints, extract_as, param_named, token_ids, try_describe, AddedEntry};
-use crate::fields::{FieldKind, FieldSpec, Fields, IntValue, Value};
+use crate::fields::{ColumnValue, FieldKind, FieldSpec, Fields, IntValue, Value};
 use crate::pipeline::{Pipeline, PipelineConfig, RequestParams};
-use crate::tables::columns::{ColumnKind, ColumnValue};
+use crate::tables::columns::ColumnKind;
 use crate::tables::Builtin;
 
 /// One field the pipeline's tables read, with its attribute name interned once and its caps
