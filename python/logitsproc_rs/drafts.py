@@ -73,7 +73,7 @@ def draft_layout(
 def _refused(index: int | None, field: str, detail: str) -> RequestError:
     if index is not None:
         return RequestError.located(index, field, detail)
-    return RequestError(f"field '{field}': {detail}", field=field, detail=detail)
+    return RequestError.at(field, detail)
 
 
 def _sequence(seq: Any, field: str, most: int, request: int | None = None) -> list[Any]:

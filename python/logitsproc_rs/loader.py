@@ -116,9 +116,10 @@ def _vllm_batch_update(module: ModuleType, update: Any) -> Any:
     for a, b, d in update.moved:
         name = direction_name(d)
         if name is None:
-            raise BatchUpdateError(
-                f"batch update: field 'moved': direction must be SWAP or UNIDIRECTIONAL, got {d!r}",
-                field="moved",
+            raise BatchUpdateError.at(
+                "moved",
+                f"direction must be SWAP or UNIDIRECTIONAL, got {d!r}",
+                where="batch update: ",
             )
         moved.append((a, b, direction[name]))
     return module.BatchUpdate(

@@ -149,15 +149,13 @@ def config_size(value: Any, field: str, least: int = 1) -> int:
         with contextlib.suppress(TypeError):
             n = operator.index(value)
     if n is None or n < least:
-        raise ConfigError(
-            f"config field '{field}': must be an int >= {least}, got {_show(value)}", field=field
+        raise ConfigError.at(
+            field, f"must be an int >= {least}, got {_show(value)}", where="config "
         )
     if n > _MAX_SIZE:
         # Beyond any table (the core names the bound of each); here only so that the
         # conversion to the core's sizes cannot overflow.
-        raise SizeError(
-            f"config field '{field}': {_show(n)} is beyond any supported size", field=field
-        )
+        raise SizeError.at(field, f"{_show(n)} is beyond any supported size", where="config ")
     return n
 
 

@@ -226,9 +226,7 @@ class Pipeline(StableSlots):
                     "given to a pipeline that reads the engine's output lists (the list feed); "
                     "build it with token_feed=True"
                 )
-                raise RequestError(
-                    f"field 'sampled_token_ids': {detail}", field="sampled_token_ids", detail=detail
-                )
+                raise RequestError.at("sampled_token_ids", detail)
             return host_ints(sampled_token_ids, "sampled_token_ids")
         if batch_update is None and self.token_feed and not self._pending_restep:
             return _IDLE
@@ -487,7 +485,7 @@ def _config_int(read: Any, config: Any, field: str, least: int = 1) -> int:
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError(f"config field '{field}': could not be read ({e})", field=field) from e
+        raise ConfigError.at(field, f"could not be read ({e})", where="config ") from e
     return config_size(value, field, least)
 
 

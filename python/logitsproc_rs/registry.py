@@ -14,6 +14,7 @@ from typing import Any
 
 from ._core import INT_FIELD_RANGE as _INT_FIELD_RANGE
 from ._core import registry as core_registry
+from .errors import LogitsprocError
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ CAP_DEFAULTS: dict[str, int] = {c: d for t in TABLES.values() for c, d in t.caps
 FIELD_TABLE: dict[str, str] = {
     key: t.name for t in TABLES.values() for f in t.fields for key in (f.name, f.attr)
 }
+
+# Each error of ours names the table that reads its field (``LogitsprocError.processor``).
+LogitsprocError.FIELD_TABLE = FIELD_TABLE
 
 #: Every field's neutral value, by the field's name.
 NEUTRAL: dict[str, Any] = {f.name: f.neutral for t in TABLES.values() for f in t.fields}
