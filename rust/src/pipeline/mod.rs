@@ -699,6 +699,7 @@ mod tests {
     use crate::fields::Value;
     use crate::history::SharedHistory;
     use crate::tables::logit_bias::LogitBiasTable;
+    use crate::tables::thinking::ThinkingConfig;
 
     fn pipeline(stable: bool, token_feed_cap: usize) -> Pipeline<SharedHistory> {
         let mut cfg = PipelineConfig::new(4, 16)

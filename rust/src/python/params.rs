@@ -641,7 +641,7 @@ fn bounded_items<T>(
         let value = item(k, &x)?;
         out.try_reserve(1).map_err(|_| {
             PyErr::from(Error::RequestOutOfMemory {
-                index: index,
+                index,
                 field: "column",
             })
         })?;

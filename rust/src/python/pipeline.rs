@@ -106,12 +106,8 @@ fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResul
         let v = int_item(&item).map_err(|why| {
             PyErr::from(Error::invalid(pos, field, format!("position {pos}: {why}")))
         })?;
-        out.try_reserve(1).map_err(|_| {
-            PyErr::from(Error::RequestOutOfMemory {
-                index: pos,
-                field: field,
-            })
-        })?;
+        out.try_reserve(1)
+            .map_err(|_| PyErr::from(Error::RequestOutOfMemory { index: pos, field }))?;
         out.push(v);
     }
     Ok(out)

@@ -444,12 +444,8 @@ pub fn bounded_ints(
             )));
         }
         let v = extract_as::<i64>(index, field, &t, "ints")?;
-        out.try_reserve(1).map_err(|_| {
-            PyErr::from(Error::RequestOutOfMemory {
-                index: index,
-                field: field,
-            })
-        })?;
+        out.try_reserve(1)
+            .map_err(|_| PyErr::from(Error::RequestOutOfMemory { index, field }))?;
         out.push(v);
     }
     Ok(out)
