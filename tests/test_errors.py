@@ -88,7 +88,7 @@ def test_wrong_type_from_the_bindings() -> None:
     e = raised(added(P(min_p="high")))
     assert type(e) is RequestError
     assert (e.index, e.field, e.processor) == (0, "min_p", "min_p")
-    assert re.fullmatch(r"request at index 0: field 'min_p': expected a float, got 'high'", str(e))
+    assert re.fullmatch(r"request at index 0: field 'min_p': must be a number, got 'high'", str(e))
 
 
 def test_out_of_vocab_logit_bias() -> None:
@@ -124,7 +124,7 @@ class _Margin(ColumnLogitsProcessor):
 
 
 @pytest.mark.parametrize(
-    ("value", "where"), [("wide", "expected a float"), (1e39, "not a finite float32")]
+    ("value", "where"), [("wide", "must be a number"), (1e39, "not a finite float32")]
 )
 def test_column_error_names_the_column(value: Any, where: str) -> None:
     """A binding error (a wrong type) and a core error (out of float32 range) alike."""

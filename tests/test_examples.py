@@ -124,8 +124,8 @@ def test_argmax_invariance_is_declared_and_respected_by_the_sampler() -> None:
 @pytest.mark.parametrize(
     ("extra", "msg"),
     [
-        ({"logit_margin": "wide"}, "'logit_margin': expected a float"),
-        ({"logit_margin": True}, "not a bool"),
+        ({"logit_margin": "wide"}, "'logit_margin': must be a number, got 'wide'"),
+        ({"logit_margin": True}, "'logit_margin': must be a number, got True"),
         ({"boost_tokens": list(range(17))}, "cap of 16"),
         ({"boost_tokens": [VOCAB]}, "outside"),
         ({"boost_tokens": [1], "boost": float("inf")}, "finite"),

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from . import kernels
 from .errors import InputError
+from .kernels import triton_ops, use_triton
 
 _BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
 GRAMMAR_KERNELS = ("builtin", "xgrammar")
@@ -85,10 +85,10 @@ def apply_token_bitmask_(
     words = bitmask.to(logits.device, non_blocking=True)
     if kernel == "xgrammar":
         return _xgrammar_apply(logits, words.contiguous(), idx, width)
-    if kernels.use_triton(logits, any_float=True):
+    if use_triton(logits, any_float=True):
         # Store-only: −inf where a bit is clear, no logit read (out-of-range device indices
         # write nothing, where the torch path raises).
-        return kernels.triton_ops().token_bitmask_(logits, words.contiguous(), idx, width)
+        return triton_ops().token_bitmask_(logits, words.contiguous(), idx, width)
     bits = (words.unsqueeze(-1) >> _shifts(logits.device)) & 1
     blocked = (bits == 0).view(words.shape[0], -1)[:, :width]
     if idx is None:

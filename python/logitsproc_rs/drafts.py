@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import _core
+from ._core import int_item
 from .errors import RequestError
 from .params import _show
 
@@ -73,7 +73,7 @@ def draft_layout(
 def _refused(index: int | None, field: str, detail: str) -> RequestError:
     if index is not None:
         return RequestError.located(index, field, detail)
-    return RequestError(f"field '{field}': {detail}", field=field, detail=detail)
+    return RequestError.at(field, detail)
 
 
 def _sequence(seq: Any, field: str, most: int, request: int | None = None) -> list[Any]:
@@ -103,7 +103,7 @@ def _int_list(seq: Any, field: str, request: int | None = None) -> list[int]:
         at = i if request is None else request
         if isinstance(v, bool):
             raise RequestError.located(at, field, f"item {i} is a bool, not an int")
-        x = _core.int_item(v)  # the core's one rule: no caller code runs
+        x = int_item(v)  # the core's one rule: no caller code runs
         if x is None:
             raise RequestError.located(at, field, f"item {i} is not an int: {_show(v)}")
         out.append(x)

@@ -26,7 +26,8 @@ where an error happened uses ``with_context``, which keeps the class and the att
 from __future__ import annotations
 
 import copy
-from typing import TypeVar
+from collections.abc import Mapping
+from typing import ClassVar, TypeVar
 
 __all__ = [
     "AllocationError",
@@ -45,6 +46,11 @@ E = TypeVar("E", bound="LogitsprocError")
 class LogitsprocError(Exception):
     """The base of every error in this module (each also derives from a builtin)."""
 
+    #: The one field -> table map, the core's registry's: ``registry`` sets it when it reads
+    #: the registry (this module imports nothing of ours, so the extension, which raises these
+    #: classes, never waits on it).
+    FIELD_TABLE: ClassVar[Mapping[str, str]] = {}
+
     def __init__(
         self,
         message: str,
@@ -60,16 +66,34 @@ class LogitsprocError(Exception):
         self.detail = detail
         self.column = column
 
+    @classmethod
+    def at(
+        cls: type[E],
+        field: str,
+        detail: str,
+        *,
+        where: str = "",
+        label: str | None = None,
+        index: int | None = None,
+        column: str | None = None,
+    ) -> E:
+        """The one way a message names a field, the core's form: ``<where>field '<label>':
+        <detail>`` (``where``: ``"request at index 3: "``, ``"batch update: "``, ``"config "``
+        or nothing; ``label``: the field as the message names it, default ``field``)."""
+        return cls(
+            f"{where}field '{label or field}': {detail}",
+            index=index,
+            field=field,
+            detail=detail,
+            column=column,
+        )
+
     @property
     def processor(self) -> str | None:
         """The built-in processor (table) that reads ``field``, else ``None``."""
         if self.field is None:
             return None
-        # The one field -> table map (the core's registry); imported here, as the registry
-        # imports the extension, whose errors are these.
-        from .registry import FIELD_TABLE
-
-        return FIELD_TABLE.get(self.field)
+        return self.FIELD_TABLE.get(self.field)
 
     def with_context(self: E, prefix: str) -> E:
         """This error with ``prefix`` before its message: the same class and attributes (raise
@@ -98,13 +122,7 @@ class RequestError(LogitsprocError, ValueError):
         (default ``field``); ``where``: the request as the message names it."""
         if where is None:
             where = "request" if index is None else f"request at index {index}"
-        return cls(
-            f"{where}: field '{label or field}': {detail}",
-            index=index,
-            field=field,
-            detail=detail,
-            column=column,
-        )
+        return cls.at(field, detail, where=f"{where}: ", label=label, index=index, column=column)
 
 
 class BatchUpdateError(LogitsprocError, ValueError):

@@ -14,7 +14,7 @@ _INT64_MAX = 2**63 - 1
 
 
 def _refuse(field: str, detail: str) -> RequestError:
-    return RequestError(f"field '{field}': {detail}", field=field, detail=detail)
+    return RequestError.at(field, detail)
 
 
 def host_ints(obj: Any, field: str = "sampled_token_ids") -> Any:

@@ -15,6 +15,7 @@ import torch
 
 from .builtin import (
     BUILTIN_LOGITS_PROCESSORS,
+    OPT_IN_PROCESSORS,
     REASONING_TRANSFORMS,
     SAMPLER_TRANSFORMS_AFTER,
     SAMPLER_TRANSFORMS_BEFORE,
@@ -23,7 +24,7 @@ from .builtin import (
 from .errors import BatchUpdateError, ConfigError, LoadError
 from .interface import LogitsProcessor, direction_name
 from .params import as_engine_config, config_vllm_drafts
-from .pipeline import Pipeline, resolve_device, unbuilt_opt_in
+from .pipeline import Pipeline, resolve_device
 from .state import LogitsProcessors
 from .views import PipelineView
 
@@ -115,9 +116,10 @@ def _vllm_batch_update(module: ModuleType, update: Any) -> Any:
     for a, b, d in update.moved:
         name = direction_name(d)
         if name is None:
-            raise BatchUpdateError(
-                f"batch update: field 'moved': direction must be SWAP or UNIDIRECTIONAL, got {d!r}",
-                field="moved",
+            raise BatchUpdateError.at(
+                "moved",
+                f"direction must be SWAP or UNIDIRECTIONAL, got {d!r}",
+                where="batch update: ",
             )
         moved.append((a, b, direction[name]))
     return module.BatchUpdate(
@@ -139,6 +141,20 @@ def speak_vllm(proc: Any) -> Any:
 
     proc.update_state = update_state
     return proc
+
+
+def unbuilt_opt_in(tables: Iterable[str]) -> dict[str, str]:
+    """The tables of our opt-in processors (ones vLLM does not have, so nobody else applies
+    them) that ``tables`` lacks, each with how to get its processor: what a ``Pipeline``
+    refuses by default, so a request that asks for one is refused, never run without it."""
+    have = set(tables)
+    return {
+        t: f"build logitsproc_rs.{c.__name__} (build_logitsprocs(..., "
+        f"custom_logitsprocs=[logitsproc_rs.{c.__name__}]))"
+        for c in OPT_IN_PROCESSORS
+        for t in c.TABLES
+        if t not in have
+    }
 
 
 def build_logitsprocs(

@@ -19,7 +19,7 @@ from enum import IntEnum
 from types import SimpleNamespace
 from typing import Any, TypeGuard
 
-from . import _core
+from ._core import field_range_error
 from .errors import ConfigError, LogitsprocError, RequestError, SizeError
 from .registry import CAP_DEFAULTS, INT_FIELD_RANGE, NEUTRAL, TABLES
 
@@ -106,9 +106,9 @@ def _int(name: str, v: Any) -> int:
 def _in_declared_range(name: str, x: float) -> None:
     """``x`` (read by ``_real``, or ``_int`` for an int field) inside field ``name``'s range as
     the core's registry declares it, else a ``RequestError`` naming the field with the core's
-    own words (``_core.field_range_error``). A range's engine cap (``dry_penalty_last_n <=
+    own words (``field_range_error``). A range's engine cap (``dry_penalty_last_n <=
     max_dry_penalty_last_n``) is the core's to check: the front end knows no engine."""
-    detail = _core.field_range_error(name, x)
+    detail = field_range_error(name, x)
     if detail is not None:
         raise RequestError(f"{name} {detail}", field=name)
 
@@ -149,15 +149,13 @@ def config_size(value: Any, field: str, least: int = 1) -> int:
         with contextlib.suppress(TypeError):
             n = operator.index(value)
     if n is None or n < least:
-        raise ConfigError(
-            f"config field '{field}': must be an int >= {least}, got {_show(value)}", field=field
+        raise ConfigError.at(
+            field, f"must be an int >= {least}, got {_show(value)}", where="config "
         )
     if n > _MAX_SIZE:
         # Beyond any table (the core names the bound of each); here only so that the
         # conversion to the core's sizes cannot overflow.
-        raise SizeError(
-            f"config field '{field}': {_show(n)} is beyond any supported size", field=field
-        )
+        raise SizeError.at(field, f"{_show(n)} is beyond any supported size", where="config ")
     return n
 
 

@@ -22,12 +22,12 @@ from typing import Any, Protocol
 
 import torch
 
-from . import _core
-from . import kernels as _kernels
 from ._arena import DeviceArena
+from ._core import Pipeline as CorePipeline
 from .errors import ConfigError, ProtocolError, RequestError
 from .host_ints import host_ints
 from .interface import BatchUpdate
+from .kernels import validate_backend
 from .logits_check import checked_logits
 from .params import (
     EngineConfig,
@@ -86,7 +86,7 @@ class Pipeline(StableSlots):
     ``refuse`` maps tables it does not build to how to get their processor: a request that
     sets a field switching one of them on is refused (a ``RequestError`` naming the field,
     saying how), never run without it. Given where the whole processor set is known:
-    ``build_logitsprocs`` (our opt-in processors it did not build: ``unbuilt_opt_in``) and
+    ``build_logitsprocs`` (our opt-in processors it did not build: ``loader.unbuilt_opt_in``) and
     the vLLM bridges; a processor built alone (vLLM's way) refuses nothing, as another
     processor of the engine may apply the field.
     """
@@ -126,7 +126,7 @@ class Pipeline(StableSlots):
         def cap(config: Any, name: str, default: int) -> int:
             return _config_int(lambda c: config_cap(c, name, default), config, name)
 
-        self.core = _core.Pipeline(
+        self.core = CorePipeline(
             self.capacity,
             self.vocab_size,
             tables=sorted(tables),
@@ -145,7 +145,7 @@ class Pipeline(StableSlots):
         # On the CPU (without device emulation) MinP and penalties run in Rust on the logits.
         self.host_kernels = self.arena.zero_copy
         # Device-side applies: "auto" / "triton" / "torch"; None follows LOGITSPROC_KERNELS.
-        self.kernels = None if kernels is None else _kernels.validate_backend(kernels)
+        self.kernels = None if kernels is None else validate_backend(kernels)
         self._by_name: dict[str, list[int]] = {}
         for i, (name, *_rest) in enumerate(self.arena.sections):
             self._by_name.setdefault(name, []).append(i)
@@ -226,9 +226,7 @@ class Pipeline(StableSlots):
                     "given to a pipeline that reads the engine's output lists (the list feed); "
                     "build it with token_feed=True"
                 )
-                raise RequestError(
-                    f"field 'sampled_token_ids': {detail}", field="sampled_token_ids", detail=detail
-                )
+                raise RequestError.at("sampled_token_ids", detail)
             return host_ints(sampled_token_ids, "sampled_token_ids")
         if batch_update is None and self.token_feed and not self._pending_restep:
             return _IDLE
@@ -449,22 +447,6 @@ class Pipeline(StableSlots):
         return self.core.last_upload_bytes
 
 
-def unbuilt_opt_in(tables: Iterable[str]) -> dict[str, str]:
-    """The tables of our opt-in processors (ones vLLM does not have, so nobody else applies
-    them) that ``tables`` lacks, each with how to get its processor: what a ``Pipeline``
-    refuses by default, so a request that asks for one is refused, never run without it."""
-    from .builtin import OPT_IN_PROCESSORS  # the built-ins import this module
-
-    have = set(tables)
-    return {
-        t: f"build logitsproc_rs.{c.__name__} (build_logitsprocs(..., "
-        f"custom_logitsprocs=[logitsproc_rs.{c.__name__}]))"
-        for c in OPT_IN_PROCESSORS
-        for t in c.TABLES
-        if t not in have
-    }
-
-
 def _reasoning_ids(config: Any) -> tuple[list[int], list[int]]:
     """The thinking budget's start and end markers, or a ValueError naming where they are set:
     our ``EngineConfig``'s fields, or vLLM's ``reasoning_config`` (whose token ids stay unset
@@ -503,7 +485,7 @@ def _config_int(read: Any, config: Any, field: str, least: int = 1) -> int:
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError(f"config field '{field}': could not be read ({e})", field=field) from e
+        raise ConfigError.at(field, f"could not be read ({e})", where="config ") from e
     return config_size(value, field, least)
 
 

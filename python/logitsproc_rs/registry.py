@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import _core
+from ._core import INT_FIELD_RANGE as _INT_FIELD_RANGE
+from ._core import registry as core_registry
+from .errors import LogitsprocError
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ TABLES: dict[str, Table] = {
         tuple(Field(n, a, k, v, tunes, tuple(c), item) for n, a, k, v, tunes, c, item in fields),
         history,
     )
-    for name, caps, fields, history in _core.registry()
+    for name, caps, fields, history in core_registry()
 }
 
 #: Every per-request cap's default, by engine-config name.
@@ -76,12 +78,15 @@ FIELD_TABLE: dict[str, str] = {
     key: t.name for t in TABLES.values() for f in t.fields for key in (f.name, f.attr)
 }
 
+# Each error of ours names the table that reads its field (``LogitsprocError.processor``).
+LogitsprocError.FIELD_TABLE = FIELD_TABLE
+
 #: Every field's neutral value, by the field's name.
 NEUTRAL: dict[str, Any] = {f.name: f.neutral for t in TABLES.values() for f in t.fields}
 
 #: The range of an int request field's value (``int`` and ``opt_int`` kinds), both ends
 #: included: what the core reads them as.
-INT_FIELD_RANGE: tuple[int, int] = tuple(_core.INT_FIELD_RANGE)  # type: ignore[assignment]
+INT_FIELD_RANGE: tuple[int, int] = tuple(_INT_FIELD_RANGE)  # type: ignore[assignment]
 
 #: The tables whose requests' output histories are read every step.
 HISTORY_TABLES: frozenset[str] = frozenset(t.name for t in TABLES.values() if t.history)

@@ -24,7 +24,8 @@ from .errors import InputError
 from .logits_check import check_sampler_logits
 from .params import _SAMPLING_EPS, SamplingParams, SamplingType
 from .state import LogitsProcessors
-from .tail import (
+from .tail import (  # apply_top_k_top_p: also imported from here (vLLM's sampler has it)
+    apply_top_k_top_p,
     check_mode,
     check_torch_stream,
     gumbel_race,
@@ -172,39 +173,6 @@ def apply_temperature(logits: torch.Tensor, temp: torch.Tensor, all_random: bool
     if not all_random:
         temp = torch.where(temp < _SAMPLING_EPS, 1.0, temp)
     return logits.div_(temp.unsqueeze(1))
-
-
-def apply_top_k_only(logits: torch.Tensor, k: torch.Tensor, max_top_k: int) -> torch.Tensor:
-    """Top-k without a sort: keep values >= the row's k-th largest (ties kept)."""
-    vocab = logits.shape[1]
-    no_top_k = k == vocab
-    k_safe = k.masked_fill(no_top_k, 1)
-    kth = logits.topk(min(max_top_k, vocab), dim=1).values.gather(1, (k_safe - 1).unsqueeze(1))
-    kth.masked_fill_(no_top_k.unsqueeze(1), float("-inf"))
-    return logits.masked_fill_(logits < kth, float("-inf"))
-
-
-def apply_top_k_top_p(
-    logits: torch.Tensor,
-    k: torch.Tensor | None,
-    p: torch.Tensor | None,
-    max_top_k: int | None = None,
-) -> torch.Tensor:
-    """vLLM's PyTorch top-k/top-p: sort ascending, mask below the k-th value, then mask the
-    low tail whose cumulative probability is <= 1 - p (always keeping the top token)."""
-    if p is None:
-        if k is None:
-            return logits
-        return apply_top_k_only(logits, k, max_top_k if max_top_k is not None else logits.shape[1])
-    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
-    if k is not None:
-        kth = logits_sort.gather(1, (logits_sort.size(1) - k).unsqueeze(1))
-        logits_sort.masked_fill_(logits_sort < kth, float("-inf"))
-    probs_sum = logits_sort.softmax(dim=-1).cumsum_(dim=-1)
-    top_p_mask = probs_sum <= 1 - p.unsqueeze(1)
-    top_p_mask[:, -1] = False
-    logits_sort.masked_fill_(top_p_mask, float("-inf"))
-    return logits.scatter_(dim=-1, index=logits_idx, src=logits_sort)
 
 
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:

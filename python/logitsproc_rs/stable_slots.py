@@ -86,7 +86,7 @@ class StableSlots:
         """The draft layout in the core's form (both or neither)."""
         if (local_pos is None) != (input_ids is None):
             detail = "local_pos and input_ids go together (a draft layout has both)"
-            raise RequestError(f"field 'input_ids': {detail}", field="input_ids", detail=detail)
+            raise RequestError.at("input_ids", detail)
         if local_pos is None:
             return None, None
         limit = self.core.max_rows + 1
@@ -101,7 +101,7 @@ class StableSlots:
         """The row map, the feed and its slots in the core's form (refused if malformed)."""
         if (sampled_token_ids is None) != (slots is None):
             detail = "sampled_token_ids and slots go together (the slot each token is for)"
-            raise RequestError(f"field 'slots': {detail}", field="slots", detail=detail)
+            raise RequestError.at("slots", detail)
         row_map = _materialized(
             host_ints(row_to_slot, "row_to_slot"), "row_to_slot", self.core.max_rows + 1
         )
@@ -178,9 +178,9 @@ def _materialized(obj: Any, field: str, limit: int) -> Any:
         it = iter(obj)
     except Exception as e:
         detail = f"expected a sequence of ints, got a {type(obj).__name__}"
-        raise RequestError(f"field '{field}': {detail}", field=field, detail=detail) from e
+        raise RequestError.at(field, detail) from e
     try:
         return list(itertools.islice(it, limit))
     except Exception as e:
         detail = f"iterating it raised {e!r}"
-        raise RequestError(f"field '{field}': {detail}", field=field, detail=detail) from e
+        raise RequestError.at(field, detail) from e

@@ -192,9 +192,7 @@ class LogitsProcessors:
             pipe = self._pipelines[0]
             if not pipe.protocol.epoch:
                 detail = "apply_drafts before any update_state: no batch to lay the drafts over"
-                raise RequestError(
-                    f"field 'spec_token_ids': {detail}", field="spec_token_ids", detail=detail
-                )
+                raise RequestError.at("spec_token_ids", detail)
             batch_size = pipe.count("batch_size")
         rows, pos, drafts = draft_layout(spec_token_ids, row_to_request, positions, batch_size)
         for pipe in self._pipelines:

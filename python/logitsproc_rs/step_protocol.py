@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import _core
+from ._core import update_fingerprint
 from .errors import ProtocolError
 
 
@@ -45,7 +45,7 @@ def update_signature(update: Any) -> Signature | None:
     place is not seen. A malformed update is the ``ValueError`` its reading raises."""
     if update is None:
         return None
-    return Signature(*_core.update_fingerprint(update))
+    return Signature(*update_fingerprint(update))
 
 
 class StepProtocol:

@@ -22,7 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _core
+from ._core import (
+    exponential_draws,
+    unsafe_exponential_race,
+    unsafe_gumbel_race,
+    unsafe_mask_top_k_top_p,
+)
 from .errors import InputError
 
 #: The sampling modes of the ``Sampler``: ``exact`` and ``batch_invariant`` above, ``sort``
@@ -44,6 +49,39 @@ class TailStats:
 TAIL_STATS = TailStats()
 
 
+def apply_top_k_only(logits: torch.Tensor, k: torch.Tensor, max_top_k: int) -> torch.Tensor:
+    """Top-k without a sort: keep values >= the row's k-th largest (ties kept)."""
+    vocab = logits.shape[1]
+    no_top_k = k == vocab
+    k_safe = k.masked_fill(no_top_k, 1)
+    kth = logits.topk(min(max_top_k, vocab), dim=1).values.gather(1, (k_safe - 1).unsqueeze(1))
+    kth.masked_fill_(no_top_k.unsqueeze(1), float("-inf"))
+    return logits.masked_fill_(logits < kth, float("-inf"))
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor,
+    k: torch.Tensor | None,
+    p: torch.Tensor | None,
+    max_top_k: int | None = None,
+) -> torch.Tensor:
+    """vLLM's PyTorch top-k/top-p: sort ascending, mask below the k-th value, then mask the
+    low tail whose cumulative probability is <= 1 - p (always keeping the top token)."""
+    if p is None:
+        if k is None:
+            return logits
+        return apply_top_k_only(logits, k, max_top_k if max_top_k is not None else logits.shape[1])
+    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
+    if k is not None:
+        kth = logits_sort.gather(1, (logits_sort.size(1) - k).unsqueeze(1))
+        logits_sort.masked_fill_(logits_sort < kth, float("-inf"))
+    probs_sum = logits_sort.softmax(dim=-1).cumsum_(dim=-1)
+    top_p_mask = probs_sum <= 1 - p.unsqueeze(1)
+    top_p_mask[:, -1] = False
+    logits_sort.masked_fill_(top_p_mask, float("-inf"))
+    return logits.scatter_(dim=-1, index=logits_idx, src=logits_sort)
+
+
 def _host_f32(t: torch.Tensor) -> bool:
     return (
         t.device.type == "cpu"
@@ -56,8 +94,6 @@ def _host_f32(t: torch.Tensor) -> bool:
 def _sort_rows(
     logits: torch.Tensor, rows: list[int], k: torch.Tensor | None, p: torch.Tensor | None
 ) -> None:
-    from .sampler import apply_top_k_top_p
-
     idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
     sub = logits.index_select(0, idx)
     ks = None if k is None else k.index_select(0, idx)
@@ -87,7 +123,7 @@ def mask_top_k_top_p_(
     ks = None if top_k is None else top_k.tolist()
     ps = None if top_p is None else top_p.tolist()
     stride = logits.stride(0) if rows > 1 else vocab
-    left, uncertain = _core.unsafe_mask_top_k_top_p(
+    left, uncertain = unsafe_mask_top_k_top_p(
         logits.data_ptr(), rows, vocab, stride, ks, ps, strict
     )
     TAIL_STATS.rows_masked += rows - len(left)
@@ -117,7 +153,7 @@ def check_torch_stream() -> None:
         g = torch.Generator().manual_seed(20_261_204)
         state = _state_bytes(g)
         want = torch.empty(4_099).exponential_(generator=g)
-        got = torch.tensor(_core.exponential_draws(state, 4_099), dtype=torch.float32)
+        got = torch.tensor(exponential_draws(state, 4_099), dtype=torch.float32)
         _STREAM_CHECKED = bool(torch.equal(got, want))
     if not _STREAM_CHECKED:
         raise InputError(
@@ -143,7 +179,7 @@ def random_sample_exact(
             gens.append(g)
         seeded.append((row, unique[id(g)]))
     stride = probs.stride(0) if rows > 1 else vocab
-    tokens, default_state, states = _core.unsafe_exponential_race(
+    tokens, default_state, states = unsafe_exponential_race(
         probs.data_ptr(),
         rows,
         vocab,
@@ -170,7 +206,7 @@ def gumbel_race(
     G(seed, position, token))``, the lowest token on ties; rows not in ``need`` get 0."""
     rows, vocab = logits.shape
     stride = logits.stride(0) if rows > 1 else vocab
-    tokens = _core.unsafe_gumbel_race(
+    tokens = unsafe_gumbel_race(
         logits.data_ptr(), rows, vocab, stride, list(need), list(seeds), list(positions)
     )
     return torch.tensor(tokens, dtype=torch.int64)

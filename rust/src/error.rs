@@ -60,6 +60,27 @@ pub enum Error {
         field: &'static str,
         message: String,
     },
+    /// A malformed entry of an update's list that names a request (its index in `added`,
+    /// `moved`...).
+    MalformedEntry {
+        index: usize,
+        field: &'static str,
+        message: String,
+    },
+    /// A malformed batch-update structure, not tied to one request (`field`: its list).
+    MalformedUpdate {
+        field: &'static str,
+        message: String,
+    },
+    /// A request's value needed more memory than there is.
+    RequestOutOfMemory { index: usize, field: &'static str },
+    /// A whole per-step input that names no one request (a token feed, a row map).
+    InvalidInput {
+        field: &'static str,
+        message: String,
+    },
+    /// A custom column's declaration is refused (`column`: its name).
+    InvalidDeclaration { column: String, message: String },
 }
 
 /// The kind of an [`Error`]: what it is about, as a caller reads it. The bindings raise one
@@ -86,14 +107,17 @@ impl Error {
         match self {
             Error::InvalidParam { .. }
             | Error::InvalidColumn { .. }
-            | Error::TooManyEntries { .. } => ErrorKind::Request,
+            | Error::TooManyEntries { .. }
+            | Error::InvalidInput { .. } => ErrorKind::Request,
             Error::BatchTooLarge { .. }
             | Error::IndexOutOfRange { .. }
-            | Error::DuplicateAdd { .. } => ErrorKind::BatchUpdate,
-            Error::Config { .. } => ErrorKind::Config,
+            | Error::DuplicateAdd { .. }
+            | Error::MalformedEntry { .. }
+            | Error::MalformedUpdate { .. } => ErrorKind::BatchUpdate,
+            Error::Config { .. } | Error::InvalidDeclaration { .. } => ErrorKind::Config,
             Error::TooLarge { .. } => ErrorKind::Size,
             Error::RemovedAfterRead | Error::Protocol(_) => ErrorKind::Protocol,
-            Error::OutOfMemory { .. } => ErrorKind::Allocation,
+            Error::OutOfMemory { .. } | Error::RequestOutOfMemory { .. } => ErrorKind::Allocation,
         }
     }
 
@@ -104,7 +128,9 @@ impl Error {
             | Error::DuplicateAdd { index }
             | Error::InvalidParam { index, .. }
             | Error::InvalidColumn { index, .. }
-            | Error::TooManyEntries { index, .. } => Some(*index),
+            | Error::TooManyEntries { index, .. }
+            | Error::MalformedEntry { index, .. }
+            | Error::RequestOutOfMemory { index, .. } => Some(*index),
             _ => None,
         }
     }
@@ -115,38 +141,82 @@ impl Error {
             Error::BatchTooLarge { .. } => Some("batch_size"),
             Error::DuplicateAdd { .. } => Some("added"),
             Error::InvalidColumn { .. } => Some("column"),
+            Error::InvalidDeclaration { .. } => Some("columns"),
             Error::IndexOutOfRange { field, .. }
             | Error::InvalidParam { field, .. }
             | Error::TooManyEntries { field, .. }
             | Error::TooLarge { field, .. }
             | Error::OutOfMemory { field, .. }
-            | Error::Config { field, .. } => Some(field),
+            | Error::Config { field, .. }
+            | Error::MalformedEntry { field, .. }
+            | Error::MalformedUpdate { field, .. }
+            | Error::RequestOutOfMemory { field, .. }
+            | Error::InvalidInput { field, .. } => Some(field),
             Error::RemovedAfterRead | Error::Protocol(_) => None,
         }
     }
 
-    /// For an error that names a request: the message after `request at index i: field 'f': `.
+    /// The message after `field '...': ` (for a column's declaration, after `column '...': `),
+    /// for an error about a request's value or a step's input; `None` for a setting, a size,
+    /// an allocation the tables made, and the protocol.
     pub fn detail(&self) -> Option<String> {
         match self {
+            Error::TooLarge { .. } | Error::OutOfMemory { .. } | Error::Config { .. } => None,
+            Error::InvalidDeclaration { message, .. } => Some(message.clone()),
+            _ => self.field_text(),
+        }
+    }
+
+    /// How the message goes on after `field '...': `, for every error that names a field the
+    /// message's way.
+    fn field_text(&self) -> Option<String> {
+        Some(match self {
             Error::IndexOutOfRange { capacity, .. } => {
-                Some(format!("index must be in [0, {capacity}) (max_num_seqs)"))
+                format!("index must be in [0, {capacity}) (max_num_seqs)")
             }
-            Error::DuplicateAdd { .. } => Some("index added twice in one batch update".to_string()),
-            Error::InvalidParam { message, .. } => Some(message.clone()),
+            Error::DuplicateAdd { .. } => "index added twice in one batch update".to_string(),
             Error::InvalidColumn {
                 column, message, ..
-            } => Some(format!("'{column}': {message}")),
-            Error::TooManyEntries { count, cap, .. } => Some(format!(
-                "{count} entries exceed the per-request cap of {cap}"
-            )),
-            _ => None,
+            } => format!("'{column}': {message}"),
+            Error::TooManyEntries { count, cap, .. } => {
+                format!("{count} entries exceed the per-request cap of {cap}")
+            }
+            Error::TooLarge { value, max, .. } => {
+                format!("{value} is outside the supported range [1, {max}]")
+            }
+            Error::OutOfMemory { bytes, .. } => {
+                format!("could not allocate {bytes} bytes of host memory")
+            }
+            Error::RequestOutOfMemory { .. } => "out of memory".to_string(),
+            Error::InvalidParam { message, .. }
+            | Error::Config { message, .. }
+            | Error::MalformedEntry { message, .. }
+            | Error::MalformedUpdate { message, .. }
+            | Error::InvalidInput { message, .. } => message.clone(),
+            Error::BatchTooLarge { .. }
+            | Error::RemovedAfterRead
+            | Error::Protocol(_)
+            | Error::InvalidDeclaration { .. } => return None,
+        })
+    }
+
+    /// What the message says before `field '...'`: the request (`request at index 3: `), the
+    /// update (`batch update: `), the engine (`config `), or nothing.
+    fn place(&self) -> String {
+        match (self.index(), self) {
+            (Some(index), _) => format!("request at index {index}: "),
+            (None, Error::MalformedUpdate { .. }) => "batch update: ".to_string(),
+            (None, Error::Config { .. }) => "config ".to_string(),
+            _ => String::new(),
         }
     }
 
     /// The custom column an error is about ([`Error::InvalidColumn`]); `None` for every other.
     pub fn column(&self) -> Option<&str> {
         match self {
-            Error::InvalidColumn { column, .. } => Some(column),
+            Error::InvalidColumn { column, .. } | Error::InvalidDeclaration { column, .. } => {
+                Some(column)
+            }
             _ => None,
         }
     }
@@ -158,10 +228,57 @@ impl Error {
             message: message.into(),
         }
     }
+
+    /// [`Error::InvalidColumn`]: request `index`'s value for the custom column `column`.
+    pub fn invalid_column(index: usize, column: &str, message: impl Into<String>) -> Self {
+        Error::InvalidColumn {
+            index,
+            column: column.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// [`Error::MalformedEntry`]: an entry of the update's list `field` naming request `index`.
+    pub fn malformed_entry(index: usize, field: &'static str, message: impl Into<String>) -> Self {
+        Error::MalformedEntry {
+            index,
+            field,
+            message: message.into(),
+        }
+    }
+
+    /// [`Error::MalformedUpdate`]: the update's `field` (a list, `batch_size`).
+    pub fn malformed_update(field: &'static str, message: impl Into<String>) -> Self {
+        Error::MalformedUpdate {
+            field,
+            message: message.into(),
+        }
+    }
+
+    /// [`Error::InvalidInput`]: a per-step input `field` naming no one request.
+    pub fn invalid_input(field: &'static str, message: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            field,
+            message: message.into(),
+        }
+    }
+
+    /// [`Error::InvalidDeclaration`]: custom column `column`'s declaration.
+    pub fn invalid_declaration(column: &str, message: impl Into<String>) -> Self {
+        Error::InvalidDeclaration {
+            column: column.to_string(),
+            message: message.into(),
+        }
+    }
 }
 
 impl fmt::Display for Error {
+    /// Every message: `<place>field '<field>': <text>` for an error about a field (the one
+    /// place that text is written), else the error's own sentence.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let (Some(field), Some(text)) = (self.field(), self.field_text()) {
+            return write!(f, "{}field '{field}': {text}", self.place());
+        }
         match self {
             Error::BatchTooLarge {
                 batch_size,
@@ -170,54 +287,16 @@ impl fmt::Display for Error {
                 f,
                 "batch_size {batch_size} exceeds the capacity (max_num_seqs) of {capacity}"
             ),
-            Error::IndexOutOfRange {
-                index,
-                field,
-                capacity,
-            } => write!(
-                f,
-                "request at index {index}: field '{field}': index must be in [0, {capacity}) (max_num_seqs)"
-            ),
-            Error::DuplicateAdd { index } => write!(
-                f,
-                "request at index {index}: field 'added': index added twice in one batch update"
-            ),
-            Error::InvalidParam {
-                index,
-                field,
-                message,
-            } => write!(f, "request at index {index}: field '{field}': {message}"),
-            Error::InvalidColumn {
-                index,
-                column,
-                message,
-            } => write!(
-                f,
-                "request at index {index}: field 'column': '{column}': {message}"
-            ),
-            Error::TooManyEntries {
-                index,
-                field,
-                count,
-                cap,
-            } => write!(
-                f,
-                "request at index {index}: field '{field}': {count} entries exceed the per-request cap of {cap}"
-            ),
-            Error::TooLarge { field, value, max } => write!(
-                f,
-                "field '{field}': {value} is outside the supported range [1, {max}]"
-            ),
             Error::RemovedAfterRead => write!(
                 f,
                 "Cannot register new removed request after self.removed has been read."
             ),
-            Error::OutOfMemory { field, bytes } => write!(
-                f,
-                "field '{field}': could not allocate {bytes} bytes of host memory"
-            ),
             Error::Protocol(message) => f.write_str(message),
-            Error::Config { field, message } => write!(f, "config field '{field}': {message}"),
+            Error::InvalidDeclaration { column, message } => {
+                write!(f, "column '{column}': {message}")
+            }
+            // Every other error names a field (`field_text`).
+            _ => f.write_str("invalid input"),
         }
     }
 }
@@ -288,6 +367,69 @@ mod tests {
             message: "x".into(),
         };
         assert_eq!((e.kind(), e.detail()), (Config, None));
+    }
+
+    #[test]
+    fn messages_of_the_binding_errors() {
+        use ErrorKind::*;
+        let cases = [
+            (
+                Error::invalid(2, "min_p", "must be a number, got True"),
+                "request at index 2: field 'min_p': must be a number, got True",
+                Request,
+            ),
+            (
+                Error::invalid_column(1, "margin", "must be a number, got 'wide'"),
+                "request at index 1: field 'column': 'margin': must be a number, got 'wide'",
+                Request,
+            ),
+            (
+                Error::malformed_entry(3, "moved", "expected a tuple"),
+                "request at index 3: field 'moved': expected a tuple",
+                BatchUpdate,
+            ),
+            (
+                Error::malformed_update("removed", "expected a sequence, got 1"),
+                "batch update: field 'removed': expected a sequence, got 1",
+                BatchUpdate,
+            ),
+            (
+                Error::RequestOutOfMemory {
+                    index: 0,
+                    field: "prompt_tok_ids",
+                },
+                "request at index 0: field 'prompt_tok_ids': out of memory",
+                Allocation,
+            ),
+            (
+                Error::invalid_input("slots", "expected ints"),
+                "field 'slots': expected ints",
+                Request,
+            ),
+            (
+                Error::invalid_declaration("margin", "no such kind"),
+                "column 'margin': no such kind",
+                Config,
+            ),
+            (
+                Error::Config {
+                    field: "vocab_size",
+                    message: "x".into(),
+                },
+                "config field 'vocab_size': x",
+                Config,
+            ),
+        ];
+        for (e, message, kind) in cases {
+            assert_eq!((e.to_string().as_str(), e.kind()), (message, kind));
+        }
+        let e = Error::invalid_declaration("margin", "no such kind");
+        assert_eq!(
+            (e.field(), e.column(), e.detail().as_deref(), e.index()),
+            (Some("columns"), Some("margin"), Some("no such kind"), None)
+        );
+        let e = Error::malformed_update("removed", "x");
+        assert_eq!((e.index(), e.detail().as_deref()), (None, Some("x")));
     }
 
     #[test]

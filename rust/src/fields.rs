@@ -3,7 +3,6 @@
 //! kind), and handed to every table's `check` as one [`Fields`].
 
 use crate::error::{Error, Result};
-use crate::tables::columns::ColumnValue;
 
 /// A float as an error shows it: as Rust writes it ("2", "0.5", "inf"), or in exponent form
 /// where that would be long ("1e-50", not fifty zeros).
@@ -403,6 +402,18 @@ pub enum Value {
     Ids(Option<Vec<i64>>),
     IdLists(Vec<Vec<i64>>),
     Bias(Vec<(i64, f64)>),
+}
+
+/// One request's value for one column, as read from its parameters (its
+/// column's table, `tables::columns`, checks and stores it).
+#[derive(Clone, Debug, PartialEq)]
+pub enum ColumnValue {
+    /// Not set: the default (or an empty token list).
+    Unset,
+    Float(f64),
+    Int(i64),
+    Array(Vec<f64>),
+    Tokens(Vec<i64>),
 }
 
 /// Everything the tables read from one added request, read once. A table takes the values it

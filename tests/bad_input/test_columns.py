@@ -279,29 +279,29 @@ def test_huge_len_array_is_read_by_iteration() -> None:
         ("i", torch.tensor(1.0), "an int"),
         ("i", torch.tensor([1, 2]), "an int"),
         ("i", [3], "an int"),
-        ("f", True, "bool"),
-        ("f", np.bool_(False), "bool"),
-        ("f", torch.tensor(True), "bool"),
-        ("f", "0.5", "a float"),
-        ("f", b"0.5", "a float"),
-        ("f", [0.5], "a float"),
-        ("f", 1 + 2j, "a float"),
+        ("f", True, "must be a number, got True"),
+        ("f", np.bool_(False), "must be a number"),
+        ("f", torch.tensor(True), "must be a number"),
+        ("f", "0.5", "must be a number"),
+        ("f", b"0.5", "must be a number"),
+        ("f", [0.5], "must be a number"),
+        ("f", 1 + 2j, "must be a number"),
         ("f", float("nan"), "finite"),
         ("f", float("inf"), "finite"),
         ("f", 1e39, "finite"),
-        ("f", 2**1000, "finite|a float"),
-        ("f", 10**400, "finite|a float"),
+        ("f", 2**1000, "finite|must be a number"),
+        ("f", 10**400, "finite|must be a number"),
         ("a", "abc", "str"),
         ("a", b"abc", "bytes|a sequence"),
         ("a", 0.5, "a sequence"),
-        ("a", [0.5, True, 0.5], r"item 1\b.*bool"),
-        ("a", [0.5, np.bool_(True), 0.5], r"item 1\b.*bool"),
+        ("a", [0.5, True, 0.5], r"item 1: must be a number, got True"),
+        ("a", [0.5, np.bool_(True), 0.5], r"item 1: must be a number"),
         ("a", [0.5, 0.5, "x"], r"item 2\b"),
         ("a", [0.5, float("nan"), 0.5], r"item 1\b.*finite"),
         ("a", [0.5, 1e39, 0.5], r"item 1\b.*finite"),
         ("a", [0.5, None, 0.5], r"item 1\b"),
         ("a", torch.tensor([[1.0, 2.0, 3.0]]), r"item 0\b"),
-        ("a", torch.tensor([True, False, True]), r"item 0\b.*bool"),
+        ("a", torch.tensor([True, False, True]), r"item 0: must be a number"),
         ("t", "abc", "str"),
         ("t", [1, True], r"item 1\b.*bool"),
         ("t", [1, np.bool_(True)], r"item 1\b.*bool"),
@@ -438,7 +438,7 @@ def test_unprintable_bad_value_is_still_a_request_error() -> None:
         def __repr__(self) -> str:
             raise RuntimeError("no repr")
 
-    check_refused(P(f=Unprintable()), "f", match="a float")
+    check_refused(P(f=Unprintable()), "f", match="must be a number")
 
 
 @pytest.mark.parametrize("exc", [KeyboardInterrupt(), SystemExit(3)])

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .. import kernels
-from ..kernels import pipeline_choice
+from ..kernels import pipeline_choice, triton_ops, use_triton
 from ..views import PipelineView
 
 if TYPE_CHECKING:
@@ -59,8 +58,8 @@ def put_sparse_(
 ) -> torch.Tensor:
     """In place: ``logits[rows[k], cols[k]] = vals[k]`` (duplicates write the same value).
     ``choice``: the kernels backend (see ``logitsproc_rs.kernels``)."""
-    if kernels.use_triton(logits, choice):
-        return kernels.triton_ops().sparse_(logits, rows, cols, vals, add=False)
+    if use_triton(logits, choice):
+        return triton_ops().sparse_(logits, rows, cols, vals, add=False)
     return logits.index_put_((rows, cols), _as_dtype_of(logits, vals))
 
 
@@ -75,8 +74,8 @@ def add_sparse_(
 
     Pairs are unique except the padding, whose value is −0.0 (``x + −0.0 == x`` exactly).
     """
-    if kernels.use_triton(logits, choice):
-        return kernels.triton_ops().sparse_(logits, rows, cols, vals, add=True)
+    if use_triton(logits, choice):
+        return triton_ops().sparse_(logits, rows, cols, vals, add=True)
     return logits.index_put_((rows, cols), _as_dtype_of(logits, vals), accumulate=True)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import kernels
 from .._alloc import allocated
+from ..kernels import pipeline_choice, triton_ops, use_triton
 from ..views import PipelineView, Stage
 from ._common import host_sparse_
 
@@ -39,12 +39,10 @@ class AllowedTokenIdsLogitsProcessor(PipelineView):
         rows, cols, _ = pipe.triples("allowed", n, rowspace)
         name = "rows.allowed.restricted_rows" if rowspace else "allowed.restricted_rows"
         restricted = pipe.dense(name, r, False).view(-1)
-        if kernels.use_triton(logits, kernels.pipeline_choice(pipe)):
+        if use_triton(logits, pipeline_choice(pipe)):
             # The pairs become a bitmask (allowed = set bit), applied as the grammar's is:
             # store-only, no gather or scatter of logits.
-            return kernels.triton_ops().keep_only_(
-                logits, rows, cols, restricted, self._scratch(logits)
-            )
+            return triton_ops().keep_only_(logits, rows, cols, restricted, self._scratch(logits))
         return keep_only_(logits, rows, cols, restricted)
 
     def _scratch(self, logits: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import kernels
 from ..errors import SlotIndexError
+from ..kernels import pipeline_choice, triton_ops, use_triton
 from ..views import PipelineView, Stage
 from ._common import host_kernel_ok
 
@@ -41,10 +41,10 @@ class MinPLogitsProcessor(PipelineView):
                 "min_p", logits.data_ptr(), rows, logits.shape[1], logits.stride(0), rowspace
             )
             return logits
-        if kernels.use_triton(logits, kernels.pipeline_choice(pipe)):
+        if use_triton(logits, pipeline_choice(pipe)):
             # One kernel: the row max, then the mask; rows without a min_p are not read.
             row_map = pipe.row_map(rows) if rowspace else None
-            return kernels.triton_ops().min_p_(logits, pipe.section("min_p.log_min_p"), row_map)
+            return triton_ops().min_p_(logits, pipe.section("min_p.log_min_p"), row_map)
         return min_p_mask_(logits, pipe.dense("min_p.log_min_p", rows, rowspace))
 
     def get_min_p_by_index(self, index: int) -> float:

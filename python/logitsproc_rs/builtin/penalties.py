@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import kernels
 from .._alloc import allocated
 from ..errors import InputError
+from ..kernels import pipeline_choice, triton_ops, use_triton
 from ..pipeline import Pipeline
 from ..views import PipelineView, Stage
 from ._common import host_kernel_ok
@@ -175,10 +175,10 @@ class PenaltiesLogitsProcessor(PipelineView):
     ) -> torch.Tensor:
         """Every row with its slot's committed counts (the device count matrix)."""
         pipe = self._pipe
-        if kernels.use_triton(logits, kernels.pipeline_choice(pipe)):
+        if use_triton(logits, pipeline_choice(pipe)):
             # One fused pass: reads the count rows in place (through the row map in row
             # space), no [rows, V] temporaries, neutral rows untouched.
-            return kernels.triton_ops().penalties_(
+            return triton_ops().penalties_(
                 logits,
                 cells,
                 *(pipe.section(name) for name in _PENALTIES),

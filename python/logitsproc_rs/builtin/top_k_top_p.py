@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import tail
+from ..tail import mask_top_k_top_p_
 from ..views import PipelineView, Stage
 
 TABLE = "top_k_top_p"
@@ -48,9 +48,9 @@ class TopKTopPLogitsProcessor(PipelineView):
             # As vLLM's batch: no top-p tensor unless a row uses it (then p = 1 rows lose their
             # zero-probability tokens), no top-k tensor unless a row uses it. Host tensors: no
             # sync. On a device this would sync, so there both are always passed.
-            return tail.mask_top_k_top_p_(
+            return mask_top_k_top_p_(
                 logits,
                 top_k if bool((top_k < vocab).any()) else None,
                 top_p if bool((top_p < 1).any()) else None,
             )
-        return tail.mask_top_k_top_p_(logits, top_k, top_p)
+        return mask_top_k_top_p_(logits, top_k, top_p)

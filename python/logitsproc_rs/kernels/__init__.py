@@ -71,7 +71,7 @@ def ops() -> ModuleType | None:
     global _ops, _import_error
     if _ops is None and _import_error is None:
         try:
-            from . import _triton
+            from . import _triton  # imports triton: optional and heavy, so on first use
 
             _ops = _triton
         except Exception as e:  # ImportError, or a broken install failing at import

@@ -26,7 +26,7 @@ interpreter), so ``32 / b`` passes decide all 32 bits. Every ``b`` finds the sam
   maximal ascending prefix of *whole tied groups* whose mass is ``<= 1 - p``. ``p >= 1`` is
   off.
 
-**Where the kept set may differ from vLLM 0.25.1's sort path** (``sampler.apply_top_k_top_p``;
+**Where the kept set may differ from vLLM 0.25.1's sort path** (``tail.apply_top_k_top_p``;
 ``tests/test_triton_sampling.py`` counts every differing row and classifies it as one of these):
 
 1. *Ties at the top-p boundary* — a run of equal values whose ascending cumulative mass
@@ -73,6 +73,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..errors import ConfigError, InputError
 from . import interpreting
 
 try:  # libdevice's logf / expf on CUDA (the interpreter uses numpy's)
@@ -92,7 +93,9 @@ DIGIT_BITS: int | None = None
 def digit_bits(device: torch.device) -> int:
     if DIGIT_BITS is not None:
         if DIGIT_BITS not in (1, 2, 4, 8):
-            raise ValueError(f"DIGIT_BITS must be 1, 2, 4 or 8, got {DIGIT_BITS}")
+            raise ConfigError(
+                f"DIGIT_BITS must be 1, 2, 4 or 8, got {DIGIT_BITS}", field="DIGIT_BITS"
+            )
         return DIGIT_BITS
     return 4 if device.type == "cuda" else 8
 
@@ -291,7 +294,7 @@ def _row_param(
     if t is None:
         return None
     if t.shape != (rows,):
-        raise ValueError(f"{what}: expected shape ({rows},), got {tuple(t.shape)}")
+        raise InputError(f"{what}: expected shape ({rows},), got {tuple(t.shape)}", field=what)
     return t.to(device=device, dtype=dtype).contiguous()
 
 
@@ -306,11 +309,11 @@ def _launch(
     what = "sample_batch_invariant_triton" if sample else "mask_top_k_top_p_triton_"
     _check_device(logits, what)
     if logits.dim() != 2 or logits.dtype != torch.float32:
-        raise ValueError(f"{what}: expected float32 [B, V] logits, got {logits.dtype} "
+        raise InputError(f"{what}: expected float32 [B, V] logits, got {logits.dtype} "
                          f"{tuple(logits.shape)}")  # fmt: skip
     rows, vocab = logits.shape
     if vocab > 1 and logits.stride(1) != 1:
-        raise ValueError(f"{what}: the logits' rows must be contiguous")
+        raise InputError(f"{what}: the logits' rows must be contiguous")
     dev = logits.device
     k = _row_param(top_k, rows, torch.int64, dev, "top_k")
     p = _row_param(top_p, rows, torch.float32, dev, "top_p")
@@ -380,7 +383,7 @@ def gumbel_noise_triton(
     integer ``tokens``: (``bits`` as int64 in ``[0, 2^32)``, ``g`` float32)."""
     _check_device(tokens, "gumbel_noise_triton")
     if not seeds.shape == positions.shape == tokens.shape:
-        raise ValueError("gumbel_noise_triton: seeds, positions and tokens differ in shape")
+        raise InputError("gumbel_noise_triton: seeds, positions and tokens differ in shape")
     dev = tokens.device
     s = seeds.to(dev, torch.int64).contiguous().view(-1)
     q = positions.to(dev, torch.int64).contiguous().view(-1)

@@ -34,8 +34,15 @@ from ..errors import ConfigError, RequestError
 from ..pipeline import Pipeline
 from ..registry import TABLES
 from ..views import PipelineView
-from . import _guard
 from ._fields import _NEUTRAL, NAMESPACE, Routed, read_namespace, routed_params
+from ._guard import (
+    ForcedRows,
+    check_caps,
+    forced_tokens,
+    front_end_classes,
+    log_refused,
+    model_eos,
+)
 
 G = TypeVar("G", bound="Group")
 
@@ -54,8 +61,8 @@ class Group:
         self.pipeline: Pipeline | None = None
         # Whether our tables read the namespace (there is one, and the pipeline has tables).
         self.routes = False
-        self.eos = _guard.model_eos(config)
-        self.forced = _guard.ForcedRows()  # failed-closed requests: row or slot -> tokens
+        self.eos = model_eos(config)
+        self.forced = ForcedRows()  # failed-closed requests: row or slot -> tokens
 
     # --- members ------------------------------------------------------------------------------
 
@@ -174,8 +181,8 @@ class Group:
         """The tokens a refused request (``what``, for the log) may still emit: its stop
         tokens, else the model's EOS (``_guard``); the refusal is logged at ERROR."""
         assert self.pipeline is not None
-        tokens = _guard.forced_tokens(params, self.pipeline.vocab_size, self.eos)
-        _guard.log_refused(what, error, tokens)
+        tokens = forced_tokens(params, self.pipeline.vocab_size, self.eos)
+        log_refused(what, error, tokens)
         return tokens
 
 
@@ -226,7 +233,7 @@ class Bridge:
         if cls.NAMESPACE:
             ours, label = read_namespace(None, sampling_params, cls.NAMESPACE)
             if cls.VIEW.TABLES:
-                _guard.check_caps("request", ours, sampling_params, cls.VIEW.TABLES, label)
+                check_caps("request", ours, sampling_params, cls.VIEW.TABLES, label)
             if ours is not _NEUTRAL:
                 cls.check_loaded(ours, label, sys._getframe(1))
         cls.VIEW.validate_params(sampling_params)
@@ -240,7 +247,7 @@ class Bridge:
         (``_guard.front_end_classes``, ``caller``: its frame); the first of ours in them
         checks, once per request. Where they cannot be read the worker refuses the request,
         failing it closed."""
-        loaded = _guard.front_end_classes(caller)
+        loaded = front_end_classes(caller)
         if loaded is None:
             return
         ours_loaded = [

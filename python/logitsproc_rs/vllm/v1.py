@@ -43,15 +43,15 @@ from typing import Any, ClassVar
 import torch
 from vllm.v1.sample.logits_processor import LogitsProcessor as VllmLogitsProcessor
 
-from .. import builtin
+from ..builtin import BUILTINS, COMBINED
 from ..errors import processor_raised, with_context
 from ..interface import BatchUpdate, process_dict_updates
 from ..pipeline import Pipeline
 from ..step_protocol import update_signature
 from ..views import PipelineView, Stage
-from . import _guard
 from ._fields import NAMESPACE, routed_params
 from ._group import Bridge, BridgeType, Group, make_bridge
+from ._guard import Refused, refused_index
 
 
 class _Group(Group):
@@ -127,7 +127,7 @@ class _Group(Group):
             except ValueError as e:
                 index = None
                 if update is not None:
-                    index = _guard.refused_index(e, [i for i, *_ in update.added])
+                    index = refused_index(e, [i for i, *_ in update.added])
                 if index is None or index in refused:
                     owner = self.owner(e) or type(member).__name__
                     raise with_context(
@@ -162,7 +162,7 @@ class _Group(Group):
             return update
         added = []
         for i, sp, prompt, out in update.added:
-            params = _guard.Refused(sp) if i in refused else self.route(i, sp)
+            params = Refused(sp) if i in refused else self.route(i, sp)
             added.append((i, params, prompt, out))
         return BatchUpdate(
             batch_size=update.batch_size, removed=update.removed, added=added, moved=update.moved
@@ -322,7 +322,7 @@ def bridge(
 
 # Every built-in, under its own class name (``logitsproc_rs.vllm.v1:MinPLogitsProcessor``); ALL
 # holds vLLM's (not ours beyond vLLM's, which are opt-in), in the built-ins' order.
-_BRIDGED = {view: bridge(view, module=__name__) for view in builtin.BUILTINS}
+_BRIDGED = {view: bridge(view, module=__name__) for view in BUILTINS}
 globals().update({cls.__name__: cls for cls in _BRIDGED.values()})
 ALL: tuple[type[VllmLogitsProcessor], ...] = tuple(
     c for view, c in _BRIDGED.items() if view.STAGE is not Stage.OPT_IN
@@ -331,7 +331,7 @@ ALL: tuple[type[VllmLogitsProcessor], ...] = tuple(
 # thinking budget with a reasoning config; ``EveryFieldSamplingLogitsProcessor``,
 # argmax-invariant): the recommended way to load ours, two calls a step instead of one per
 # processor.
-_COMBINED = {view: bridge(view, module=__name__) for view in builtin.COMBINED}
+_COMBINED = {view: bridge(view, module=__name__) for view in COMBINED}
 globals().update({cls.__name__: cls for cls in _COMBINED.values()})
 EVERY_FIELD: tuple[type[VllmLogitsProcessor], ...] = tuple(_COMBINED.values())
 

@@ -61,7 +61,9 @@ from vllm.v1.worker.gpu.sample.logits_processor.interface import (
     LogitsProcessor as _V2LogitsProcessor,
 )
 
-from .. import _core, builtin
+from .._core import int_item
+from ..builtin import BUILTINS, COMBINED
+from ..builtin import MinPLogitsProcessor as _MinP  # v2 defines its bridge of the same name
 from ..builtin._combined import CombinedView, combined
 from ..columns import ColumnLogitsProcessor
 from ..errors import BatchUpdateError, processor_raised
@@ -69,9 +71,9 @@ from ..params import _show, config_size, config_spec_tokens
 from ..pipeline import Pipeline
 from ..registry import HISTORY_TABLES, TABLES
 from ..views import PipelineView, Stage
-from . import _guard
 from ._fields import NAMESPACE
 from ._group import Bridge, BridgeType, Group, make_bridge
+from ._guard import Refused, forced_tokens, log_refused
 
 
 class _SlotConfig:
@@ -173,12 +175,12 @@ class _Group(Group):
             pipe.add_request(slot, routed, None, [])
         except ValueError as e:
             # Raising would stop MRV2's engine: the request is failed closed (_guard).
-            routed = _guard.Refused(params)
-            tokens = _guard.forced_tokens(params, pipe.vocab_size, self.eos)
+            routed = Refused(params)
+            tokens = forced_tokens(params, pipe.vocab_size, self.eos)
             pipe.add_request(slot, routed, None, [])  # neutral: replaces the previous occupant
             owner = self.owner(e) or type(member).__name__
-            _guard.log_refused(f"{owner}.add_request(req_idx={slot})", e, tokens)
-        refused = isinstance(routed, _guard.Refused)
+            log_refused(f"{owner}.add_request(req_idx={slot})", e, tokens)
+        refused = isinstance(routed, Refused)
         # Which members act on it: each one's add_request answers from this (MRV2 skips a
         # batch's apply when none acts on any of its requests).
         acts = {id(m): refused or cast(_Bridge, m).acts_on(routed) for m in self.members}
@@ -203,7 +205,7 @@ class _Group(Group):
         float, a str, a negative or one beyond is a ``BatchUpdateError`` naming the processor
         (``True`` would index numpy as a mask, ``-1`` the last slot)."""
         n = self.known.shape[0]
-        slot = _core.int_item(req_idx)
+        slot = int_item(req_idx)
         if slot is None or not 0 <= slot < n:
             raise BatchUpdateError(
                 f"{type(member).__name__}.add_request(req_idx={_show(req_idx)}) "
@@ -237,7 +239,7 @@ class _Group(Group):
             raise refuse(f"expected a 1-d int array of slots, got {_show(raw)}")
         else:
             items = list(itertools.islice(raw, n + 1))
-            ints = [_core.int_item(v) for v in items]
+            ints = [int_item(v) for v in items]
             for k, v in enumerate(ints):
                 if v is None:
                     raise refuse(f"expected a slot (an int), got {_show(items[k])}", k)
@@ -547,12 +549,12 @@ def bridge(
     ``"module:Name"`` where the module defines ``Name = bridge(MyColumns)``). ``namespace``:
     where built-in tables read their fields (module docstring); ``None``: the ordinary ones.
     The processors of one runner must agree on it."""
-    if cls in builtin.COMBINED:
+    if cls in COMBINED:
         # Its parts as this bridge runs each of them (below), in one processor.
         assert issubclass(cls, CombinedView)
         parts = [_as_run_here(p) for p in cls.PARTS]
         cls, name = combined(cls.__name__, parts, cls.__doc__ or ""), name or cls.__name__
-    elif cls in builtin.BUILTINS:
+    elif cls in BUILTINS:
         cls, name = _as_run_here(cls), name or cls.__name__
     bridged: type[_Bridge] = make_bridge(
         _Bridge, cls, name, module, namespace, lambda view: view.__doc__
@@ -566,12 +568,12 @@ def _as_run_here(view: type[PipelineView]) -> type[PipelineView]:
     temperature, to sampled rows only. So MinP selects on tempered logits, the other
     argmax-invariant ones mask sampled rows only (``_SampledRowsOnly``), the rest run as
     they are."""
-    if view is builtin.MinPLogitsProcessor:
+    if view is _MinP:
         return _TemperedMinP
     return _sampled_rows_only(view) if view.ARGMAX_INVARIANT else view
 
 
-class _TemperedMinP(builtin.MinPLogitsProcessor):
+class _TemperedMinP(_MinP):
     """MinP as MRV2's own selects: MRV2 runs custom processors before temperature and its
     min_p after, so the rows whose temperature is neither 0 nor 1 are compared on
     ``logits / temperature`` (the same float32 division as MRV2's temperature kernel)
@@ -628,10 +630,10 @@ def _sampled_rows_only(view: type[PipelineView]) -> type[PipelineView]:
 
 
 # Every built-in, under its own class name (``logitsproc_rs.vllm.v2:MinPLogitsProcessor``).
-_BRIDGED = {view: bridge(view, module=__name__) for view in builtin.BUILTINS}
+_BRIDGED = {view: bridge(view, module=__name__) for view in BUILTINS}
 globals().update({cls.__name__: cls for cls in _BRIDGED.values()})
 # Every field of ours in two classes (as in ``v1``).
-_COMBINED = {view: bridge(view, module=__name__) for view in builtin.COMBINED}
+_COMBINED = {view: bridge(view, module=__name__) for view in COMBINED}
 globals().update({cls.__name__: cls for cls in _COMBINED.values()})
 EVERY_FIELD: Sequence[type[_Bridge]] = tuple(_COMBINED.values())
 

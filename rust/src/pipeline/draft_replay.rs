@@ -126,13 +126,6 @@ impl Drafts {
     }
 }
 
-/// The highest draft position a stable-slot row may have: the configured speculative tokens,
-/// or what the row space holds per slot beyond one row (`max_rows / capacity - 1`, rounded
-/// up). Buffers sized per draft row (the penalties' cells) are sized by it.
-pub fn max_draft_pos(spec_tokens: usize, row_factor: usize) -> usize {
-    spec_tokens.max(row_factor.saturating_sub(1)).max(1)
-}
-
 impl<S: HistorySource> Pipeline<S> {
     /// Checks a draft layout against its row map: one position per row, at most the
     /// pipeline's draft positions and at most its slot's drafts; drafted slots each once, in
@@ -194,7 +187,8 @@ impl<S: HistorySource> Pipeline<S> {
             }
         }
         let rows_cap = self.tables.rows.as_ref().map_or(0, |r| r.row_to_slot.len());
-        let most = max_draft_pos(self.spec_tokens, rows_cap.div_ceil(self.capacity.max(1)));
+        let most =
+            crate::tables::max_draft_pos(self.spec_tokens, rows_cap.div_ceil(self.capacity.max(1)));
         for (r, (&s, &p)) in map.iter().zip(&d.pos).enumerate() {
             if p == 0 {
                 continue;

@@ -29,8 +29,7 @@ use crate::history::{HistoryId, HistorySource, HistoryStore};
 use crate::limits::{check_sizes, MAX_ELEMENTS};
 use crate::processor::{Admission, Entry, StepContext, Table};
 use crate::table::SlotTable;
-use crate::tables::columns::{Column, ColumnSpec, ColumnTable};
-use crate::tables::thinking::ThinkingConfig;
+use crate::tables::columns::{Column, ColumnTable};
 use crate::tables::{builtin, Build, BUILTINS, COLUMNS_LAYOUT};
 
 mod draft_replay;
@@ -38,67 +37,10 @@ mod drafts;
 mod outputs;
 mod slots;
 
-pub use draft_replay::{max_draft_pos, Drafts};
+pub use crate::tables::{max_draft_pos, PipelineConfig};
+pub use draft_replay::Drafts;
 use outputs::OutputOps;
 use slots::RowSpace;
-
-/// Which tables a pipeline holds, with their stated caps.
-#[derive(Clone, Debug, Default)]
-pub struct PipelineConfig {
-    /// Slots (`max_num_seqs`).
-    pub capacity: usize,
-    pub vocab_size: usize,
-    /// The built-in tables to build, by registry name ([`crate::tables::BUILTINS`]).
-    pub tables: Vec<String>,
-    /// Per-request caps by engine-config name (`max_logit_bias_entries`, ...); a cap not
-    /// given takes the registry's default.
-    pub caps: Vec<(String, usize)>,
-    /// The reasoning start and end ids (the thinking budget's engine-wide setting).
-    pub thinking: Option<ThinkingConfig>,
-    /// Draft tokens per request under speculative decoding (0: off).
-    pub spec_tokens: usize,
-    pub columns: Vec<ColumnSpec>,
-    /// Keep row-space copies for the stable-slot front-end ([`Pipeline::map_rows`]).
-    pub stable_slots: bool,
-    /// Most logits rows a stable-slot step may map (default `capacity × (1 + spec_tokens)`).
-    pub max_rows: Option<usize>,
-    /// The processors apply on the host from the tables themselves (the CPU path): the
-    /// penalties keep no device count matrix, so its row copies and additions are skipped.
-    pub host_kernels: bool,
-}
-
-impl PipelineConfig {
-    pub fn new(capacity: usize, vocab_size: usize) -> Self {
-        PipelineConfig {
-            capacity,
-            vocab_size,
-            ..PipelineConfig::default()
-        }
-    }
-
-    /// Asks for the built-in table `name`.
-    pub fn with(mut self, name: &str) -> Self {
-        self.tables.push(name.to_string());
-        self
-    }
-
-    /// Sets the per-request cap `name`.
-    pub fn with_cap(mut self, name: &str, value: usize) -> Self {
-        self.caps.retain(|(n, _)| n != name);
-        self.caps.push((name.to_string(), value));
-        self
-    }
-
-    /// The per-request cap `name`: as given, else the registry's default (0 if none).
-    pub fn cap(&self, name: &str) -> usize {
-        self.caps
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|&(_, v)| v)
-            .or_else(|| crate::tables::default_cap(name))
-            .unwrap_or(0)
-    }
-}
 
 /// A new request's output so far, and where later tokens come from: `source` is the engine's
 /// live list (re-read every step, see [`Pipeline::sync_sources`]), or `None` for the token
@@ -757,6 +699,7 @@ mod tests {
     use crate::fields::Value;
     use crate::history::SharedHistory;
     use crate::tables::logit_bias::LogitBiasTable;
+    use crate::tables::thinking::ThinkingConfig;
 
     fn pipeline(stable: bool, token_feed_cap: usize) -> Pipeline<SharedHistory> {
         let mut cfg = PipelineConfig::new(4, 16)

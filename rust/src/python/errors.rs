@@ -94,92 +94,6 @@ impl From<Error> for PyErr {
     }
 }
 
-fn located(
-    kind: ErrorKind,
-    index: usize,
-    field: &str,
-    column: Option<&str>,
-    detail: String,
-) -> PyErr {
-    Parts {
-        kind,
-        message: format!("request at index {index}: field '{field}': {detail}"),
-        index: Some(index),
-        field: Some(field),
-        detail: Some(detail),
-        column,
-    }
-    .into_err()
-}
-
-/// A `RequestError` (a `ValueError`) for a Python value of the wrong type or shape, naming
-/// request and field.
-pub fn bad_value(index: usize, field: &str, detail: impl std::fmt::Display) -> PyErr {
-    located(ErrorKind::Request, index, field, None, detail.to_string())
-}
-
-/// A `RequestError` about one request's value for the custom column `name` (field `column`).
-pub fn bad_column(index: usize, name: &str, detail: impl std::fmt::Display) -> PyErr {
-    located(
-        ErrorKind::Request,
-        index,
-        "column",
-        Some(name),
-        format!("'{name}': {detail}"),
-    )
-}
-
-/// A `BatchUpdateError` (a `ValueError`) for a malformed entry of an update's list that names
-/// a request (`request at index i: field 'moved': ...`).
-pub fn bad_entry(index: usize, field: &str, detail: impl std::fmt::Display) -> PyErr {
-    located(
-        ErrorKind::BatchUpdate,
-        index,
-        field,
-        None,
-        detail.to_string(),
-    )
-}
-
-/// A `BatchUpdateError` (a `ValueError`) for a malformed batch-update structure (not tied to
-/// one request).
-pub fn bad_update(field: &str, detail: impl std::fmt::Display) -> PyErr {
-    Parts {
-        kind: ErrorKind::BatchUpdate,
-        message: format!("batch update: field '{field}': {detail}"),
-        index: None,
-        field: Some(field),
-        detail: Some(detail.to_string()),
-        column: None,
-    }
-    .into_err()
-}
-
-/// An `AllocationError` (a `MemoryError`): a request's value needed more memory than there is.
-pub fn out_of_memory(index: usize, field: &str) -> PyErr {
-    located(
-        ErrorKind::Allocation,
-        index,
-        field,
-        None,
-        "out of memory".to_string(),
-    )
-}
-
-/// A `RequestError` (a `ValueError`) about a whole per-step input that names no one request
-/// (a token feed, a row map that is not a sequence of ints): `field '...': detail`.
-pub fn bad_input(field: &str, detail: impl std::fmt::Display) -> PyErr {
-    Parts {
-        kind: ErrorKind::Request,
-        message: format!("field '{field}': {}", detail),
-        index: None,
-        field: Some(field),
-        detail: Some(detail.to_string()),
-        column: None,
-    }
-    .into_err()
-}
-
 /// Whether `e` is an interrupt rather than an error: a `BaseException` that is not an
 /// `Exception` (`KeyboardInterrupt`, `SystemExit`, `GeneratorExit`) raised by user code (a
 /// reader, `__len__`, `__iter__`, `__index__`, `__float__`, `__repr__`...). Those propagate as
@@ -196,18 +110,4 @@ pub fn unless_interrupt(e: PyErr, refuse: impl FnOnce(PyErr) -> PyErr) -> PyErr 
     } else {
         refuse(e)
     }
-}
-
-/// A `ConfigError` (a `ValueError`) about a custom column's declaration (`column`: its name).
-pub fn bad_declaration(name: &str, detail: impl std::fmt::Display) -> PyErr {
-    let detail = detail.to_string();
-    Parts {
-        kind: ErrorKind::Config,
-        message: format!("column '{name}': {detail}"),
-        index: None,
-        field: Some("columns"),
-        detail: Some(detail),
-        column: Some(name),
-    }
-    .into_err()
 }

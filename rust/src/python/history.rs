@@ -2,10 +2,11 @@
 //! feed), or a copy of its content at add time (the token feed).
 
 use pyo3::prelude::*;
+
+use crate::error::Error;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyInt, PyList, PyType};
 
-use super::errors::bad_value;
 use super::update::AddedEntry;
 use crate::history::{sync_history, HistorySource, SyncResult};
 use crate::pipeline::Output;
@@ -20,30 +21,30 @@ pub struct PyListSource(Py<PyList>);
 /// content up to the first placeholder is taken; later tokens come from the feed.
 pub fn output_of(e: &AddedEntry<'_>, token_feed: bool) -> PyResult<Output<PyListSource>> {
     let list = e.output_tok_ids.cast::<PyList>().map_err(|_| {
-        bad_value(
+        PyErr::from(Error::invalid(
             e.index,
             "output_tok_ids",
             "expected the live output list (a list)",
-        )
+        ))
     })?;
     let mut tokens = Vec::new();
     let mut placeholder = None;
     for (pos, item) in list.iter().enumerate() {
         let t = token_of(&item).ok_or_else(|| {
-            bad_value(
+            PyErr::from(Error::invalid(
                 e.index,
                 "output_tok_ids",
                 format!("position {pos} holds neither a token id nor an async placeholder (-1)"),
-            )
+            ))
         })?;
         match placeholder {
             None if t < 0 => placeholder = Some(pos),
             Some(first) if t >= 0 => {
-                return Err(bad_value(
+                return Err(PyErr::from(Error::invalid(
                     e.index,
                     "output_tok_ids",
                     crate::history::token_after_placeholder(pos, first),
-                ))
+                )))
             }
             _ => {}
         }

@@ -5,19 +5,19 @@
 
 use pyo3::exceptions::{PyOverflowError, PyTypeError};
 use pyo3::prelude::*;
+
+use crate::error::Error;
 use pyo3::types::{
     PyBool, PyBytes, PyComplex, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PyMapping, PySet,
     PyString, PyTuple,
 };
 
-use super::errors::{
-    bad_column, bad_declaration, bad_value, is_interrupt, out_of_memory, unless_interrupt,
-};
+use super::errors::{is_interrupt, unless_interrupt};
 use super::history::{describe, output_of, PyListSource};
 use super::update::{bounded_ints, extract_as, param_named, token_ids, try_describe, AddedEntry};
-use crate::fields::{FieldKind, FieldSpec, Fields, IntValue, Value};
+use crate::fields::{ColumnValue, FieldKind, FieldSpec, Fields, IntValue, Value};
 use crate::pipeline::{Pipeline, PipelineConfig, RequestParams};
-use crate::tables::columns::{ColumnKind, ColumnValue};
+use crate::tables::columns::ColumnKind;
 use crate::tables::Builtin;
 
 /// One field the pipeline's tables read, with its attribute name interned once and its caps
@@ -53,25 +53,44 @@ pub struct Reader {
 /// An int that is not a bool (`True` is no count).
 fn int_of(index: usize, field: &'static str, v: &Bound<'_, PyAny>) -> PyResult<IntValue> {
     if is_bool(v)? {
-        return Err(bad_value(index, field, "expected an int, got a bool"));
+        return Err(PyErr::from(Error::invalid(
+            index,
+            field,
+            "expected an int, got a bool",
+        )));
     }
     number_as::<IntValue>(index, field, v, "an int")
 }
 
-/// A real number for a float field: an int or a float (numpy's scalars too), never a bool
-/// (Python's or numpy's: `True` is no probability), nor an int too large for a float.
+/// A float field's value, through the one reader of a real number ([`number`]); a value
+/// it refuses is a `RequestError` naming the request and field.
 fn float_of(index: usize, field: &'static str, v: &Bound<'_, PyAny>) -> PyResult<f64> {
-    if is_bool(v)? {
-        return Err(bad_value(index, field, "expected a float, got a bool"));
+    number(v)?.map_err(|refused| Error::invalid(index, field, refused).into())
+}
+
+/// The one reader of a real number (a float field, a float column or an array column's item):
+/// an int or a float (numpy's scalars, a one-element tensor too: anything `float()` takes),
+/// never a bool in disguise (Python's or numpy's: `True` is no probability), a complex number,
+/// a str or bytes, nor an int too large for a float. `Ok(Err(text))`: what the value is
+/// refused for, in the one wording (`must be a number, got True`); an interrupt raised by the
+/// value's own conversion or `__repr__` (`KeyboardInterrupt`: not an `Exception`) propagates
+/// as it is.
+fn number(v: &Bound<'_, PyAny>) -> PyResult<Result<f64, String>> {
+    let refused = || -> PyResult<Result<f64, String>> {
+        Ok(Err(format!("must be a number, got {}", try_describe(v)?)))
+    };
+    if is_bool(v)?
+        || is_complex(v)?
+        || v.is_instance_of::<PyString>()
+        || v.is_instance_of::<PyBytes>()
+    {
+        return refused();
     }
-    if is_complex(v)? {
-        return Err(bad_value(
-            index,
-            field,
-            "expected a float, got a complex number",
-        ));
+    match v.extract::<f64>() {
+        Ok(x) => Ok(Ok(x)),
+        Err(e) if is_interrupt(&e) => Err(e),
+        Err(_) => refused(),
     }
-    number_as::<f64>(index, field, v, "a float")
 }
 
 /// A bool in disguise in a numeric field: Python's, numpy's (`numpy.bool`, which is no `int`
@@ -141,11 +160,11 @@ fn bounded_ids(
 ) -> PyResult<Vec<i64>> {
     if let Ok(list) = obj.cast_exact::<PyList>() {
         if list.len() > cap {
-            return Err(bad_value(
+            return Err(PyErr::from(Error::invalid(
                 index,
                 field,
                 format!("{} entries exceed the per-request cap of {cap}", list.len()),
-            ));
+            )));
         }
     }
     bounded_ints(index, field, obj, cap)
@@ -236,7 +255,11 @@ impl Reader {
                 }
             };
             if set {
-                return Err(bad_value(e.index, g.spec.attr, g.hint.clone()));
+                return Err(PyErr::from(Error::invalid(
+                    e.index,
+                    g.spec.attr,
+                    g.hint.clone(),
+                )));
             }
         }
         Ok(())
@@ -282,11 +305,11 @@ impl Reader {
                 } else if v.is_instance_of::<PyBool>() {
                     v.is_truthy()?
                 } else {
-                    return Err(bad_value(
+                    return Err(PyErr::from(Error::invalid(
                         index,
                         name,
                         format!("expected a bool, got {}", describe(&v)),
-                    ));
+                    )));
                 }),
                 FieldKind::Ids { .. } => Value::Ids(
                     (!v.is_none())
@@ -306,11 +329,11 @@ impl Reader {
         for (name, kind, reader) in &self.columns {
             let v = reader.bind(py).call1((&e.params,)).map_err(|err| {
                 unless_interrupt(err, |err| {
-                    let refused = bad_column(
+                    let refused = PyErr::from(Error::invalid_column(
                         e.index,
                         name,
                         format!("reading it from the params raised {err}"),
-                    );
+                    ));
                     refused.set_cause(py, Some(err));
                     refused
                 })
@@ -334,23 +357,31 @@ fn read_id_lists(
     }
     let iter = v.try_iter().map_err(|e| {
         unless_interrupt(e, |_| {
-            bad_value(index, field, "expected a list of token-id lists")
+            PyErr::from(Error::invalid(
+                index,
+                field,
+                "expected a list of token-id lists",
+            ))
         })
     })?;
     for w in iter {
         if out.len() == f.cap {
-            return Err(bad_value(
+            return Err(PyErr::from(Error::invalid(
                 index,
                 field,
                 format!(
                     "more {}s than the per-request cap of {}",
                     f.spec.item, f.cap
                 ),
-            ));
+            )));
         }
         let w = w.map_err(|e| {
             unless_interrupt(e, |e| {
-                bad_value(index, field, format!("reading it raised {e}"))
+                PyErr::from(Error::invalid(
+                    index,
+                    field,
+                    format!("reading it raised {e}"),
+                ))
             })
         })?;
         out.push(bounded_ids(index, field, &w, f.len)?);
@@ -369,13 +400,13 @@ fn read_bias(
     }
     let dict = lb
         .cast::<PyDict>()
-        .map_err(|_| bad_value(index, field, "expected a dict or None"))?;
+        .map_err(|_| PyErr::from(Error::invalid(index, field, "expected a dict or None")))?;
     if dict.len() > cap {
-        return Err(bad_value(
+        return Err(PyErr::from(Error::invalid(
             index,
             field,
             format!("{} entries exceed the per-request cap of {cap}", dict.len()),
-        ));
+        )));
     }
     // A snapshot of the items: a dict mutated while being read cannot disturb the loop.
     let items = dict.items();
@@ -413,7 +444,7 @@ pub fn column_kind(
     width: usize,
     default: ColumnDefault,
 ) -> PyResult<ColumnKind> {
-    let bad = |m: String| bad_declaration(name, m);
+    let bad = |m: String| PyErr::from(Error::invalid_declaration(name, m));
     let float_default = || -> PyResult<f32> {
         let d = match default {
             ColumnDefault::Float(d) => d,
@@ -483,7 +514,11 @@ fn refused(
         Err(interrupt) => return interrupt,
     };
     let at = item.map(|k| format!("item {k}: ")).unwrap_or_default();
-    bad_column(index, name, format!("{at}expected {what}, got {shown}"))
+    PyErr::from(Error::invalid_column(
+        index,
+        name,
+        format!("{at}expected {what}, got {shown}"),
+    ))
 }
 
 /// Whether `v` is a bool in disguise: Python's, numpy's `bool_`, a bool tensor or array (all of
@@ -499,26 +534,13 @@ fn bool_like(v: &Bound<'_, PyAny>) -> PyResult<bool> {
     ))
 }
 
-/// A real number: a float, an int, or anything `float()` takes that is not a str, bytes or a
-/// bool in disguise (numpy scalars, a one-element tensor).
+/// A column's real number ([`number`]); a value it refuses is a `RequestError` naming the
+/// request, the column and the item.
 fn real(index: usize, name: &str, item: Option<usize>, v: &Bound<'_, PyAny>) -> PyResult<f64> {
-    if is_bool(v)? {
-        return Err(refused(index, name, item, "a float, not a bool", v));
-    }
-    if is_complex(v)? {
-        return Err(refused(
-            index,
-            name,
-            item,
-            "a float, not a complex number",
-            v,
-        ));
-    }
-    if v.is_instance_of::<PyString>() || v.is_instance_of::<PyBytes>() {
-        return Err(refused(index, name, item, "a float", v));
-    }
-    v.extract::<f64>()
-        .map_err(|e| unless_interrupt(e, |_| refused(index, name, item, "a float", v)))
+    number(v)?.map_err(|refused| {
+        let at = item.map(|k| format!("item {k}: ")).unwrap_or_default();
+        Error::invalid_column(index, name, format!("{at}{refused}")).into()
+    })
 }
 
 /// An int64: an int, or anything with `__index__` that is not a bool in disguise (numpy ints,
@@ -577,7 +599,11 @@ fn bounded_items<T>(
     if has_len {
         if let Err(e) = v.len() {
             return Err(unless_interrupt(e, |e| {
-                bad_column(index, name, format!("its __len__ raised {e}"))
+                PyErr::from(Error::invalid_column(
+                    index,
+                    name,
+                    format!("its __len__ raised {e}"),
+                ))
             }));
         }
     }
@@ -586,27 +612,39 @@ fn bounded_items<T>(
             if e.is_instance_of::<PyTypeError>(py) {
                 refused(index, name, None, &format!("a sequence of {what}"), v)
             } else {
-                bad_column(index, name, format!("reading it raised {e}"))
+                PyErr::from(Error::invalid_column(
+                    index,
+                    name,
+                    format!("reading it raised {e}"),
+                ))
             }
         })
     })?;
     let mut out = Vec::new();
     for (k, x) in iter.enumerate() {
         if k == max {
-            return Err(bad_column(
+            return Err(PyErr::from(Error::invalid_column(
                 index,
                 name,
                 format!("more {what} than the {bound} of {max}"),
-            ));
+            )));
         }
         let x = x.map_err(|e| {
             unless_interrupt(e, |e| {
-                bad_column(index, name, format!("reading it raised {e}"))
+                PyErr::from(Error::invalid_column(
+                    index,
+                    name,
+                    format!("reading it raised {e}"),
+                ))
             })
         })?;
         let value = item(k, &x)?;
-        out.try_reserve(1)
-            .map_err(|_| out_of_memory(index, "column"))?;
+        out.try_reserve(1).map_err(|_| {
+            PyErr::from(Error::RequestOutOfMemory {
+                index,
+                field: "column",
+            })
+        })?;
         out.push(value);
     }
     Ok(out)
@@ -630,11 +668,11 @@ fn column_value(
                 real(index, name, Some(k), x)
             })?;
             if out.len() != *width {
-                return Err(bad_column(
+                return Err(PyErr::from(Error::invalid_column(
                     index,
                     name,
                     format!("expected {width} values, got {}", out.len()),
-                ));
+                )));
             }
             ColumnValue::Array(out)
         }

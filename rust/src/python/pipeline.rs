@@ -5,10 +5,12 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+
+use crate::error::Error;
 use pyo3::types::{PyByteArray, PyBytes, PyDict, PyFrozenSet, PyList, PySet, PyString};
 
 use super::buffer::{logits_rows, HostBufferView};
-use super::errors::{bad_input, bad_value, is_interrupt, out_of_memory};
+use super::errors::is_interrupt;
 use super::history::{describe, int_item, NotInt, PyListSource};
 use super::params::{column_kind, ColumnDecl, Reader};
 use super::update::{parse_update, AddedEntry};
@@ -45,10 +47,10 @@ fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResul
     if let Ok(b) = obj.cast::<PyBytes>() {
         let raw = b.as_bytes();
         if raw.len() % 8 != 0 {
-            return Err(bad_input(
+            return Err(PyErr::from(Error::invalid_input(
                 field,
                 "int64 bytes: a length not a multiple of 8",
-            ));
+            )));
         }
         if raw.len() / 8 > max {
             return Err(crate::error::Error::TooLarge {
@@ -69,41 +71,43 @@ fn host_ints(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResul
         || obj.is_instance_of::<PySet>()
         || obj.is_instance_of::<PyFrozenSet>()
     {
-        return Err(bad_input(
+        return Err(PyErr::from(Error::invalid_input(
             field,
             format!("expected a sequence of ints, got {}", describe(obj)),
-        ));
+        )));
     }
     let raised = |what: &str, e: PyErr| {
         if is_interrupt(&e) {
             e
         } else {
-            bad_input(field, format!("{what} raised {e}"))
+            PyErr::from(Error::invalid_input(field, format!("{what} raised {e}")))
         }
     };
     let iter = obj.try_iter().map_err(|e| {
         if is_interrupt(&e) {
             e
         } else {
-            bad_input(
+            PyErr::from(Error::invalid_input(
                 field,
                 format!("expected a sequence of ints, got {} ({e})", describe(obj)),
-            )
+            ))
         }
     })?;
     let mut out: Vec<i64> = Vec::new();
     for (pos, item) in iter.enumerate() {
         if pos == max {
-            return Err(bad_value(
+            return Err(PyErr::from(Error::invalid(
                 pos,
                 field,
                 format!("position {pos}: more than the {max} rows one step may have"),
-            ));
+            )));
         }
         let item = item.map_err(|e| raised("iterating it", e))?;
-        let v = int_item(&item)
-            .map_err(|why| bad_value(pos, field, format!("position {pos}: {why}")))?;
-        out.try_reserve(1).map_err(|_| out_of_memory(pos, field))?;
+        let v = int_item(&item).map_err(|why| {
+            PyErr::from(Error::invalid(pos, field, format!("position {pos}: {why}")))
+        })?;
+        out.try_reserve(1)
+            .map_err(|_| PyErr::from(Error::RequestOutOfMemory { index: pos, field }))?;
         out.push(v);
     }
     Ok(out)
@@ -115,8 +119,13 @@ fn host_slots(obj: &Bound<'_, PyAny>, field: &'static str, max: usize) -> PyResu
     v.into_iter()
         .enumerate()
         .map(|(r, s)| {
-            usize::try_from(s)
-                .map_err(|_| bad_value(r, field, format!("position {r}: {s} is negative")))
+            usize::try_from(s).map_err(|_| {
+                PyErr::from(Error::invalid(
+                    r,
+                    field,
+                    format!("position {r}: {s} is negative"),
+                ))
+            })
         })
         .collect()
 }
@@ -142,10 +151,10 @@ fn slot_arg(obj: &Bound<'_, PyAny>, capacity: usize) -> PyResult<usize> {
         Err(NotInt::Range(v)) => v,
         Err(NotInt::Kind(d)) => d,
     };
-    Err(bad_input(
+    Err(PyErr::from(Error::invalid_input(
         "slot",
         format!("slot {what} is not an int in [0, {capacity}) (max_num_seqs)"),
-    ))
+    )))
 }
 
 impl Pipeline {
@@ -176,10 +185,10 @@ impl Pipeline {
                 &host_slots(p, "local_pos", self.max_rows())?,
                 &host_ints(t, "input_ids", self.max_rows())?,
             )?)),
-            _ => Err(bad_input(
+            _ => Err(PyErr::from(Error::invalid_input(
                 "input_ids",
                 "local_pos and input_ids go together (a draft layout has both)",
-            )),
+            ))),
         }
     }
 
@@ -469,10 +478,10 @@ impl Pipeline {
             (Some(t), Some(s)) => Some((t.as_slice(), s.as_slice())),
             (None, None) => None,
             _ => {
-                return Err(bad_input(
+                return Err(PyErr::from(Error::invalid_input(
                     "slots",
                     "sampled_token_ids and slots go together (the slot each token is for)",
-                ))
+                )))
             }
         };
         let drafts = self.draft_runs(&map, local_pos, input_ids)?;

@@ -9,11 +9,11 @@
 use pyo3::exceptions::PyAttributeError;
 use pyo3::intern;
 use pyo3::prelude::*;
+
+use crate::error::Error;
 use pyo3::types::{PyInt, PyString, PyTuple};
 
-use super::errors::{
-    bad_entry, bad_update, bad_value, is_interrupt, out_of_memory, unless_interrupt,
-};
+use super::errors::{is_interrupt, unless_interrupt};
 use crate::batch::{BatchUpdate, Move, MoveDirectionality};
 
 /// Where an item sits: `"entry 3: "` for the item at position 3 of an update's list.
@@ -21,23 +21,23 @@ fn at(pos: Option<usize>) -> String {
     pos.map_or_else(String::new, |p| format!("entry {p}: "))
 }
 
-fn index_of(obj: &Bound<'_, PyAny>, field: &str, pos: Option<usize>) -> PyResult<usize> {
+fn index_of(obj: &Bound<'_, PyAny>, field: &'static str, pos: Option<usize>) -> PyResult<usize> {
     if obj.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(bad_update(
+        return Err(PyErr::from(Error::malformed_update(
             field,
             format!("{}an index must be an int, got a bool", at(pos)),
-        ));
+        )));
     }
     obj.extract::<usize>().map_err(|e| {
         unless_interrupt(e, |_| {
-            bad_update(
+            PyErr::from(Error::malformed_update(
                 field,
                 format!(
                     "{}index must be a non-negative int, got {}",
                     at(pos),
                     describe(obj)
                 ),
-            )
+            ))
         })
     })
 }
@@ -95,14 +95,14 @@ fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionalit
         _ => None,
     };
     dir.ok_or_else(|| {
-        bad_entry(
+        PyErr::from(Error::malformed_entry(
             index,
             "moved",
             format!(
                 "direction must be SWAP or UNIDIRECTIONAL, got {}",
                 describe(obj)
             ),
-        )
+        ))
     })
 }
 
@@ -113,18 +113,18 @@ fn direction(index: usize, obj: &Bound<'_, PyAny>) -> PyResult<MoveDirectionalit
 fn entry_items<'py>(
     item: &Bound<'py, PyAny>,
     n: usize,
-    field: &str,
+    field: &'static str,
     pos: usize,
     shape: &str,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
     let wrong = || {
-        bad_update(
+        PyErr::from(Error::malformed_update(
             field,
             format!(
                 "entry {pos}: entries must be {shape}, got {}",
                 describe(item)
             ),
-        )
+        ))
     };
     if let Ok(t) = item.cast::<PyTuple>() {
         // The tuple's own items (a subclass's `__len__` / `__getitem__` are not asked).
@@ -138,7 +138,10 @@ fn entry_items<'py>(
     }
     let raised = |what: String, e: PyErr| {
         unless_interrupt(e, |e| {
-            bad_update(field, format!("entry {pos}: {what} raised {e}"))
+            PyErr::from(Error::malformed_update(
+                field,
+                format!("entry {pos}: {what} raised {e}"),
+            ))
         })
     };
     match item.len() {
@@ -174,9 +177,12 @@ pub struct Shape<'py> {
 
 /// A Python error raised while iterating an update's list, as a `ValueError` naming the list
 /// (and the position it was reading); a `KeyboardInterrupt` propagates untouched.
-fn raised(field: &str, pos: usize, e: PyErr) -> PyErr {
+fn raised(field: &'static str, pos: usize, e: PyErr) -> PyErr {
     unless_interrupt(e, |e| {
-        bad_update(field, format!("reading entry {pos} raised {e}"))
+        PyErr::from(Error::malformed_update(
+            field,
+            format!("reading entry {pos} raised {e}"),
+        ))
     })
 }
 
@@ -184,19 +190,22 @@ fn raised(field: &str, pos: usize, e: PyErr) -> PyErr {
 fn iter_field<'py>(
     bu: &Bound<'py, PyAny>,
     name: &Bound<'py, PyString>,
-    field: &str,
+    field: &'static str,
 ) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {
     let value = bu.getattr(name).map_err(|e| {
         unless_interrupt(e, |_| {
-            bad_update(field, "the batch update has no such attribute")
+            PyErr::from(Error::malformed_update(
+                field,
+                "the batch update has no such attribute",
+            ))
         })
     })?;
     value.try_iter().map_err(|e| {
         unless_interrupt(e, |_| {
-            bad_update(
+            PyErr::from(Error::malformed_update(
                 field,
                 format!("expected a sequence, got {}", describe(&value)),
-            )
+            ))
         })
     })
 }
@@ -208,18 +217,21 @@ pub fn read_shape<'py>(bu: &Bound<'py, PyAny>, max_entries: usize) -> PyResult<S
     let batch_size = index_of(
         &bu.getattr(intern!(py, "batch_size")).map_err(|e| {
             unless_interrupt(e, |_| {
-                bad_update("batch_size", "the batch update has no such attribute")
+                PyErr::from(Error::malformed_update(
+                    "batch_size",
+                    "the batch update has no such attribute",
+                ))
             })
         })?,
         "batch_size",
         None,
     )?;
     // Bounded: an endless or huge list must end in an error, not in an allocation abort.
-    let too_many = |field: &str| {
-        bad_update(
+    let too_many = |field: &'static str| {
+        PyErr::from(Error::malformed_update(
             field,
             format!("more than {max_entries} entries for this batch capacity"),
-        )
+        ))
     };
     let mut removed = Vec::new();
     for item in iter_field(bu, intern!(py, "removed"), "removed")? {
@@ -350,7 +362,11 @@ pub fn param_named<'py>(
         Ok(v) => Ok(v),
         Err(e) if e.is_instance_of::<PyAttributeError>(py) => Ok(py.None().into_bound(py)),
         Err(e) => Err(unless_interrupt(e, |e| {
-            bad_value(index, field, format!("reading it raised {e}"))
+            PyErr::from(Error::invalid(
+                index,
+                field,
+                format!("reading it raised {e}"),
+            ))
         })),
     }
 }
@@ -364,11 +380,11 @@ pub fn extract_as<'py, T: for<'a> FromPyObject<'a, 'py>>(
 ) -> PyResult<T> {
     obj.extract::<T>().map_err(|e| {
         unless_interrupt(e.into(), |_| {
-            bad_value(
+            PyErr::from(Error::invalid(
                 index,
                 field,
                 format!("expected {expected}, got {}", describe(obj)),
-            )
+            ))
         })
     })
 }
@@ -387,41 +403,49 @@ pub fn bounded_ints(
     max: usize,
 ) -> PyResult<Vec<i64>> {
     if obj.is_instance_of::<PyString>() {
-        return Err(bad_value(
+        return Err(PyErr::from(Error::invalid(
             index,
             field,
             "expected a sequence of ints, got a str",
-        ));
+        )));
     }
     let iter = obj.try_iter().map_err(|e| {
         unless_interrupt(e, |_| {
-            bad_value(
+            PyErr::from(Error::invalid(
                 index,
                 field,
                 format!("expected a sequence of ints, got {}", describe(obj)),
-            )
+            ))
         })
     })?;
     let mut out: Vec<i64> = Vec::new();
     for t in iter {
         if out.len() == max {
-            return Err(bad_value(
+            return Err(PyErr::from(Error::invalid(
                 index,
                 field,
                 format!("more entries than the cap of {max}"),
-            ));
+            )));
         }
         let t = t.map_err(|e| {
             unless_interrupt(e, |e| {
-                bad_value(index, field, format!("reading it raised {e}"))
+                PyErr::from(Error::invalid(
+                    index,
+                    field,
+                    format!("reading it raised {e}"),
+                ))
             })
         })?;
         if t.is_instance_of::<pyo3::types::PyBool>() {
-            return Err(bad_value(index, field, "expected ints, got a bool"));
+            return Err(PyErr::from(Error::invalid(
+                index,
+                field,
+                "expected ints, got a bool",
+            )));
         }
         let v = extract_as::<i64>(index, field, &t, "ints")?;
         out.try_reserve(1)
-            .map_err(|_| out_of_memory(index, field))?;
+            .map_err(|_| PyErr::from(Error::RequestOutOfMemory { index, field }))?;
         out.push(v);
     }
     Ok(out)

@@ -10,7 +10,7 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
-use crate::fields::Fields;
+use crate::fields::{ColumnValue, Fields};
 use crate::limits::check_token;
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
 
@@ -32,17 +32,6 @@ pub enum ColumnKind {
 pub struct ColumnSpec {
     pub name: String,
     pub kind: ColumnKind,
-}
-
-/// One request's value for one column, as read from its parameters.
-#[derive(Clone, Debug, PartialEq)]
-pub enum ColumnValue {
-    /// Not set: the default (or an empty token list).
-    Unset,
-    Float(f64),
-    Int(i64),
-    Array(Vec<f64>),
-    Tokens(Vec<i64>),
 }
 
 /// A checked row of a column, ready to write.

@@ -8,6 +8,7 @@
 pub mod allowed;
 pub mod bad_words;
 pub mod columns;
+mod config;
 pub mod dry;
 pub mod dry_breakers;
 pub mod dry_matches;
@@ -29,8 +30,9 @@ pub mod xtc;
 use crate::error::{Error, Result};
 use crate::fields::FieldSpec;
 use crate::limits::MAX_ELEMENTS;
-use crate::pipeline::PipelineConfig;
 use crate::processor::Table;
+
+pub use config::{max_draft_pos, PipelineConfig};
 
 /// One built-in table.
 pub struct Builtin {
@@ -127,7 +129,7 @@ impl Build<'_> {
     /// The highest draft position a stable-slot row may have (`local_pos`): the configured
     /// speculative tokens, or what the row space holds per slot beyond one row.
     pub fn max_draft_pos(&self) -> usize {
-        crate::pipeline::max_draft_pos(self.spec_tokens, self.row_factor)
+        max_draft_pos(self.spec_tokens, self.row_factor)
     }
 
     /// Draft-row triples for a per-request cap (speculative decoding only).
