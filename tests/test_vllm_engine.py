@@ -54,7 +54,7 @@ TIMEOUT = {
     "every_field_profile": 600,
     "tp2": 600,
     "dp2_served": 600,
-    "mrv2_tp2": 600,
+    "mrv2_tp2": 900,
     "mrv2_profile": 600,
 }
 sys.path.insert(0, str(ENGINE_DIR))
