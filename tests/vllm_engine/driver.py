@@ -1228,7 +1228,10 @@ def pickled(model: str) -> None:
     @section("worker_bad")
     def _():
         bad = spec(PROMPTS[4], n=8, ns={"logit_bias": {600: 5.0}})
-        return {"goods": run(llm, [GOOD_A, GOOD_B]), "batch": run(llm, [GOOD_A, bad, GOOD_B])}
+        # Only fields of what this engine loaded (GOOD_A's penalty is refused here: no
+        # PenaltiesLogitsProcessor).
+        good_a = spec(PROMPTS[1], ns={"logit_bias": {30: 2.0}})
+        return {"goods": run(llm, [good_a, GOOD_B]), "batch": run(llm, [good_a, bad, GOOD_B])}
 
     @section("after")
     def _():
