@@ -1342,21 +1342,7 @@ def dp2_served(model: str) -> None:
 
 
 def served_sections(server) -> None:
-    @section("shared_ns")
-    def _():
-        return shared(server, "ns")
-
-    @section("effects")
-    def _():
-        return effects(server)
-
-    @section("beyond")
-    def _():
-        return beyond(server)
-
-    @section("bad_input")
-    def _():
-        return bad_input(server, Captured())  # the worker's log is the server's: not read
+    one_rank_sections(server, bad=True, churn=False)  # (the worker's log is the server's)
 
     @section("stream")
     def _():
