@@ -5,7 +5,7 @@ section 6 of ``bench-report.md``), ``PYTHONPATH=<repo>/python``; prints one JSON
 Both ways on the same logits, 16 rows (a quarter each top-k 50, top-p 0.9, both (20, 0.95),
 neither), every row seeded (vLLM 0.25.1's CPU sampler then draws each row from its own
 generator): vLLM's ``TopKTopPSampler.forward_cpu`` given the rows' k and p (its top-k / top-p,
-then the exponential race), against ``logitsproc_rs.tail.mask_top_k_top_p_`` (what
+then the exponential race), against ``logitsproc_rs.sampler.mask_top_k_top_p_`` (what
 ``TopKTopPLogitsProcessor`` applies) followed by the same ``forward_cpu`` given none. One
 thread; median µs over repeats; the tokens of both are compared.
 """
@@ -36,7 +36,7 @@ def median_us(f, n: int) -> float:
 
 def measure(sampler, vocab: int, rows: int, repeats: int) -> dict:
     """Both ways at one vocabulary (see the module docs)."""
-    from logitsproc_rs import tail
+    from logitsproc_rs import _tail as tail
 
     kp = [(50, 1.0), (0, 0.9), (20, 0.95), (0, 1.0)] * (rows // 4)
     k = torch.tensor([kk or vocab for kk, _ in kp], dtype=torch.int32)  # as vLLM's InputBatch

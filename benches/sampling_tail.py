@@ -42,7 +42,8 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 import torch
 from report_tables import write_section
 
-from logitsproc_rs import BatchUpdate, EngineConfig, SamplingParams, build_logitsprocs, tail
+from logitsproc_rs import BatchUpdate, EngineConfig, SamplingParams, build_logitsprocs
+from logitsproc_rs import _tail as tail
 from logitsproc_rs.sampler import apply_top_k_top_p, random_sample
 
 ROOT = Path(__file__).resolve().parent.parent

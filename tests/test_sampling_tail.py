@@ -1,4 +1,4 @@
-"""The sort-free sampling tail (``tail.py``, ``rust/src/sampling/``) against vLLM 0.25.1's
+"""The sort-free sampling tail (``_tail.py``, ``rust/src/sampling/``) against vLLM 0.25.1's
 torch code (``sampler.apply_top_k_top_p`` + ``random_sample``, the ``sort`` mode):
 
 - kept sets: equal to the sort's on every row (``exact``: the rows the float64 decision cannot
@@ -32,8 +32,8 @@ from logitsproc_rs import (
     SamplingParams,
     _core,
     build_logitsprocs,
-    tail,
 )
+from logitsproc_rs import _tail as tail
 from logitsproc_rs.errors import InputError
 from logitsproc_rs.sampler import apply_top_k_top_p, random_sample
 

@@ -1,4 +1,4 @@
-"""The step protocol (``step_protocol.py``): processors that share one pipeline run one step per
+"""The step protocol (``_step_protocol.py``): processors that share one pipeline run one step per
 ``update_state`` round of vLLM's loop; a reused update object is read afresh, an update changed
 between processors is refused, and two pipelines are independent."""
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ._tail import SAMPLING_MODES
 from .demo import DemoOptions, run_demo
-from .tail import SAMPLING_MODES
 
 
 def parser() -> argparse.ArgumentParser:

@@ -98,7 +98,7 @@ class HostBufferView:
     def dtype(self) -> str:
         """``"float32"``, ``"int32"``, ``"int64"`` or ``"uint8"`` (staging copies)."""
 
-# The sort-free sampling tail (rust/src/python/sampling.rs; callers: tail.py, which checks the
+# The sort-free sampling tail (rust/src/python/sampling.rs; callers: _tail.py, which checks the
 # tensors whose data_ptr it passes).
 def unsafe_mask_top_k_top_p(
     ptr: int,

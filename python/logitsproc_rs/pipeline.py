@@ -24,11 +24,13 @@ import torch
 
 from ._arena import DeviceArena
 from ._core import Pipeline as CorePipeline
+from ._host_ints import host_ints
+from ._logits_check import checked_logits
+from ._stable_slots import StableSlots
+from ._step_protocol import StepProtocol
 from .errors import ConfigError, ProtocolError, RequestError
-from .host_ints import host_ints
 from .interface import BatchUpdate
 from .kernels import validate_backend
-from .logits_check import checked_logits
 from .params import (
     EngineConfig,
     _token_ids,
@@ -40,8 +42,6 @@ from .params import (
     config_vocab_size,
 )
 from .registry import TABLES, caps_of
-from .stable_slots import StableSlots
-from .step_protocol import StepProtocol
 
 # A token-feed step with nothing to read (``Pipeline._step_tokens``).
 _IDLE: Any = object()

@@ -7,7 +7,7 @@ temperature (greedy rows ÷ 1) → argmax-invariant processors (MinP, custom: th
 truncations top-n-sigma → typical-p → epsilon → eta, then XTC; docs/semantics.md) → top-k → top-p →
 exponential-race sampling with per-request generators → greedy/random merge → logprobs.
 
-``sampling`` picks how top-k / top-p and the draw run (``tail.py``): ``exact`` (the default:
+``sampling`` picks how top-k / top-p and the draw run (``_tail.py``): ``exact`` (the default:
 vLLM 0.25.1's tokens without its sort), ``batch_invariant`` (counter-based noise: a request's
 tokens do not depend on its batch) or ``sort`` (vLLM's torch code as it is).
 """
@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .bitmask import GRAMMAR_KERNELS, apply_token_bitmask_
-from .errors import InputError
-from .logits_check import check_sampler_logits
-from .params import _SAMPLING_EPS, SamplingParams, SamplingType
-from .state import LogitsProcessors
-from .tail import (  # apply_top_k_top_p: also imported from here (vLLM's sampler has it)
+from ._logits_check import check_sampler_logits
+
+# The tail's public names come from here (``_tail`` is internal): the sampling modes, the
+# counts of rows through each path, and the kept-set mask of vLLM's top-k / top-p.
+from ._tail import SAMPLING_MODES as SAMPLING_MODES
+from ._tail import TAIL_STATS as TAIL_STATS
+from ._tail import TailStats as TailStats
+from ._tail import (  # apply_top_k_top_p: also imported from here (vLLM's sampler has it)
     apply_top_k_top_p,
     check_mode,
     check_torch_stream,
@@ -32,6 +34,10 @@ from .tail import (  # apply_top_k_top_p: also imported from here (vLLM's sample
     mask_top_k_top_p_,
     random_sample_exact,
 )
+from .bitmask import GRAMMAR_KERNELS, apply_token_bitmask_
+from .errors import InputError
+from .params import _SAMPLING_EPS, SamplingParams, SamplingType
+from .state import LogitsProcessors
 
 
 @dataclass

@@ -185,7 +185,7 @@ class LogitsProcessors:
         consecutive rows at positions ``0 .. k``. A layout that is not the batch's (one entry
         of ``spec_token_ids`` per request of this step's batch, rows of its requests) or that
         the core refuses is a ``ValueError`` and changes nothing."""
-        from .drafts import apply_by_position, draft_layout
+        from ._drafts import apply_by_position, draft_layout
 
         batch_size = None
         if self._pipelines:

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .._logits_check import checked_logits
 from ..kernels import pipeline_choice
-from ..logits_check import checked_logits
 from ..pipeline import Pipeline
 from ..views import Stage
 from ._common import TripleView, put_sparse_

@@ -9,7 +9,7 @@ exponential race over the masked row draws the same token (``docs/semantics.md``
 are not ``top_k`` / ``top_p``: those are our ``SamplingParams``' own sampler fields, which
 ``Sampler`` applies itself.
 
-The kept set is ``logitsproc_rs.tail.mask_top_k_top_p_``'s, over the whole batch as vLLM's
+The kept set is ``logitsproc_rs.sampler.mask_top_k_top_p_``'s, over the whole batch as vLLM's
 sampler takes it: every row gets ``top_k = vocab_size`` and ``top_p = 1`` where its request sets
 neither; so, as in vLLM once some row of the batch uses top-p, a row with ``top_p = 1`` loses
 the tokens whose probability is exactly 0 (which no draw picks). No work at all when no row
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..tail import mask_top_k_top_p_
+from .._tail import mask_top_k_top_p_
 from ..views import PipelineView, Stage
 
 TABLE = "top_k_top_p"

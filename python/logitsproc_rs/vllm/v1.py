@@ -43,11 +43,11 @@ from typing import Any, ClassVar
 import torch
 from vllm.v1.sample.logits_processor import LogitsProcessor as VllmLogitsProcessor
 
+from .._step_protocol import update_signature
 from ..builtin import BUILTINS, COMBINED
 from ..errors import processor_raised, with_context
 from ..interface import BatchUpdate, process_dict_updates
 from ..pipeline import Pipeline
-from ..step_protocol import update_signature
 from ..views import PipelineView, Stage
 from ._fields import NAMESPACE, routed_params
 from ._group import Bridge, BridgeType, Group, make_bridge

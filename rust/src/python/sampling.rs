@@ -1,5 +1,5 @@
 //! Bindings of the sort-free sampling tail (`crate::sampling`): module functions over the
-//! memory of CPU tensors the Python caller (`logitsproc_rs/tail.py`) has checked (float32,
+//! memory of CPU tensors the Python caller (`logitsproc_rs/_tail.py`) has checked (float32,
 //! CPU, unit column stride, the shape given). The work runs with the GIL released.
 
 use pyo3::exceptions::PyValueError;
@@ -204,7 +204,7 @@ pub fn gumbel_noise(seed: i64, position: i64, tokens: Vec<u32>) -> (Vec<u32>, Ve
 }
 
 /// The first `n` draws torch's float32 CPU `exponential_` makes from the generator whose
-/// `get_state()` bytes are `state`, as this crate computes them (a self-check: `tail.py`
+/// `get_state()` bytes are `state`, as this crate computes them (a self-check: `_tail.py`
 /// compares them with torch's own before it trusts the race to reproduce torch).
 #[pyfunction]
 pub fn exponential_draws(state: Vec<u8>, n: usize) -> PyResult<Vec<f32>> {

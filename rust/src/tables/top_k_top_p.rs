@@ -2,7 +2,7 @@
 //! by an argmax-invariant processor from fields in our namespace (`kept_top_k`,
 //! `kept_top_p`), so that vLLM's sampler sees no top-k / top-p of its own and skips its sort.
 //! Two float32 per slot on the generic float-parameter table; the apply
-//! (`logitsproc_rs.tail.mask_top_k_top_p_`) is in `builtin/top_k_top_p.py`.
+//! (`logitsproc_rs.sampler.mask_top_k_top_p_`) is in `builtin/top_k_top_p.py`.
 //!
 //! vLLM's ranges and what is off: `top_k` -1 or 0 is off, at least 1 is on (one at or above
 //! the vocabulary keeps every token, as vLLM's `InputBatch` stores `vocab_size`); `top_p` in

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from ._host_ints import host_ints
+from ._logits_check import checked_logits
 from .errors import ProtocolError, RequestError
-from .host_ints import host_ints
-from .logits_check import checked_logits
 
 
 class StableSlots:
