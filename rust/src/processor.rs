@@ -76,9 +76,8 @@ pub type StatusSink<'a> = dyn FnMut(&str, usize) + 'a;
 
 /// The per-slot state of one processor: a small core every table has, and optional
 /// capabilities, each its own trait, that a table exposes through an accessor (`None` by
-/// default: a table without the capability is skipped wherever it is used), so a table writes
-/// only what is its own and the pipeline asks a table what it can do instead of calling
-/// hooks that do nothing.
+/// default), so a table writes only what is its own and the pipeline calls a capability only
+/// on the tables that have it.
 ///
 /// - **Core**: [`name`](Self::name), [`check`](Self::check), [`commit`](Self::commit),
 ///   [`status`](Self::status) (required), [`step`](Self::step) and [`active`](Self::active)
@@ -91,10 +90,10 @@ pub type StatusSink<'a> = dyn FnMut(&str, usize) + 'a;
 /// - **Row space** ([`MapsRows`], through [`rows_mut`](Self::rows_mut); stable slots and draft
 ///   rows): its copy laid out by rows instead of slots.
 ///
-/// Two accessors for the history (shared and mutable): the pipeline asks shared questions
-/// (`wants_prompt`, `saw_placeholders`) from `&self` methods, and one `&mut` accessor cannot
-/// hand out two capabilities of the same table at once (the draft replay uses the history and
-/// the row space of a table in turn).
+/// One accessor per capability, not one for all: a `&mut` accessor cannot hand out two
+/// capabilities of the same table at once (the draft replay uses a table's history and row
+/// space in turn); and the history has a shared one too, for the questions the pipeline asks
+/// from `&self` methods (`wants_prompt`, `saw_placeholders`).
 ///
 /// The pipeline finds a table of a known type by upcasting to [`Any`] (`Tables::get`).
 pub trait Table: HasBuffers + Any + Send + Sync {
