@@ -74,30 +74,29 @@ pub enum HostData<'a> {
 /// Called with each (name, value) of a table's status, in a fixed order.
 pub type StatusSink<'a> = dyn FnMut(&str, usize) + 'a;
 
-/// The per-slot state of one processor: a small required core, then optional capabilities
-/// whose defaults are what a table without them does (nothing), so a table writes only what
-/// is its own.
+/// The per-slot state of one processor: a small core every table has, and optional
+/// capabilities, each its own trait, that a table exposes through an accessor (`None` by
+/// default), so a table writes only what is its own and the pipeline calls a capability only
+/// on the tables that have it.
 ///
-/// - **Core** (required): [`name`](Self::name), [`check`](Self::check),
-///   [`commit`](Self::commit), [`status`](Self::status), and its exported buffers
-///   ([`HasBuffers`]); [`step`](Self::step) and [`active`](Self::active) default to nothing.
-/// - **Reads output histories**: [`readers`](Self::readers), [`wants_prompt`](Self::wants_prompt),
-///   [`stepping`](Self::stepping), [`saw_placeholders`](Self::saw_placeholders) /
-///   [`restep`](Self::restep).
-/// - **Sparse triples and the CPU apply**: [`triples`](Self::triples),
-///   [`apply_host`](Self::apply_host).
-/// - **Row space** (stable slots): [`map_rows`](Self::map_rows),
-///   [`visit_late_buffers`](Self::visit_late_buffers).
-/// - **Draft rows** (speculative decoding, stable slots): the row-space copy built row by row
-///   ([`draft_begin`](Self::draft_begin), [`draft_capture`](Self::draft_capture),
-///   [`draft_finish`](Self::draft_finish)) around the draft replay's save and rollback
-///   ([`replays_drafts`](Self::replays_drafts), [`draft_save`](Self::draft_save),
-///   [`draft_restore`](Self::draft_restore)).
+/// - **Core**: [`name`](Self::name), [`check`](Self::check), [`commit`](Self::commit),
+///   [`status`](Self::status) (required), [`step`](Self::step) and [`active`](Self::active)
+///   (default: nothing), and its exported buffers ([`HasBuffers`]).
+/// - **Reads output histories** ([`ReadsHistory`], through [`history`](Self::history) /
+///   [`history_mut`](Self::history_mut)): which histories it reads, whether it wants the
+///   prompt, the async placeholders, and the draft replay's save and rollback.
+/// - **Applies on host logits** ([`HostApply`], through [`host`](Self::host)): its sparse
+///   triples and the CPU apply.
+/// - **Row space** ([`MapsRows`], through [`rows_mut`](Self::rows_mut); stable slots and draft
+///   rows): its copy laid out by rows instead of slots.
+///
+/// One accessor per capability, not one for all: a `&mut` accessor cannot hand out two
+/// capabilities of the same table at once (the draft replay uses a table's history and row
+/// space in turn); and the history has a shared one too, for the questions the pipeline asks
+/// from `&self` methods (`wants_prompt`, `saw_placeholders`).
 ///
 /// The pipeline finds a table of a known type by upcasting to [`Any`] (`Tables::get`).
 pub trait Table: HasBuffers + Any + Send + Sync {
-    // --- Core -------------------------------------------------------------------------------
-
     /// The processor's name (the registry's, or a column's declared name).
     fn name(&self) -> &str;
 
@@ -114,24 +113,54 @@ pub trait Table: HasBuffers + Any + Send + Sync {
     /// What Python reads after a step, as named counts (the same names every call).
     fn status(&self, out: &mut StatusSink<'_>);
 
-    /// Requests this table tracks (`None`: not reported, as for columns).
+    /// Requests this table tracks (`None`: not reported, as for columns). For a table that
+    /// reads histories, a count above zero is also what makes a step advance it.
     fn active(&self) -> Option<usize> {
         None
     }
 
-    // --- Reads output histories ---------------------------------------------------------------
+    /// Its output-history reading, if it reads histories.
+    fn history(&self) -> Option<&dyn ReadsHistory> {
+        None
+    }
 
+    /// As [`history`](Self::history), to step or roll back.
+    fn history_mut(&mut self) -> Option<&mut dyn ReadsHistory> {
+        None
+    }
+
+    /// Its CPU apply, if it has one.
+    fn host(&self) -> Option<&dyn HostApply> {
+        None
+    }
+
+    /// Its row-space copy, if it has one.
+    fn rows_mut(&mut self) -> Option<&mut dyn MapsRows> {
+        None
+    }
+}
+
+impl dyn Table {
+    /// Applies this table to host logits in place, or says why it cannot (see
+    /// [`HostApply::apply_host`]; a table without [`host`](Table::host) has no host apply).
+    pub fn apply_host(&self, logits: &mut HostLogits<'_>) -> std::result::Result<(), &'static str> {
+        match self.host() {
+            Some(h) => h.apply_host(logits),
+            None => Err("has no host apply"),
+        }
+    }
+}
+
+/// A table that reads its requests' output histories: the pipeline syncs what it reads before
+/// a step, steps it while it has [`active`](Table::active) requests, and replays draft tokens
+/// through it (stable slots under speculative decoding).
+pub trait ReadsHistory: Table {
     /// The output histories this table reads each step.
-    fn readers(&self, _f: &mut dyn FnMut(&HistoryId)) {}
+    fn readers(&self, f: &mut dyn FnMut(&HistoryId));
 
     /// Whether this table reads the request's prompt, given its fields (the prompt is read
     /// from the engine only when some table wants it).
     fn wants_prompt(&self, _fields: &Fields) -> bool {
-        false
-    }
-
-    /// Whether this table holds state a step must advance even without a batch change.
-    fn stepping(&self) -> bool {
         false
     }
 
@@ -141,15 +170,40 @@ pub trait Table: HasBuffers + Any + Send + Sync {
     }
 
     /// Looks again at the outputs that stopped at a placeholder: by default one more
-    /// [`step`](Self::step), which reads on from where the last one stopped.
+    /// [`step`](Table::step), which reads on from where the last one stopped.
     fn restep(&mut self, ctx: &StepContext<'_>) {
         if self.saw_placeholders() {
             self.step(ctx);
         }
     }
 
-    // --- Sparse triples and the CPU apply -----------------------------------------------------
+    // The pipeline's draft replay (`pipeline/draft_replay.rs`): `draft_save` if the table
+    // `replays_drafts`; for each draft position, the drafts pushed onto the histories, `step`
+    // (replaying tables) and the row-space capture ([`MapsRows`]); the histories cut back;
+    // `draft_restore` (replaying tables, when some draft was pushed). Save / restore are the
+    // rollback journal: the tables save different things (DRY and no-repeat-ngram their own
+    // undo records, MinTokens and thinking their entries, bad words nothing).
 
+    /// Whether the draft replay steps this table at every draft position (its state follows
+    /// the histories through `step`, and back when they shrink again). A table that computes
+    /// its draft rows from [`DraftRow::drafts`] alone says false.
+    fn replays_drafts(&self) -> bool {
+        true
+    }
+
+    /// Draft replay: keeps what the replay's steps may change for `slots` in a way the
+    /// histories shrinking back does not undo.
+    fn draft_save(&mut self, _slots: &[usize]) {}
+
+    /// After the replay, the histories back as committed: puts the table's state back as
+    /// it was before the replay (by default one more step, which follows them back).
+    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
+        self.step(ctx);
+    }
+}
+
+/// A table that applies itself to host logits (the CPU path, from the table itself).
+pub trait HostApply {
     /// The `(row, token, value)` triples this table writes on V1 rows, and whether their
     /// values add to the logits (else they overwrite them); `None` for a table applied
     /// otherwise.
@@ -157,9 +211,9 @@ pub trait Table: HasBuffers + Any + Send + Sync {
         None
     }
 
-    /// Applies this table to host logits in place (the CPU path, from the table itself);
-    /// `Err` says why it cannot here (a dtype or a row map it has no host form for). By
-    /// default a table with `triples` writes or adds them on float32 V1 rows.
+    /// Applies this table to host logits in place; `Err` says why it cannot here (a dtype or
+    /// a row map it has no host form for). By default a table with `triples` writes or adds
+    /// them on float32 V1 rows.
     fn apply_host(&self, logits: &mut HostLogits<'_>) -> std::result::Result<(), &'static str> {
         let Some((triples, add)) = self.triples() else {
             return Err("has no host apply");
@@ -180,56 +234,32 @@ pub trait Table: HasBuffers + Any + Send + Sync {
             _ => Err("applies on float32 logits only"),
         }
     }
+}
 
-    // --- Row space (stable slots) -------------------------------------------------------------
-
+/// A table with a row-space copy (stable slots): its state laid out by logits rows, each row
+/// taking its slot's, rebuilt for every row map. Under speculative decoding the copy of a
+/// table that reads histories is built row by row instead, each row at its own draft position
+/// (`draft_begin`, a `draft_capture` per position, `draft_finish`).
+pub trait MapsRows {
     /// Builds this table's row-space copy for a row → slot map.
-    fn map_rows(&mut self, _row_to_slot: &[usize], _capacity: usize) {}
+    fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize);
 
     /// Buffers laid out after every table's own (row-space and draft-row copies).
     fn visit_late_buffers(
         &mut self,
-        _f: &mut dyn FnMut(&'static str, &mut dyn crate::arena::Staged),
-    ) {
-    }
-
-    // --- Draft rows (speculative decoding, stable slots) --------------------------------------
-    //
-    // The pipeline's draft replay (`pipeline/draft_replay.rs`), for the tables that read
-    // histories: `draft_begin`; `draft_save` if it `replays_drafts`; for each draft position,
-    // the drafts pushed onto the histories, `step` (replaying tables), `draft_capture`; the
-    // histories cut back; `draft_restore` (replaying tables, when some draft was pushed);
-    // `draft_finish`. Save / restore are the rollback journal; begin / capture / finish build
-    // the row-space copy. They stay separate hooks: the tables save different things (DRY
-    // its own undo records, MinTokens and thinking their entries, the rest nothing).
+        f: &mut dyn FnMut(&'static str, &mut dyn crate::arena::Staged),
+    );
 
     /// Starts this step's row-space copy, built row by row from
     /// [`draft_capture`](Self::draft_capture) instead of [`map_rows`](Self::map_rows).
     fn draft_begin(&mut self) {}
 
     /// Captures `rows` into the row-space copy from the table's state now. For a table that
-    /// [`replays_drafts`](Self::replays_drafts), the histories of the rows' slots end in the
-    /// rows' drafts at this point and its `step` has read them; any other table reads the
-    /// drafts from the rows.
+    /// [`replays_drafts`](ReadsHistory::replays_drafts), the histories of the rows' slots end
+    /// in the rows' drafts at this point and its `step` has read them; any other table reads
+    /// the drafts from the rows.
     fn draft_capture(&mut self, _rows: &[DraftRow<'_>], _ctx: &StepContext<'_>) {}
 
     /// Ends the row-space copy begun by [`draft_begin`](Self::draft_begin).
     fn draft_finish(&mut self) {}
-
-    /// Whether the draft replay steps this table at every draft position (its state follows
-    /// the histories through `step`, and back when they shrink again). A table that computes
-    /// its draft rows from [`DraftRow::drafts`] alone says false.
-    fn replays_drafts(&self) -> bool {
-        true
-    }
-
-    /// Draft replay: keeps what the replay's steps may change for `slots` in a way the
-    /// histories shrinking back does not undo.
-    fn draft_save(&mut self, _slots: &[usize]) {}
-
-    /// After the replay, the histories back as committed: puts the table's state back as
-    /// it was before the replay (by default one more step, which follows them back).
-    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
-        self.step(ctx);
-    }
 }

@@ -10,16 +10,18 @@
 //! at that position into their row-space copy; then the histories are cut back to what was
 //! committed and the tables return to the committed state: by one more step, which follows
 //! the histories back (the path an engine that drops rejected drafts from its output lists
-//! takes), or through `Table::draft_save` / `draft_restore`: from the states a table saved
+//! takes), or through `ReadsHistory::draft_save` / `draft_restore`: from the states a table saved
 //! before the replay (MinTokens drops a request that reached its length for good; the
 //! thinking budget counts steps), or by undoing the pushed tokens (DRY and no-repeat-ngram,
 //! whose shrink path would index the whole window again). A table that would rather compute
-//! its draft rows from the drafts alone says so (`Table::replays_drafts`: the penalties).
+//! its draft rows from the drafts alone says so (`ReadsHistory::replays_drafts`: the
+//! penalties). The row-space copy is built by each table's `MapsRows`: `draft_begin`, a
+//! `draft_capture` per position, `draft_finish`.
 
 use super::Pipeline;
 use crate::error::{Error, Result};
 use crate::history::{HistoryId, HistorySource};
-use crate::processor::{DraftRow, StepContext};
+use crate::processor::{DraftRow, ReadsHistory, StepContext};
 
 /// Speculative decoding's layout of a row map: each row's draft position, and the drafts
 /// of each drafted slot. A row at position `j` scores the token after its slot's committed
@@ -283,16 +285,16 @@ impl<S: HistorySource> Pipeline<S> {
                 extended.push((id, self.store.tokens(id).len()));
             }
         }
-        let tables = &mut self.tables;
-        let history = &tables.history;
-        let mut reading: Vec<_> = tables
+        let mut reading: Vec<&mut dyn ReadsHistory> = self
+            .tables
             .list
             .iter_mut()
-            .zip(history)
-            .filter_map(|(t, &h)| h.then_some(t))
+            .filter_map(|t| t.history_mut())
             .collect();
         for t in reading.iter_mut() {
-            t.draft_begin();
+            if let Some(r) = t.rows_mut() {
+                r.draft_begin();
+            }
             if t.replays_drafts() {
                 t.draft_save(&replayed_slots);
             }
@@ -321,8 +323,8 @@ impl<S: HistorySource> Pipeline<S> {
                 store: &self.store,
                 capacity: self.capacity,
             };
-            for t in reading.iter_mut() {
-                t.draft_capture(&rows, &ctx);
+            for r in reading.iter_mut().filter_map(|t| t.rows_mut()) {
+                r.draft_capture(&rows, &ctx);
             }
         }
         // Back to the committed histories, and the tables with them.
@@ -338,7 +340,9 @@ impl<S: HistorySource> Pipeline<S> {
             if max_pos > 0 && t.replays_drafts() {
                 t.draft_restore(&ctx);
             }
-            t.draft_finish();
+            if let Some(r) = t.rows_mut() {
+                r.draft_finish();
+            }
         }
         let rs = self
             .tables

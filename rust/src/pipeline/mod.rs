@@ -96,8 +96,6 @@ pub struct Tables {
     list: Vec<Box<dyn Table>>,
     /// Indices into `list` in arena layout order.
     layout: Vec<usize>,
-    /// By table: whether its entries read their request's output history.
-    history: Vec<bool>,
     rows: Option<RowSpace>,
 }
 
@@ -112,7 +110,9 @@ impl HasBuffers for Tables {
             f("rows.drafts", &mut r.drafts_before);
         }
         for &k in &self.layout {
-            self.list[k].visit_late_buffers(f);
+            if let Some(r) = self.list[k].rows_mut() {
+                r.visit_late_buffers(f);
+            }
         }
     }
 }
@@ -247,13 +247,11 @@ impl<S: HistorySource> Pipeline<S> {
         }
         let mut list: Vec<Box<dyn Table>> = Vec::new();
         let mut ranks = Vec::new();
-        let mut history = Vec::new();
         let mut fields = Vec::new();
         for b in BUILTINS {
             if cfg.tables.iter().any(|t| t == b.name) {
                 list.push((b.build)(&build)?);
                 ranks.push(b.layout);
-                history.push(b.history);
                 fields.extend_from_slice(b.fields);
             }
         }
@@ -264,19 +262,13 @@ impl<S: HistorySource> Pipeline<S> {
             let col = Column::new(c.clone(), cap, v)?;
             list.push(Box::new(ColumnTable::new(col, k)));
             ranks.push(COLUMNS_LAYOUT);
-            history.push(false);
         }
         let mut layout: Vec<usize> = (0..list.len()).collect();
         layout.sort_by_key(|&k| ranks[k]);
         let rows = row_space
             .then(|| RowSpace::try_new(rows_cap.max(1), max_draft_pos(spec, row_factor)))
             .transpose()?;
-        let mut tables = Tables {
-            list,
-            layout,
-            history,
-            rows,
-        };
+        let mut tables = Tables { list, layout, rows };
         let arena = Arena::new(&mut tables, "")?;
         let stable = cfg.stable_slots;
         Ok(Pipeline {
@@ -333,7 +325,10 @@ impl<S: HistorySource> Pipeline<S> {
 
     /// Whether some table reads the prompt of a request with these fields.
     pub fn wants_prompt(&self, fields: &Fields) -> bool {
-        self.tables.list.iter().any(|t| t.wants_prompt(fields))
+        self.tables
+            .list
+            .iter()
+            .any(|t| t.history().is_some_and(|h| h.wants_prompt(fields)))
     }
 
     pub fn tables(&self) -> &Tables {
@@ -353,9 +348,12 @@ impl<S: HistorySource> Pipeline<S> {
     }
 
     /// Whether any table holds state a step must advance (a step with nothing active can
-    /// skip everything).
+    /// skip everything): a table that reads histories with a request it tracks.
     fn any_active(&self) -> bool {
-        self.tables.list.iter().any(|t| t.stepping())
+        self.tables
+            .list
+            .iter()
+            .any(|t| t.history().is_some() && t.active().is_some_and(|n| n > 0))
     }
 
     /// Checks one added request against every table; nothing is written.
@@ -393,10 +391,10 @@ impl<S: HistorySource> Pipeline<S> {
     /// Whether a checked request has an entry in some table that reads its output.
     fn reads_output(&self, c: &Checked) -> bool {
         self.tables
-            .history
+            .list
             .iter()
             .zip(&c.entries)
-            .any(|(&history, e)| history && e.is_some())
+            .any(|(t, e)| e.is_some() && t.history().is_some())
     }
 
     /// One V1 step: validates the whole update and every added request for every table, then
@@ -487,7 +485,10 @@ impl<S: HistorySource> Pipeline<S> {
     /// Whether the last step stopped at an async placeholder (−1) in some output list: the
     /// caller should [`restep`](Self::restep) before applying, once the engine filled them in.
     pub fn saw_placeholders(&self) -> bool {
-        self.tables.list.iter().any(|t| t.saw_placeholders())
+        self.tables
+            .list
+            .iter()
+            .any(|t| t.history().is_some_and(|h| h.saw_placeholders()))
     }
 
     /// Looks again at the outputs of the tables that stopped at a placeholder.
@@ -498,8 +499,8 @@ impl<S: HistorySource> Pipeline<S> {
             store: &self.store,
             capacity: self.capacity,
         };
-        for t in &mut self.tables.list {
-            t.restep(&ctx);
+        for h in self.tables.list.iter_mut().filter_map(|t| t.history_mut()) {
+            h.restep(&ctx);
         }
         self.store.clear_rewritten();
         Ok(())
@@ -821,6 +822,27 @@ mod tests {
                 .counted(0),
             Some(&[3][..])
         );
+    }
+
+    /// The registry's `history` (what Python is told) is the table's own word: a table reads
+    /// histories exactly when it has the [`ReadsHistory`](crate::processor::ReadsHistory)
+    /// capability, which is what the pipeline goes by.
+    #[test]
+    fn the_registry_says_which_tables_read_histories() {
+        let mut cfg = PipelineConfig::new(4, 16);
+        for b in BUILTINS {
+            cfg = cfg.with(b.name);
+        }
+        cfg.thinking = Some(ThinkingConfig {
+            start_ids: vec![1],
+            end_ids: vec![2],
+        });
+        let p: Pipeline<SharedHistory> = Pipeline::new(cfg).unwrap();
+        assert_eq!(p.tables().iter().count(), BUILTINS.len());
+        for t in p.tables().iter() {
+            let b = builtin(t.name()).unwrap();
+            assert_eq!(b.history, t.history().is_some(), "{}", b.name);
+        }
     }
 
     #[test]

@@ -97,8 +97,8 @@ impl<S: HistorySource> Pipeline<S> {
                 }
             }
         };
-        for t in tables.iter() {
-            t.readers(&mut sync);
+        for h in tables.iter().filter_map(|t| t.history()) {
+            h.readers(&mut sync);
         }
         match junk {
             None => Ok(()),

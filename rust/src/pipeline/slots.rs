@@ -221,9 +221,11 @@ impl<S: HistorySource> Pipeline<S> {
         rs.write_drafts();
         let replay = replay && rs.drafts.is_some();
         let map = &rs.map;
-        for (t, &history) in self.tables.list.iter_mut().zip(&self.tables.history) {
-            if !(replay && history) {
-                t.map_rows(map, cap);
+        // Under a replay the tables that read histories build theirs row by row instead.
+        for t in self.tables.list.iter_mut() {
+            let replayed = replay && t.history().is_some();
+            if let Some(r) = t.rows_mut().filter(|_| !replayed) {
+                r.map_rows(map, cap);
             }
         }
         if replay {

@@ -646,7 +646,7 @@ impl Pipeline {
     /// (`false`); `None` for a table without triples (or not in the pipeline). The views
     /// apply them so, from the table's own word.
     fn triples_add(&self, table: &str) -> Option<bool> {
-        let (_, adds) = self.inner.tables().named(table)?.triples()?;
+        let (_, adds) = self.inner.tables().named(table)?.host()?.triples()?;
         Some(adds)
     }
 
@@ -680,7 +680,8 @@ impl Pipeline {
         }
         // Sparse work is the triples, dense work the logits (see DETACH_MIN_ELEMENTS).
         let work = t
-            .triples()
+            .host()
+            .and_then(|h| h.triples())
             .filter(|_| map.is_none())
             .map_or(rows * vocab, |(s, _)| s.len());
         let data = if float64 {

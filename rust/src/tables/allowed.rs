@@ -13,7 +13,9 @@ use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::limits::check_token;
-use crate::processor::{self, Admission, HostData, HostLogits, StatusSink, StepContext, Table};
+use crate::processor::{
+    self, Admission, HostApply, HostData, HostLogits, MapsRows, StatusSink, StepContext, Table,
+};
 use crate::row_space::{padded_rows, RowCopy};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
@@ -253,6 +255,16 @@ impl Table for AllowedTable {
         );
     }
 
+    fn host(&self) -> Option<&dyn HostApply> {
+        Some(self)
+    }
+
+    fn rows_mut(&mut self) -> Option<&mut dyn MapsRows> {
+        Some(self)
+    }
+}
+
+impl HostApply for AllowedTable {
     fn apply_host(&self, l: &mut HostLogits<'_>) -> std::result::Result<(), &'static str> {
         match (&mut l.data, l.row_to_slot) {
             (HostData::F32(data), None) => {
@@ -272,7 +284,10 @@ impl Table for AllowedTable {
             _ => Err("applies on float32 logits only"),
         }
     }
+}
 
+/// The row-space copy of the pairs and of the restricted rows (stable slots).
+impl MapsRows for AllowedTable {
     fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
         let Some(r) = &mut self.rows else { return };
         if !r.pairs.remap(self.state.pairs(), capacity, row_to_slot) {

@@ -12,7 +12,9 @@ use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::processor::{
+    self, Admission, HostApply, MapsRows, ReadsHistory, StatusSink, StepContext, Table,
+};
 use crate::sparse::{
     draft_offsets, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
 };
@@ -270,9 +272,9 @@ impl<H> HasBuffers for BadWordsState<H> {
 /// BadWords in a pipeline.
 pub type BadWordsTable = TripleTable<BadWordsState<HistoryId>>;
 
-impl Table for BadWordsState<HistoryId> {
+impl Table for BadWordsTable {
     fn name(&self) -> &str {
-        "bad_words"
+        BadWordsState::NAME
     }
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
@@ -280,49 +282,63 @@ impl Table for BadWordsState<HistoryId> {
             words: fields.take_id_lists(&FIELDS[0]),
             output: a.history,
         };
-        Ok(processor::entry(BadWordsState::check(self, index, p)?))
+        Ok(processor::entry(self.state.check(index, p)?))
     }
 
     fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
-        BadWordsState::commit(self, processor::unbox(update), ctx.store);
+        self.state.commit(processor::unbox(update), ctx.store);
     }
 
     fn step(&mut self, ctx: &StepContext<'_>) {
-        self.update_none(ctx.store);
+        self.state.update_none(ctx.store);
     }
 
     fn status(&self, out: &mut StatusSink<'_>) {
-        out("bad_words", self.triples.padded_len());
+        self.status_into(out);
     }
 
     fn active(&self) -> Option<usize> {
-        Some(self.table.active())
+        Some(self.state.active())
     }
 
+    fn history(&self) -> Option<&dyn ReadsHistory> {
+        Some(self)
+    }
+
+    fn history_mut(&mut self) -> Option<&mut dyn ReadsHistory> {
+        Some(self)
+    }
+
+    fn host(&self) -> Option<&dyn HostApply> {
+        Some(self)
+    }
+
+    fn rows_mut(&mut self) -> Option<&mut dyn MapsRows> {
+        Some(self)
+    }
+}
+
+/// The draft replay steps bad words like any step and steps it once more to come back (the
+/// defaults): its matches follow the histories.
+impl ReadsHistory for BadWordsTable {
     /// The outputs this table reads at its next step: those with a multi-token word (a
     /// single-token word is banned whatever the output).
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        for (_, e) in self.table.iter().filter(|(_, e)| e.max_prefix > 0) {
+        for (_, e) in self.state.table.iter().filter(|(_, e)| e.max_prefix > 0) {
             f(&e.output);
         }
-    }
-
-    fn stepping(&self) -> bool {
-        self.table.active() > 0
     }
 
     /// Whether the last match saw an async placeholder (-1) in an output tail: the engine
     /// fills those in before sampling, so the caller should match again then.
     fn saw_placeholders(&self) -> bool {
-        self.placeholders
-    }
-
-    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
-        Some((&self.triples, false))
+        self.state.placeholders
     }
 }
 
 impl TripleState for BadWordsState<HistoryId> {
+    const NAME: &'static str = "bad_words";
+    const ADDS: bool = false;
     const ROW_BUFFERS: [&'static str; 3] = [
         "rows.bad_words.rows",
         "rows.bad_words.cols",
@@ -333,6 +349,10 @@ impl TripleState for BadWordsState<HistoryId> {
         "spec.bad_words.cols",
         "spec.bad_words.vals",
     ];
+
+    fn triples(&self) -> &SparseRows<f32> {
+        &self.triples
+    }
 }
 
 /// Builds the table for a pipeline (the registry's entry).

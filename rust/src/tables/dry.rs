@@ -28,7 +28,9 @@ use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::{HistoryId, TokenHistory};
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::processor::{
+    self, Admission, HostApply, MapsRows, ReadsHistory, StatusSink, StepContext, Table,
+};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::dry_breakers::{Breakers, State, ROOT};
@@ -598,9 +600,9 @@ impl<H> HasBuffers for DryState<H> {
 /// DRY in a pipeline.
 pub type DryTable = TripleTable<DryState<HistoryId>>;
 
-impl Table for DryState<HistoryId> {
+impl Table for DryTable {
     fn name(&self) -> &str {
-        "dry"
+        DryState::NAME
     }
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
@@ -609,8 +611,7 @@ impl Table for DryState<HistoryId> {
         let allowed = fields.int(&FIELDS[2]);
         let last_n = fields.int(&FIELDS[3]);
         let breakers = fields.take_id_lists(&FIELDS[4]);
-        let entry = DryState::check(
-            self,
+        let entry = self.state.check(
             index,
             multiplier,
             base,
@@ -624,23 +625,41 @@ impl Table for DryState<HistoryId> {
     }
 
     fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
-        DryState::commit(self, processor::unbox(update), ctx.store);
+        self.state.commit(processor::unbox(update), ctx.store);
     }
 
     fn step(&mut self, ctx: &StepContext<'_>) {
-        self.update_none(ctx.store);
+        self.state.update_none(ctx.store);
     }
 
     fn status(&self, out: &mut StatusSink<'_>) {
-        out("dry", self.triples.padded_len());
+        self.status_into(out);
     }
 
     fn active(&self) -> Option<usize> {
-        Some(self.table.active())
+        Some(self.state.active())
     }
 
+    fn history(&self) -> Option<&dyn ReadsHistory> {
+        Some(self)
+    }
+
+    fn history_mut(&mut self) -> Option<&mut dyn ReadsHistory> {
+        Some(self)
+    }
+
+    fn host(&self) -> Option<&dyn HostApply> {
+        Some(self)
+    }
+
+    fn rows_mut(&mut self) -> Option<&mut dyn MapsRows> {
+        Some(self)
+    }
+}
+
+impl ReadsHistory for DryTable {
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        for (_, e) in self.table.iter() {
+        for (_, e) in self.state.table.iter() {
             f(&e.output);
         }
     }
@@ -649,22 +668,14 @@ impl Table for DryState<HistoryId> {
         fields.is_set(&FIELDS[0])
     }
 
-    fn stepping(&self) -> bool {
-        self.table.active() > 0
-    }
-
     fn saw_placeholders(&self) -> bool {
-        self.placeholders
-    }
-
-    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
-        Some((&self.triples, true))
+        self.state.placeholders
     }
 
     /// The drafted slots record what each pushed token changes.
     fn draft_save(&mut self, slots: &[usize]) {
         for &s in slots {
-            if let Some(e) = self.table.get_mut(s) {
+            if let Some(e) = self.state.table.get_mut(s) {
                 e.journal = Some(Vec::new());
             }
         }
@@ -673,16 +684,22 @@ impl Table for DryState<HistoryId> {
     /// Takes the drafts back from the drafted slots (their histories are back as committed),
     /// then the penalties of every row as at the step.
     fn draft_restore(&mut self, ctx: &StepContext<'_>) {
-        for (_, e) in self.table.iter_mut() {
+        for (_, e) in self.state.table.iter_mut() {
             e.undo_pushes();
         }
-        DryState::step(self, true, ctx.store);
+        DryState::step(&mut self.state, true, ctx.store);
     }
 }
 
 impl TripleState for DryState<HistoryId> {
+    const NAME: &'static str = "dry";
+    const ADDS: bool = true;
     const ROW_BUFFERS: [&'static str; 3] = ["rows.dry.rows", "rows.dry.cols", "rows.dry.vals"];
     const PADDING: Padding<f32> = Padding::FirstWithValue(-0.0);
+
+    fn triples(&self) -> &SparseRows<f32> {
+        &self.triples
+    }
 }
 
 /// Builds the table for a pipeline (the registry's entry).

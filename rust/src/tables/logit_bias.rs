@@ -9,7 +9,7 @@ use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::processor::{self, Admission, HostApply, MapsRows, StatusSink, StepContext, Table};
 use crate::sparse::{patch_rows, resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::triples::{TripleState, TripleTable};
@@ -157,40 +157,50 @@ impl HasBuffers for LogitBiasState {
 /// LogitBias in a pipeline.
 pub type LogitBiasTable = TripleTable<LogitBiasState>;
 
-impl Table for LogitBiasState {
+impl Table for LogitBiasTable {
     fn name(&self) -> &str {
-        "logit_bias"
+        LogitBiasState::NAME
     }
 
     fn check(&self, index: usize, fields: &mut Fields, _: Admission) -> Result<processor::Entry> {
         let bias = fields.take_bias(&FIELDS[0]);
-        Ok(processor::entry(LogitBiasState::check(self, index, bias)?))
+        Ok(processor::entry(self.state.check(index, bias)?))
     }
 
     fn commit(&mut self, update: BatchUpdate<processor::Entry>, _: &StepContext<'_>) {
-        LogitBiasState::commit(self, processor::unbox(update));
+        self.state.commit(processor::unbox(update));
     }
 
     fn status(&self, out: &mut StatusSink<'_>) {
-        out("logit_bias", self.triples.padded_len());
+        self.status_into(out);
     }
 
     fn active(&self) -> Option<usize> {
-        Some(self.table.active())
+        Some(self.state.active())
     }
 
-    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
-        Some((&self.triples, true))
+    fn host(&self) -> Option<&dyn HostApply> {
+        Some(self)
+    }
+
+    fn rows_mut(&mut self) -> Option<&mut dyn MapsRows> {
+        Some(self)
     }
 }
 
 impl TripleState for LogitBiasState {
+    const NAME: &'static str = "logit_bias";
+    const ADDS: bool = true;
     const ROW_BUFFERS: [&'static str; 3] = [
         "rows.logit_bias.rows",
         "rows.logit_bias.cols",
         "rows.logit_bias.vals",
     ];
     const PADDING: Padding<f32> = Padding::FirstWithValue(-0.0);
+
+    fn triples(&self) -> &SparseRows<f32> {
+        &self.triples
+    }
 }
 
 /// Builds the table for a pipeline (the registry's entry).

@@ -11,7 +11,7 @@ use crate::buffer::HostBuffer;
 use crate::error::Result;
 use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::processor::{
-    entry, unbox, Admission, Entry, HostData, HostLogits, StatusSink, StepContext, Table,
+    entry, unbox, Admission, Entry, HostApply, HostData, HostLogits, StatusSink, StepContext, Table,
 };
 use crate::tables::Build;
 
@@ -177,6 +177,12 @@ impl Table for MinPState {
         out("min_p", self.count);
     }
 
+    fn host(&self) -> Option<&dyn HostApply> {
+        Some(self)
+    }
+}
+
+impl HostApply for MinPState {
     fn apply_host(&self, l: &mut HostLogits<'_>) -> std::result::Result<(), &'static str> {
         match &mut l.data {
             HostData::F32(data) => {

@@ -12,7 +12,9 @@ use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::processor::{
+    self, Admission, HostApply, MapsRows, ReadsHistory, StatusSink, StepContext, Table,
+};
 use crate::sparse::{
     draft_offsets, patch_rows, rebuild_draft_rows, resize_touches_active, Padding, SparseRows,
 };
@@ -245,9 +247,9 @@ impl<H> HasBuffers for MinTokensState<H> {
 /// MinTokens in a pipeline.
 pub type MinTokensTable = TripleTable<MinTokensState<HistoryId>>;
 
-impl Table for MinTokensState<HistoryId> {
+impl Table for MinTokensTable {
     fn name(&self) -> &str {
-        "min_tokens"
+        MinTokensState::NAME
     }
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
@@ -257,62 +259,76 @@ impl Table for MinTokensState<HistoryId> {
             output: a.history,
             output_len: a.output_len,
         };
-        Ok(processor::entry(MinTokensState::check(self, index, p)?))
+        Ok(processor::entry(self.state.check(index, p)?))
     }
 
     fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
-        MinTokensState::commit(self, processor::unbox(update), ctx.store);
+        self.state.commit(processor::unbox(update), ctx.store);
     }
 
     fn step(&mut self, ctx: &StepContext<'_>) {
-        self.update_none(ctx.store);
+        self.state.update_none(ctx.store);
     }
 
     fn status(&self, out: &mut StatusSink<'_>) {
-        out("min_tokens", self.triples.padded_len());
+        self.status_into(out);
     }
 
     /// Requests still below their min_tokens.
     fn active(&self) -> Option<usize> {
-        Some(self.table.active())
+        Some(self.state.active())
     }
 
+    fn history(&self) -> Option<&dyn ReadsHistory> {
+        Some(self)
+    }
+
+    fn history_mut(&mut self) -> Option<&mut dyn ReadsHistory> {
+        Some(self)
+    }
+
+    fn host(&self) -> Option<&dyn HostApply> {
+        Some(self)
+    }
+
+    fn rows_mut(&mut self) -> Option<&mut dyn MapsRows> {
+        Some(self)
+    }
+}
+
+impl ReadsHistory for MinTokensTable {
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        for (_, e) in self.table.iter() {
+        for (_, e) in self.state.table.iter() {
             f(&e.output);
         }
-    }
-
-    fn stepping(&self) -> bool {
-        self.table.active() > 0
-    }
-
-    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
-        Some((&self.triples, false))
     }
 
     /// Keeps the entries of `slots` (a draft may reach a request's min_tokens, and the
     /// length check then drops its entry for good).
     fn draft_save(&mut self, slots: &[usize]) {
-        self.saved.clear();
-        for &s in slots {
-            self.saved.push((s, self.table.get(s).cloned()));
+        let s = &mut self.state;
+        s.saved.clear();
+        for &slot in slots {
+            s.saved.push((slot, s.table.get(slot).cloned()));
         }
     }
 
-    /// Puts back what [`draft_save`](Table::draft_save) kept, with their triples.
+    /// Puts back what [`draft_save`](ReadsHistory::draft_save) kept, with their triples.
     fn draft_restore(&mut self, ctx: &StepContext<'_>) {
-        self.touched.clear();
-        for (s, e) in self.saved.drain(..) {
-            self.table.replace(s, e);
-            self.touched.push(s);
+        let s = &mut self.state;
+        s.touched.clear();
+        for (slot, e) in s.saved.drain(..) {
+            s.table.replace(slot, e);
+            s.touched.push(slot);
         }
-        let bs = self.batch_size;
-        MinTokensState::step(self, true, bs, ctx.store);
+        let bs = s.batch_size;
+        MinTokensState::step(s, true, bs, ctx.store);
     }
 }
 
 impl TripleState for MinTokensState<HistoryId> {
+    const NAME: &'static str = "min_tokens";
+    const ADDS: bool = false;
     const ROW_BUFFERS: [&'static str; 3] = [
         "rows.min_tokens.rows",
         "rows.min_tokens.cols",
@@ -323,6 +339,10 @@ impl TripleState for MinTokensState<HistoryId> {
         "spec.min_tokens.cols",
         "spec.min_tokens.vals",
     ];
+
+    fn triples(&self) -> &SparseRows<f32> {
+        &self.triples
+    }
 }
 
 /// Builds the table for a pipeline (the registry's entry).

@@ -30,7 +30,9 @@ use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::{HistoryId, TokenHistory};
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::processor::{
+    self, Admission, HostApply, MapsRows, ReadsHistory, StatusSink, StepContext, Table,
+};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::triples::{TripleState, TripleTable};
@@ -467,9 +469,9 @@ impl<H> HasBuffers for NoRepeatNGramState<H> {
 /// No-repeat-ngram in a pipeline.
 pub type NoRepeatNGramTable = TripleTable<NoRepeatNGramState<HistoryId>>;
 
-impl Table for NoRepeatNGramState<HistoryId> {
+impl Table for NoRepeatNGramTable {
     fn name(&self) -> &str {
-        "no_repeat_ngram"
+        NoRepeatNGramState::NAME
     }
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
@@ -480,28 +482,46 @@ impl Table for NoRepeatNGramState<HistoryId> {
             whitelist: fields.take_ids(&FIELDS[3]).unwrap_or_default(),
         };
         let prompt = fields.prompt.as_deref();
-        let entry = NoRepeatNGramState::check_mode(self, index, n, prompt, a.history, mode)?;
+        let entry = self.state.check_mode(index, n, prompt, a.history, mode)?;
         Ok(processor::entry(entry))
     }
 
     fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
-        NoRepeatNGramState::commit(self, processor::unbox(update), ctx.store);
+        self.state.commit(processor::unbox(update), ctx.store);
     }
 
     fn step(&mut self, ctx: &StepContext<'_>) {
-        self.update_none(ctx.store);
+        self.state.update_none(ctx.store);
     }
 
     fn status(&self, out: &mut StatusSink<'_>) {
-        out("no_repeat_ngram", self.triples.padded_len());
+        self.status_into(out);
     }
 
     fn active(&self) -> Option<usize> {
-        Some(self.table.active())
+        Some(self.state.active())
     }
 
+    fn history(&self) -> Option<&dyn ReadsHistory> {
+        Some(self)
+    }
+
+    fn history_mut(&mut self) -> Option<&mut dyn ReadsHistory> {
+        Some(self)
+    }
+
+    fn host(&self) -> Option<&dyn HostApply> {
+        Some(self)
+    }
+
+    fn rows_mut(&mut self) -> Option<&mut dyn MapsRows> {
+        Some(self)
+    }
+}
+
+impl ReadsHistory for NoRepeatNGramTable {
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        for (_, e) in self.table.iter() {
+        for (_, e) in self.state.table.iter() {
             f(&e.output);
         }
     }
@@ -510,22 +530,14 @@ impl Table for NoRepeatNGramState<HistoryId> {
         fields.is_set(&FIELDS[0]) && !fields.bool(&FIELDS[2])
     }
 
-    fn stepping(&self) -> bool {
-        self.table.active() > 0
-    }
-
     fn saw_placeholders(&self) -> bool {
-        self.placeholders
-    }
-
-    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
-        Some((&self.triples, false))
+        self.state.placeholders
     }
 
     /// The drafted slots record what each pushed token changes.
     fn draft_save(&mut self, slots: &[usize]) {
         for &s in slots {
-            if let Some(e) = self.table.get_mut(s) {
+            if let Some(e) = self.state.table.get_mut(s) {
                 e.journal = Some(Vec::new());
             }
         }
@@ -534,19 +546,25 @@ impl Table for NoRepeatNGramState<HistoryId> {
     /// Takes the drafts back from the drafted slots (their histories are back as committed),
     /// then the bans of every row as at the step.
     fn draft_restore(&mut self, ctx: &StepContext<'_>) {
-        for (_, e) in self.table.iter_mut() {
+        for (_, e) in self.state.table.iter_mut() {
             e.undo_pushes();
         }
-        NoRepeatNGramState::step(self, true, ctx.store);
+        NoRepeatNGramState::step(&mut self.state, true, ctx.store);
     }
 }
 
 impl TripleState for NoRepeatNGramState<HistoryId> {
+    const NAME: &'static str = "no_repeat_ngram";
+    const ADDS: bool = false;
     const ROW_BUFFERS: [&'static str; 3] = [
         "rows.no_repeat_ngram.rows",
         "rows.no_repeat_ngram.cols",
         "rows.no_repeat_ngram.vals",
     ];
+
+    fn triples(&self) -> &SparseRows<f32> {
+        &self.triples
+    }
 }
 
 /// Builds the table for a pipeline (the registry's entry).

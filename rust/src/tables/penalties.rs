@@ -34,7 +34,8 @@ use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
 use crate::processor::{
-    self, Admission, DraftRow, HostData, HostLogits, StatusSink, StepContext, Table,
+    self, Admission, DraftRow, HostApply, HostData, HostLogits, MapsRows, ReadsHistory, StatusSink,
+    StepContext, Table,
 };
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
@@ -931,27 +932,6 @@ impl Table for PenaltiesState<HistoryId> {
         Some(PenaltiesState::active(self))
     }
 
-    fn stepping(&self) -> bool {
-        PenaltiesState::active(self) > 0
-    }
-
-    /// Whether the last count stopped at an async placeholder (see `placeholders`).
-    fn saw_placeholders(&self) -> bool {
-        self.placeholders
-    }
-
-    fn wants_prompt(&self, fields: &Fields) -> bool {
-        // The three penalties (a window alone penalizes nothing).
-        FIELDS[..3].iter().any(|f| fields.is_set(f))
-    }
-
-    /// The outputs this table reads at its next step.
-    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        for (_, e) in self.table.iter() {
-            f(&e.output);
-        }
-    }
-
     fn status(&self, out: &mut StatusSink<'_>) {
         out("penalties", PenaltiesState::active(self));
         out(
@@ -960,26 +940,60 @@ impl Table for PenaltiesState<HistoryId> {
         );
     }
 
+    fn history(&self) -> Option<&dyn ReadsHistory> {
+        Some(self)
+    }
+
+    fn history_mut(&mut self) -> Option<&mut dyn ReadsHistory> {
+        Some(self)
+    }
+
+    fn host(&self) -> Option<&dyn HostApply> {
+        Some(self)
+    }
+
+    fn rows_mut(&mut self) -> Option<&mut dyn MapsRows> {
+        Some(self)
+    }
+}
+
+impl ReadsHistory for PenaltiesState<HistoryId> {
+    /// The outputs this table reads at its next step.
+    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
+        for (_, e) in self.table.iter() {
+            f(&e.output);
+        }
+    }
+
+    fn wants_prompt(&self, fields: &Fields) -> bool {
+        // The three penalties (a window alone penalizes nothing).
+        FIELDS[..3].iter().any(|f| fields.is_set(f))
+    }
+
+    /// Whether the last count stopped at an async placeholder (see `placeholders`).
+    fn saw_placeholders(&self) -> bool {
+        self.placeholders
+    }
+
     fn replays_drafts(&self) -> bool {
         false // computes its draft rows from the drafts (penalty_drafts.rs)
     }
+}
 
-    fn draft_begin(&mut self) {
-        if let Some(d) = &mut self.drafts {
-            d.begin();
+impl HostApply for PenaltiesState<HistoryId> {
+    fn apply_host(&self, l: &mut HostLogits<'_>) -> std::result::Result<(), &'static str> {
+        let (rows, vocab, stride, map) = (l.rows, l.vocab, l.row_stride, l.row_to_slot);
+        match &mut l.data {
+            HostData::F32(data) => self.apply_to_rows(data, rows, vocab, stride, map),
+            HostData::F64(data) => self.apply_to_rows(data, rows, vocab, stride, map),
         }
+        Ok(())
     }
+}
 
-    fn draft_capture(&mut self, rows: &[DraftRow<'_>], _ctx: &StepContext<'_>) {
-        self.capture_drafts(rows);
-    }
-
-    fn draft_finish(&mut self) {
-        if let Some(d) = &mut self.drafts {
-            d.finish();
-        }
-    }
-
+/// The draft rows' cells (`penalty_drafts.rs`): each draft row's counts are the slot's plus
+/// the drafts before it.
+impl MapsRows for PenaltiesState<HistoryId> {
     fn map_rows(&mut self, _row_to_slot: &[usize], _capacity: usize) {
         // A row map without drafts: every row reads its slot's committed cells.
         if let Some(d) = &mut self.drafts {
@@ -1001,13 +1015,20 @@ impl Table for PenaltiesState<HistoryId> {
         }
     }
 
-    fn apply_host(&self, l: &mut HostLogits<'_>) -> std::result::Result<(), &'static str> {
-        let (rows, vocab, stride, map) = (l.rows, l.vocab, l.row_stride, l.row_to_slot);
-        match &mut l.data {
-            HostData::F32(data) => self.apply_to_rows(data, rows, vocab, stride, map),
-            HostData::F64(data) => self.apply_to_rows(data, rows, vocab, stride, map),
+    fn draft_begin(&mut self) {
+        if let Some(d) = &mut self.drafts {
+            d.begin();
         }
-        Ok(())
+    }
+
+    fn draft_capture(&mut self, rows: &[DraftRow<'_>], _ctx: &StepContext<'_>) {
+        self.capture_drafts(rows);
+    }
+
+    fn draft_finish(&mut self) {
+        if let Some(d) = &mut self.drafts {
+            d.finish();
+        }
     }
 }
 

@@ -34,7 +34,9 @@ use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_config_token;
-use crate::processor::{self, Admission, StatusSink, StepContext, Table};
+use crate::processor::{
+    self, Admission, HostApply, MapsRows, ReadsHistory, StatusSink, StepContext, Table,
+};
 use crate::sparse::{Padding, SparseRows};
 use crate::table::SlotTable;
 use crate::tables::triples::{TripleState, TripleTable};
@@ -531,7 +533,7 @@ impl<H: TokenHistory> ThinkingState<H> {
     /// Steps again only the rows whose output grew past what the last step could read (an
     /// async placeholder was filled in since), keeping the other rows' forced tokens. Returns
     /// how many rows are forced. This is what the caller runs before applying when
-    /// [`saw_placeholders`](Table::saw_placeholders) is set.
+    /// [`saw_placeholders`](crate::processor::ReadsHistory::saw_placeholders) is set.
     pub fn restep(&mut self, batch_size: usize, store: &H::Store) -> usize {
         let previous = std::mem::take(&mut self.forced);
         self.placeholders = false;
@@ -571,9 +573,9 @@ impl<H: TokenHistory> ThinkingState<H> {
 /// Thinking in a pipeline.
 pub type ThinkingTable = TripleTable<ThinkingState<HistoryId>>;
 
-impl Table for ThinkingState<HistoryId> {
+impl Table for ThinkingTable {
     fn name(&self) -> &str {
-        "thinking"
+        ThinkingState::NAME
     }
 
     fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
@@ -582,32 +584,52 @@ impl Table for ThinkingState<HistoryId> {
             prompt: fields.prompt.clone(),
             output: a.history,
         };
-        Ok(processor::entry(ThinkingState::check(self, index, p)?))
+        Ok(processor::entry(self.state.check(index, p)?))
     }
 
     fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
-        ThinkingState::commit(self, processor::unbox(update));
-        ThinkingState::step(self, ctx.batch_size, ctx.store);
-        self.sync_triples();
+        let s = &mut self.state;
+        s.commit(processor::unbox(update));
+        s.step(ctx.batch_size, ctx.store);
+        s.sync_triples();
     }
 
     fn step(&mut self, ctx: &StepContext<'_>) {
-        ThinkingState::step(self, ctx.batch_size, ctx.store);
-        self.sync_triples();
+        let s = &mut self.state;
+        s.step(ctx.batch_size, ctx.store);
+        s.sync_triples();
     }
 
     fn status(&self, out: &mut StatusSink<'_>) {
-        out("thinking", self.triples.padded_len());
+        self.status_into(out);
     }
 
     fn active(&self) -> Option<usize> {
-        Some(self.table.active())
+        Some(self.state.active())
     }
 
+    fn history(&self) -> Option<&dyn ReadsHistory> {
+        Some(self)
+    }
+
+    fn history_mut(&mut self) -> Option<&mut dyn ReadsHistory> {
+        Some(self)
+    }
+
+    fn host(&self) -> Option<&dyn HostApply> {
+        Some(self)
+    }
+
+    fn rows_mut(&mut self) -> Option<&mut dyn MapsRows> {
+        Some(self)
+    }
+}
+
+impl ReadsHistory for ThinkingTable {
     /// The outputs this table reads at its next step (a request whose thinking ended
     /// naturally reads nothing any more).
     fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        for (_, e) in self.table.iter().filter(|(_, e)| !e.done) {
+        for (_, e) in self.state.table.iter().filter(|(_, e)| !e.done) {
             f(&e.output);
         }
     }
@@ -616,26 +638,19 @@ impl Table for ThinkingState<HistoryId> {
         fields.is_set(&FIELDS[0])
     }
 
-    fn stepping(&self) -> bool {
-        self.table.active() > 0
-    }
-
     /// Whether the last step stopped at an async placeholder in some output. A step that sees
     /// no new token leaves the state as it was, so the caller may step again once the engine
     /// has filled the placeholders in (as vLLM, whose holder runs after that).
     fn saw_placeholders(&self) -> bool {
-        self.placeholders
+        self.state.placeholders
     }
 
     fn restep(&mut self, ctx: &StepContext<'_>) {
-        if self.placeholders {
-            ThinkingState::restep(self, ctx.batch_size, ctx.store);
-            self.sync_triples();
+        let s = &mut self.state;
+        if s.placeholders {
+            s.restep(ctx.batch_size, ctx.store);
+            s.sync_triples();
         }
-    }
-
-    fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
-        Some((&self.triples, false))
     }
 
     /// Keeps every entry and the forced tokens. Every entry, not only the drafted slots':
@@ -643,29 +658,37 @@ impl Table for ThinkingState<HistoryId> {
     /// end from the next step on), so the replay's steps move requests whose output did not
     /// grow.
     fn draft_save(&mut self, _slots: &[usize]) {
-        self.saved.clear();
-        for (s, e) in self.table.iter() {
-            self.saved.push((s, Some(e.clone())));
+        let s = &mut self.state;
+        s.saved.clear();
+        for (slot, e) in s.table.iter() {
+            s.saved.push((slot, Some(e.clone())));
         }
-        self.saved_forced.clone_from(&self.forced);
+        s.saved_forced.clone_from(&s.forced);
     }
 
-    /// Puts back what [`draft_save`](Table::draft_save) kept, with the triples.
+    /// Puts back what [`draft_save`](ReadsHistory::draft_save) kept, with the triples.
     fn draft_restore(&mut self, _ctx: &StepContext<'_>) {
-        for (s, e) in self.saved.drain(..) {
-            self.table.replace(s, e);
+        let s = &mut self.state;
+        for (slot, e) in s.saved.drain(..) {
+            s.table.replace(slot, e);
         }
-        std::mem::swap(&mut self.forced, &mut self.saved_forced);
-        self.sync_triples();
+        std::mem::swap(&mut s.forced, &mut s.saved_forced);
+        s.sync_triples();
     }
 }
 
 impl TripleState for ThinkingState<HistoryId> {
+    const NAME: &'static str = "thinking";
+    const ADDS: bool = false;
     const ROW_BUFFERS: [&'static str; 3] = [
         "rows.thinking.rows",
         "rows.thinking.cols",
         "rows.thinking.vals",
     ];
+
+    fn triples(&self) -> &SparseRows<f32> {
+        &self.triples
+    }
 }
 
 /// Builds the table for a pipeline (the registry's entry).

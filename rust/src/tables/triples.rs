@@ -1,32 +1,38 @@
 //! The shape most built-ins share: a table that exports `(row, token, value)` triples (logit
-//! bias, min-tokens, bad words, the thinking budget, no-repeat-ngram, DRY). Each implements
-//! [`Table`] itself, saying only what is its own; [`TripleTable`] adds what every one of them
-//! needs the same way: the stable slots' row-space copy of its triples, the draft-row masks of
-//! the V1 speculative-decoding path, and their status and buffers. [`TripleState`] carries the
-//! few facts that copy needs (its buffers' names, its padding).
+//! bias, min-tokens, bad words, the thinking budget, no-repeat-ngram, DRY). A [`TripleTable`]
+//! holds the state and what every one of them needs the same way: the stable slots' row-space
+//! copy of its triples, the draft-row masks of the V1 speculative-decoding path, their status
+//! and buffers, and the CPU apply from the triples. Each table implements
+//! [`Table`](crate::processor::Table) (and [`ReadsHistory`](crate::processor::ReadsHistory)
+//! if it reads histories) on its own `TripleTable<State>`, from the state's own methods; the
+//! shared parts are written here once ([`HostApply`], [`MapsRows`],
+//! [`TripleTable::status_into`]). [`TripleState`] carries the few facts they need.
 
 use crate::arena::{HasBuffers, Staged};
-use crate::batch::BatchUpdate;
 use crate::error::Result;
-use crate::fields::Fields;
-use crate::history::HistoryId;
-use crate::processor::{self, Admission, DraftRow, HostLogits, StatusSink, StepContext, Table};
+use crate::processor::{DraftRow, HostApply, MapsRows, StatusSink, StepContext};
 use crate::row_space::RowCopy;
 use crate::sparse::{Padding, SparseRows};
 
-/// A table whose [`Table::triples`] is always `Some`: what its row-space copy needs.
-pub trait TripleState: Table {
+/// A state that exports triples: what its table's shared parts need.
+pub trait TripleState: HasBuffers + Send + Sync + 'static {
+    /// The table's name (its registry entry's), which also names its status counts.
+    const NAME: &'static str;
+    /// Whether its triples' values add to the logits (else they overwrite them).
+    const ADDS: bool;
     /// Its row-space copy's buffers (`rows.<NAME>.rows`, `.cols`, `.vals`).
     const ROW_BUFFERS: [&'static str; 3];
     /// Its draft-row masks' buffers, for a state with a speculative-decoding form.
     const DRAFT_BUFFERS: [&'static str; 3] = ["", "", ""];
     /// How its padded triples are padded (the row-space copy pads the same way).
     const PADDING: Padding<f32> = Padding::RepeatFirst;
+
+    /// Its triples (slot space, V1 rows).
+    fn triples(&self) -> &SparseRows<f32>;
 }
 
-/// A [`TripleState`] in a pipeline: the state's own [`Table`], plus the row-space copy of its
-/// triples. Every method is the state's; the row-space ones then do the copy's part, so a
-/// state that had its own would keep it.
+/// A [`TripleState`] in a pipeline, with the row-space copy of its triples and, for the
+/// states that have them, the draft-row masks of the V1 speculative-decoding path.
 pub struct TripleTable<S> {
     pub state: S,
     rows: Option<RowCopy>,
@@ -46,7 +52,7 @@ impl<S: TripleState> TripleTable<S> {
             spec: drafts
                 .map(|n| SparseRows::try_new(n, "num_speculative_tokens"))
                 .transpose()?,
-            row_status: format!("rows.{}", state.name()),
+            row_status: format!("rows.{}", S::NAME),
             state,
         })
     }
@@ -56,10 +62,13 @@ impl<S: TripleState> TripleTable<S> {
         self.rows.as_ref()
     }
 
-    /// The state's triples and the row-space copy, when there is one.
-    fn triples_and_copy(&mut self) -> Option<(&SparseRows<f32>, &mut RowCopy)> {
-        let triples = self.state.triples()?.0;
-        Some((triples, self.rows.as_mut()?))
+    /// Its status ([`Table::status`](crate::processor::Table::status)): the padded triples, then the row-space copy's.
+    pub fn status_into(&self, out: &mut StatusSink<'_>) {
+        out(S::NAME, self.state.triples().padded_len());
+        out(
+            &self.row_status,
+            self.rows.as_ref().map_or(0, RowCopy::padded_len),
+        );
     }
 }
 
@@ -69,72 +78,22 @@ impl<S: TripleState> HasBuffers for TripleTable<S> {
     }
 }
 
-impl<S: TripleState> Table for TripleTable<S> {
-    fn name(&self) -> &str {
-        self.state.name()
-    }
-
-    fn check(&self, index: usize, fields: &mut Fields, a: Admission) -> Result<processor::Entry> {
-        self.state.check(index, fields, a)
-    }
-
-    fn commit(&mut self, update: BatchUpdate<processor::Entry>, ctx: &StepContext<'_>) {
-        self.state.commit(update, ctx);
-    }
-
-    fn step(&mut self, ctx: &StepContext<'_>) {
-        self.state.step(ctx);
-    }
-
-    fn status(&self, out: &mut StatusSink<'_>) {
-        self.state.status(out);
-        out(
-            &self.row_status,
-            self.rows.as_ref().map_or(0, RowCopy::padded_len),
-        );
-    }
-
-    fn active(&self) -> Option<usize> {
-        self.state.active()
-    }
-
-    fn readers(&self, f: &mut dyn FnMut(&HistoryId)) {
-        self.state.readers(f);
-    }
-
-    fn wants_prompt(&self, fields: &Fields) -> bool {
-        self.state.wants_prompt(fields)
-    }
-
-    fn stepping(&self) -> bool {
-        self.state.stepping()
-    }
-
-    fn saw_placeholders(&self) -> bool {
-        self.state.saw_placeholders()
-    }
-
-    fn restep(&mut self, ctx: &StepContext<'_>) {
-        self.state.restep(ctx);
-    }
-
+impl<S: TripleState> HostApply for TripleTable<S> {
     fn triples(&self) -> Option<(&SparseRows<f32>, bool)> {
-        self.state.triples()
+        Some((self.state.triples(), S::ADDS))
     }
+}
 
-    fn apply_host(&self, logits: &mut HostLogits<'_>) -> std::result::Result<(), &'static str> {
-        self.state.apply_host(logits)
-    }
-
+/// The row-space copy of the triples: remapped whole for a row map, or captured row by row at
+/// each draft position of the draft replay.
+impl<S: TripleState> MapsRows for TripleTable<S> {
     fn map_rows(&mut self, row_to_slot: &[usize], capacity: usize) {
-        self.state.map_rows(row_to_slot, capacity);
-        if let Some((triples, r)) = self.triples_and_copy() {
-            r.remap(triples, capacity, row_to_slot);
+        if let Some(r) = &mut self.rows {
+            r.remap(self.state.triples(), capacity, row_to_slot);
         }
     }
 
     fn visit_late_buffers(&mut self, f: &mut dyn FnMut(&'static str, &mut dyn Staged)) {
-        self.state.visit_late_buffers(f);
         if let Some(r) = &mut self.rows {
             r.visit(f);
         }
@@ -144,36 +103,21 @@ impl<S: TripleState> Table for TripleTable<S> {
     }
 
     fn draft_begin(&mut self) {
-        self.state.draft_begin();
         if let Some(r) = &mut self.rows {
             r.begin();
         }
     }
 
     fn draft_capture(&mut self, rows: &[DraftRow<'_>], ctx: &StepContext<'_>) {
-        self.state.draft_capture(rows, ctx);
-        if let Some((triples, r)) = self.triples_and_copy() {
+        if let Some(r) = &mut self.rows {
             let slots = rows.iter().map(|d| (d.row, d.slot));
-            r.capture(triples, ctx.capacity, slots);
+            r.capture(self.state.triples(), ctx.capacity, slots);
         }
     }
 
     fn draft_finish(&mut self) {
-        self.state.draft_finish();
         if let Some(r) = &mut self.rows {
             r.finish();
         }
-    }
-
-    fn replays_drafts(&self) -> bool {
-        self.state.replays_drafts()
-    }
-
-    fn draft_save(&mut self, slots: &[usize]) {
-        self.state.draft_save(slots);
-    }
-
-    fn draft_restore(&mut self, ctx: &StepContext<'_>) {
-        self.state.draft_restore(ctx);
     }
 }
