@@ -8,8 +8,9 @@ use crate::tables::min_tokens::MinTokensTable;
 
 impl<S: HistorySource> Pipeline<S> {
     /// Draft-row masks of MinTokens (vLLM `apply_with_spec_decode`); returns the layout's row
-    /// count. The row count is checked against the configured draft tokens first.
-    pub fn spec_min_tokens(&mut self, num_draft: &[usize]) -> Result<usize> {
+    /// count and the masks' padded length. The row count is checked against the configured
+    /// draft tokens first.
+    pub fn spec_min_tokens(&mut self, num_draft: &[usize]) -> Result<(usize, usize)> {
         self.check_draft_layout(num_draft)?;
         let store = &self.store;
         match self.tables.get_mut::<MinTokensTable>() {
@@ -17,15 +18,23 @@ impl<S: HistorySource> Pipeline<S> {
                 state,
                 spec: Some(out),
                 ..
-            }) => state.spec_decode_triples(num_draft, out, store),
+            }) => Ok((
+                state.spec_decode_triples(num_draft, out, store)?,
+                out.padded_len(),
+            )),
             _ => Err(Error::Protocol(
                 "speculative decoding is not configured for MinTokens".into(),
             )),
         }
     }
 
-    /// Draft-row bans of bad words (vLLM `apply_bad_words_with_drafts`).
-    pub fn spec_bad_words(&mut self, num_draft: &[usize], drafts: &[Vec<i64>]) -> Result<usize> {
+    /// Draft-row bans of bad words (vLLM `apply_bad_words_with_drafts`); returns the layout's
+    /// row count and the bans' padded length.
+    pub fn spec_bad_words(
+        &mut self,
+        num_draft: &[usize],
+        drafts: &[Vec<i64>],
+    ) -> Result<(usize, usize)> {
         self.check_draft_layout(num_draft)?;
         let store = &self.store;
         match self.tables.get_mut::<BadWordsTable>() {
@@ -33,7 +42,10 @@ impl<S: HistorySource> Pipeline<S> {
                 state,
                 spec: Some(out),
                 ..
-            }) => state.spec_decode_triples(num_draft, drafts, out, store),
+            }) => Ok((
+                state.spec_decode_triples(num_draft, drafts, out, store)?,
+                out.padded_len(),
+            )),
             _ => Err(Error::Protocol(
                 "speculative decoding is not configured for bad words".into(),
             )),

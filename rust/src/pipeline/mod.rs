@@ -32,11 +32,14 @@ use crate::table::SlotTable;
 use crate::tables::columns::{Column, ColumnTable};
 use crate::tables::{builtin, Build, BUILTINS, COLUMNS_LAYOUT};
 
+mod builtins;
 mod draft_replay;
 mod drafts;
 mod outputs;
 mod slots;
 
+pub use crate::tables::penalties::PROMPT_FLAG;
+pub use crate::tables::thinking::ThinkingConfig;
 pub use crate::tables::{max_draft_pos, PipelineConfig};
 pub use draft_replay::Drafts;
 use outputs::OutputOps;

@@ -16,15 +16,9 @@ use super::params::{column_kind, ColumnDecl, Reader};
 use super::update::{parse_update, AddedEntry};
 use crate::arena::Upload;
 use crate::batch::BatchUpdate;
-use crate::history::HistoryId;
-use crate::pipeline::{self, Drafts, PipelineConfig, RequestParams};
+use crate::pipeline::{self, Drafts, PipelineConfig, RequestParams, ThinkingConfig};
 use crate::processor::{HostData, HostLogits};
-use crate::tables::bad_words::BadWordsTable;
 use crate::tables::columns::ColumnSpec;
-use crate::tables::min_p::MinPState;
-use crate::tables::min_tokens::MinTokensTable;
-use crate::tables::penalties::PenaltiesState;
-use crate::tables::thinking::{ThinkingConfig, ThinkingTable};
 
 #[pyclass(module = "logitsproc_rs._core")]
 pub struct Pipeline {
@@ -158,14 +152,6 @@ fn slot_arg(obj: &Bound<'_, PyAny>, capacity: usize) -> PyResult<usize> {
 }
 
 impl Pipeline {
-    fn penalties_mut(
-        &mut self,
-    ) -> Option<&mut crate::tables::penalties::PenaltiesState<HistoryId>> {
-        self.inner
-            .tables_mut()
-            .get_mut::<PenaltiesState<HistoryId>>()
-    }
-
     /// Most rows a feed or a row map may have.
     fn max_rows(&self) -> usize {
         self.inner.max_rows()
@@ -705,14 +691,7 @@ impl Pipeline {
     /// Draft-row masks of MinTokens; returns (layout rows, padded triples).
     fn spec_min_tokens(&mut self, num_draft_tokens: &Bound<'_, PyAny>) -> PyResult<(usize, usize)> {
         let n = host_slots(num_draft_tokens, "num_draft_tokens", self.inner.capacity())?;
-        let rows = self.inner.spec_min_tokens(&n)?;
-        let padded = self
-            .inner
-            .tables()
-            .get::<MinTokensTable>()
-            .and_then(|t| t.spec.as_ref())
-            .map_or(0, |s| s.padded_len());
-        Ok((rows, padded))
+        Ok(self.inner.spec_min_tokens(&n)?)
     }
 
     /// Draft-row bans of bad words; returns (layout rows, padded triples).
@@ -722,14 +701,7 @@ impl Pipeline {
         spec_token_ids: Vec<Vec<i64>>,
     ) -> PyResult<(usize, usize)> {
         let n = host_slots(num_draft_tokens, "num_draft_tokens", self.inner.capacity())?;
-        let rows = self.inner.spec_bad_words(&n, &spec_token_ids)?;
-        let padded = self
-            .inner
-            .tables()
-            .get::<BadWordsTable>()
-            .and_then(|t| t.spec.as_ref())
-            .map_or(0, |s| s.padded_len());
-        Ok((rows, padded))
+        Ok(self.inner.spec_bad_words(&n, &spec_token_ids)?)
     }
 
     // --- penalties' device matrix (GPU path) ---
@@ -737,18 +709,18 @@ impl Pipeline {
     /// Row copies pending for the device count matrix (prefix of copy_dst / copy_src), handed
     /// out once: a second call returns 0 until the next update.
     fn take_penalty_copies(&mut self) -> usize {
-        self.penalties_mut().map_or(0, |s| s.take_copies())
+        self.inner.take_penalty_copies()
     }
 
     /// Moves the next chunk of (row, token, delta) count additions into the ops buffers;
     /// returns its padded length (0 when none are left).
     fn next_penalty_chunk(&mut self) -> usize {
-        self.penalties_mut().map_or(0, |s| s.next_chunk())
+        self.inner.next_penalty_chunk()
     }
 
     #[getter]
     fn prompt_flag(&self) -> i32 {
-        crate::tables::penalties::PROMPT_FLAG
+        pipeline::PROMPT_FLAG
     }
 
     // --- inspection (tests, debugging) ---
@@ -756,7 +728,7 @@ impl Pipeline {
     /// The stored float32 min_p of a slot (None outside the table).
     fn min_p(&self, index: i64) -> Option<f32> {
         let i = usize::try_from(index).ok()?;
-        self.inner.tables().get::<MinPState>()?.get(i)
+        self.inner.min_p(i)
     }
 
     /// Requests each table tracks, as (table name, count) pairs.
@@ -770,15 +742,11 @@ impl Pipeline {
 
     /// Output tokens the penalties counted for a slot (None if untracked).
     fn penalties_counted(&self, index: usize) -> Option<Vec<i32>> {
-        let s = self.inner.tables().get::<PenaltiesState<HistoryId>>()?;
-        s.counted(index).map(<[i32]>::to_vec)
+        self.inner.penalties_counted(index).map(<[i32]>::to_vec)
     }
 
     /// The (row, token) pairs the thinking budget forces this step.
     fn thinking_forced(&self) -> Vec<(usize, i64)> {
-        self.inner
-            .tables()
-            .get::<ThinkingTable>()
-            .map_or_else(Vec::new, |s| s.state.forced().to_vec())
+        self.inner.thinking_forced().to_vec()
     }
 }
