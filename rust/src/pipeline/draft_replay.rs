@@ -10,8 +10,8 @@
 //! at that position into their row-space copy; then the histories are cut back to what was
 //! committed and the tables return to the committed state: by one more step, which follows
 //! the histories back (the path an engine that drops rejected drafts from its output lists
-//! takes), or through `ReadsHistory::draft_save` / `draft_restore`: from the states a table saved
-//! before the replay (MinTokens drops a request that reached its length for good; the
+//! takes), or through `ReadsHistory::draft_save` / `draft_restore`: from the states a table
+//! saved before the replay (MinTokens drops a request that reached its length for good; the
 //! thinking budget counts steps), or by undoing the pushed tokens (DRY and no-repeat-ngram,
 //! whose shrink path would index the whole window again). A table that would rather compute
 //! its draft rows from the drafts alone says so (`ReadsHistory::replays_drafts`: the

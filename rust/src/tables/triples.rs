@@ -62,7 +62,8 @@ impl<S: TripleState> TripleTable<S> {
         self.rows.as_ref()
     }
 
-    /// Its status ([`Table::status`](crate::processor::Table::status)): the padded triples, then the row-space copy's.
+    /// Its [`Table::status`](crate::processor::Table::status): `"<NAME>"`, the padded
+    /// triples, then `"rows.<NAME>"`, the row-space copy's.
     pub fn status_into(&self, out: &mut StatusSink<'_>) {
         out(S::NAME, self.state.triples().padded_len());
         out(
