@@ -25,6 +25,7 @@ import torch
 from ._core import (
     exponential_draws,
     unsafe_exponential_race,
+    unsafe_fused_gumbel,
     unsafe_gumbel_race,
     unsafe_mask_top_k_top_p,
 )
@@ -209,6 +210,57 @@ def gumbel_race(
     tokens = unsafe_gumbel_race(
         logits.data_ptr(), rows, vocab, stride, list(need), list(seeds), list(positions)
     )
+    return torch.tensor(tokens, dtype=torch.int64)
+
+
+def fused_gumbel_(
+    logits: torch.Tensor,
+    temperature: Sequence[float] | None,
+    steps: dict[str, list[float]],
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    seeds: Sequence[int],
+    positions: Sequence[int],
+    need: Sequence[bool],
+) -> torch.Tensor:
+    """The fused ``batch_invariant`` tail on float32 CPU ``logits`` (``fused.rs``), in place:
+    divide by ``temperature`` (per row, 1 for greedy rows), the ``steps`` of ``_fused.
+    fused_plan`` (min-p, top-n-sigma, epsilon, eta), top-k / top-p (non-strict, as
+    ``mask_top_k_top_p_(strict=False)``), then ``gumbel_race``'s token for the rows in
+    ``need`` (0 for the others). Rows only the sort can decide go through it, then the race.
+    The processed logits left in ``logits`` are the separate steps' (``fused.rs`` states
+    where float32 rounding at a truncation's threshold may differ)."""
+    rows, vocab = logits.shape
+    stride = logits.stride(0) if rows > 1 else vocab
+    tokens, left, uncertain = unsafe_fused_gumbel(
+        logits.data_ptr(),
+        rows,
+        vocab,
+        stride,
+        list(need),
+        list(seeds),
+        list(positions),
+        temperature=None if temperature is None else list(temperature),
+        top_k=None if top_k is None else top_k.tolist(),
+        top_p=None if top_p is None else top_p.tolist(),
+        log_min_p=steps.get("log_min_p"),
+        top_n_sigma=steps.get("top_n_sigma"),
+        epsilon=steps.get("epsilon"),
+        eta=steps.get("eta"),
+    )
+    if top_k is not None or top_p is not None:
+        TAIL_STATS.rows_masked += rows - len(left)
+        TAIL_STATS.rows_uncertain += len(uncertain)
+    if left:
+        TAIL_STATS.rows_sorted += len(left)
+        _sort_rows(logits, left, top_k, top_p)
+        idx = torch.tensor(left, dtype=torch.long)
+        sub = logits.index_select(0, idx)
+        redrawn = gumbel_race(
+            sub, [seeds[r] for r in left], [positions[r] for r in left], [need[r] for r in left]
+        )
+        for r, t in zip(left, redrawn.tolist(), strict=True):
+            tokens[r] = t
     return torch.tensor(tokens, dtype=torch.int64)
 
 
