@@ -7,7 +7,9 @@
   win are computed.
 - ``batch_invariant``: the Gumbel race ``argmax(x + g)`` over the kept set with counter-based
   noise ``g = G(seed, position, token)`` (``noise.rs``): a request's token depends on its own
-  logits, seed and position only, never on its batch, its row or the batch size.
+  logits, seed and position only, never on its batch, its row or the batch size. On the CPU
+  the ``Sampler`` runs it fused (``fused_gumbel_``, ``fused.rs``): temperature, min-p, the
+  truncations, top-k / top-p and the race in one Rust pass per row.
 
 Top-p's boundary is decided in float64; where torch's float32 cumulative sums could decide it
 otherwise (the boundary within ``TOP_P_MARGIN`` of ``1 - p``) or where torch's unstable sort
