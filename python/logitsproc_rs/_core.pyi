@@ -28,6 +28,7 @@ __all__ = [
     "registry",
     "top_p_margin",
     "unsafe_exponential_race",
+    "unsafe_fused_gumbel",
     "unsafe_gumbel_race",
     "unsafe_mask_top_k_top_p",
     "update_fingerprint",
@@ -122,6 +123,25 @@ def unsafe_exponential_race(
     states: list[bytes],
 ) -> tuple[list[int], bytes | None, list[bytes]]:
     """vLLM 0.25.1's random_sample on torch's CPU streams; tokens and the states after."""
+
+def unsafe_fused_gumbel(
+    ptr: int,
+    rows: int,
+    vocab: int,
+    row_stride: int,
+    need: list[bool],
+    seeds: list[int],
+    positions: list[int],
+    temperature: list[float] | None = None,
+    log_min_p: list[float] | None = None,
+    top_n_sigma: list[float] | None = None,
+    epsilon: list[float] | None = None,
+    eta: list[float] | None = None,
+    top_k: list[int] | None = None,
+    top_p: list[float] | None = None,
+) -> tuple[list[int], list[int], list[int]]:
+    """The fused batch-invariant tail in place: (tokens, rows left for the sort, rows decided
+    uncertainly)."""
 
 def unsafe_gumbel_race(
     ptr: int,

@@ -7,7 +7,9 @@
   win are computed.
 - ``batch_invariant``: the Gumbel race ``argmax(x + g)`` over the kept set with counter-based
   noise ``g = G(seed, position, token)`` (``noise.rs``): a request's token depends on its own
-  logits, seed and position only, never on its batch, its row or the batch size.
+  logits, seed and position only, never on its batch, its row or the batch size. On the CPU
+  the ``Sampler`` runs it fused (``fused_gumbel_``, ``fused.rs``): temperature, min-p, the
+  truncations, top-k / top-p and the race in one Rust pass per row.
 
 Top-p's boundary is decided in float64; where torch's float32 cumulative sums could decide it
 otherwise (the boundary within ``TOP_P_MARGIN`` of ``1 - p``) or where torch's unstable sort
@@ -25,6 +27,7 @@ import torch
 from ._core import (
     exponential_draws,
     unsafe_exponential_race,
+    unsafe_fused_gumbel,
     unsafe_gumbel_race,
     unsafe_mask_top_k_top_p,
 )
@@ -209,6 +212,57 @@ def gumbel_race(
     tokens = unsafe_gumbel_race(
         logits.data_ptr(), rows, vocab, stride, list(need), list(seeds), list(positions)
     )
+    return torch.tensor(tokens, dtype=torch.int64)
+
+
+def fused_gumbel_(
+    logits: torch.Tensor,
+    temperature: Sequence[float] | None,
+    steps: dict[str, list[float]],
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    seeds: Sequence[int],
+    positions: Sequence[int],
+    need: Sequence[bool],
+) -> torch.Tensor:
+    """The fused ``batch_invariant`` tail on float32 CPU ``logits`` (``fused.rs``), in place:
+    divide by ``temperature`` (per row, 1 for greedy rows), the ``steps`` of ``_fused.
+    fused_plan`` (min-p, top-n-sigma, epsilon, eta), top-k / top-p (non-strict, as
+    ``mask_top_k_top_p_(strict=False)``), then ``gumbel_race``'s token for the rows in
+    ``need`` (0 for the others). Rows only the sort can decide go through it, then the race.
+    The processed logits left in ``logits`` are the separate steps' (``fused.rs`` states
+    where float32 rounding at a truncation's threshold may differ)."""
+    rows, vocab = logits.shape
+    stride = logits.stride(0) if rows > 1 else vocab
+    tokens, left, uncertain = unsafe_fused_gumbel(
+        logits.data_ptr(),
+        rows,
+        vocab,
+        stride,
+        list(need),
+        list(seeds),
+        list(positions),
+        temperature=None if temperature is None else list(temperature),
+        top_k=None if top_k is None else top_k.tolist(),
+        top_p=None if top_p is None else top_p.tolist(),
+        log_min_p=steps.get("log_min_p"),
+        top_n_sigma=steps.get("top_n_sigma"),
+        epsilon=steps.get("epsilon"),
+        eta=steps.get("eta"),
+    )
+    if top_k is not None or top_p is not None:
+        TAIL_STATS.rows_masked += rows - len(left)
+        TAIL_STATS.rows_uncertain += len(uncertain)
+    if left:
+        TAIL_STATS.rows_sorted += len(left)
+        _sort_rows(logits, left, top_k, top_p)
+        idx = torch.tensor(left, dtype=torch.long)
+        sub = logits.index_select(0, idx)
+        redrawn = gumbel_race(
+            sub, [seeds[r] for r in left], [positions[r] for r in left], [need[r] for r in left]
+        )
+        for r, t in zip(left, redrawn.tolist(), strict=True):
+            tokens[r] = t
     return torch.tensor(tokens, dtype=torch.int64)
 
 

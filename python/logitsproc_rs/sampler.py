@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ._fused import fused_plan
 from ._logits_check import check_sampler_logits
 
 # The tail's public names come from here (``_tail`` is internal): the sampling modes, the
@@ -27,9 +28,11 @@ from ._tail import SAMPLING_MODES as SAMPLING_MODES
 from ._tail import TAIL_STATS as TAIL_STATS
 from ._tail import TailStats as TailStats
 from ._tail import (  # apply_top_k_top_p: also imported from here (vLLM's sampler has it)
+    _host_f32,
     apply_top_k_top_p,
     check_mode,
     check_torch_stream,
+    fused_gumbel_,
     gumbel_race,
     mask_top_k_top_p_,
     random_sample_exact,
@@ -281,10 +284,42 @@ class Sampler:
                 return SamplerOutput(greedy, logits)
         if self.sampling == "batch_invariant":
             self._check_invariant_inputs(logits, md)
+            if _host_f32(logits):
+                plan = fused_plan(self.logitsprocs, logits)
+                if plan is not None:
+                    return self._sample_fused(logits, md, plan, greedy)
         logits = self.random_logits(logits, md)
         sampled = self.draw(logits, md)
         if greedy is not None:
             assert md.temperature is not None  # random rows exist: not all greedy
+            sampled = torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)
+        return SamplerOutput(sampled, logits)
+
+    def _sample_fused(
+        self,
+        logits: torch.Tensor,
+        md: SamplingMetadata,
+        plan: dict[str, list[float]],
+        greedy: torch.Tensor | None,
+    ) -> SamplerOutput:
+        """``batch_invariant`` on the CPU in one Rust pass per row (``tail.fused_gumbel_``):
+        the logits and tokens of ``random_logits`` then ``draw``, the row read once."""
+        assert md.temperature is not None and md.seeds is not None and md.positions is not None
+        temp = md.temperature
+        if not md.all_random:
+            temp = torch.where(temp < _SAMPLING_EPS, 1.0, temp)
+        rows = logits.shape[0]
+        sampled = fused_gumbel_(
+            logits,
+            temp.tolist(),
+            plan,
+            md.top_k,
+            md.top_p,
+            [0 if s is None else s for s in md.seeds],
+            md.positions,
+            self._random_rows(md, rows),
+        )
+        if greedy is not None:
             sampled = torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)
         return SamplerOutput(sampled, logits)
 

@@ -8,6 +8,7 @@ use pyo3::types::PyBytes;
 
 use super::buffer::logits_rows;
 use crate::sampling::for_each_row_mut;
+use crate::sampling::fused::{fused_row, FusedScratch, RowParams};
 use crate::sampling::kept::{mask_row, RowOutcome, Scratch};
 use crate::sampling::mt19937::Mt19937;
 use crate::sampling::noise::{gumbel, gumbel_race_row, row_key, token_bits};
@@ -191,6 +192,95 @@ pub fn unsafe_gumbel_race(
             },
         )
     }))
+}
+
+/// The fused `batch_invariant` tail (`crate::sampling::fused`) over every row, in place:
+/// temperature (divisors), min-p (`ln min_p`), top-n-sigma, epsilon, eta, top-k, top-p (each
+/// `None` when no row sets it, else one entry per row, neutral where unset), then the Gumbel
+/// draw of the `need`ed rows keyed by (`seeds[r]`, `positions[r]`). Returns the tokens (0 for
+/// rows not drawn), the rows left for the sort (their other steps applied, not drawn) and the
+/// rows masked by an uncertain top-p decision.
+#[pyfunction]
+#[pyo3(signature = (
+    ptr, rows, vocab, row_stride, need, seeds, positions, temperature=None, log_min_p=None,
+    top_n_sigma=None, epsilon=None, eta=None, top_k=None, top_p=None
+))]
+pub fn unsafe_fused_gumbel(
+    py: Python<'_>,
+    ptr: usize,
+    rows: usize,
+    vocab: usize,
+    row_stride: usize,
+    need: Vec<bool>,
+    seeds: Vec<i64>,
+    positions: Vec<i64>,
+    temperature: Option<Vec<f32>>,
+    log_min_p: Option<Vec<f32>>,
+    top_n_sigma: Option<Vec<f32>>,
+    epsilon: Option<Vec<f32>>,
+    eta: Option<Vec<f32>>,
+    top_k: Option<Vec<i64>>,
+    top_p: Option<Vec<f32>>,
+) -> PyResult<(Vec<i64>, Vec<usize>, Vec<usize>)> {
+    per_row(&Some(need.clone()), rows, "need")?;
+    per_row(&Some(seeds.clone()), rows, "seeds")?;
+    per_row(&Some(positions.clone()), rows, "positions")?;
+    for (name, v) in [
+        ("temperature", &temperature),
+        ("log_min_p", &log_min_p),
+        ("top_n_sigma", &top_n_sigma),
+        ("epsilon", &epsilon),
+        ("eta", &eta),
+        ("top_p", &top_p),
+    ] {
+        per_row(v, rows, name)?;
+    }
+    per_row(&top_k, rows, "top_k")?;
+    let at = |v: &Option<Vec<f32>>, r: usize, neutral: f32| v.as_ref().map_or(neutral, |v| v[r]);
+    // SAFETY: the Python caller checked the tensor (see the module docs).
+    let data = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
+    let results = py.detach(|| {
+        for_each_row_mut(
+            data,
+            rows,
+            vocab,
+            row_stride,
+            rows * vocab,
+            |row, r, s: &mut FusedScratch| {
+                let prm = RowParams {
+                    temperature: at(&temperature, r, 1.0),
+                    log_min_p: at(&log_min_p, r, f32::NEG_INFINITY),
+                    top_n_sigma: at(&top_n_sigma, r, 0.0),
+                    epsilon: at(&epsilon, r, 0.0),
+                    eta: at(&eta, r, 0.0),
+                    top_k: top_k
+                        .as_ref()
+                        .map(|k| k[r])
+                        .filter(|&k| k > 0)
+                        .map(|k| k as usize),
+                    top_p: top_p.as_ref().map(|p| p[r]),
+                };
+                let key = need[r].then(|| row_key(seeds[r] as u64, positions[r] as u64));
+                fused_row(row, &prm, key, s)
+            },
+        )
+    });
+    let tokens = results
+        .iter()
+        .map(|x| x.token.map_or(0, |t| t as i64))
+        .collect();
+    let rows_with = |want: RowOutcome| -> Vec<usize> {
+        let hits = results
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| x.outcome == want);
+        hits.map(|(r, _)| r).collect()
+    };
+    Ok((
+        tokens,
+        rows_with(RowOutcome::NeedsSort),
+        rows_with(RowOutcome::MaskedUncertain),
+    ))
 }
 
 /// The noise of the batch-invariant race for `tokens` at (`seed`, `position`): the 32 bits and

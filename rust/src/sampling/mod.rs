@@ -4,6 +4,7 @@
 //! Rust over slices; the bindings pass the tensors' memory in.
 
 pub mod fast_math;
+pub mod fused;
 pub mod kept;
 pub mod mt19937;
 pub mod noise;

@@ -46,6 +46,9 @@ pub fn gumbel_bounds() -> (f32, f32) {
 /// Tokens tested together: a chunk is skipped whole when its max cannot reach the best.
 const CHUNK: usize = 16;
 
+/// Tokens whose candidates are gathered before any is tested.
+const BLOCK: usize = 256;
+
 /// A token whose logit is `c` or more below the running best can win only if its noise
 /// reaches `c`, i.e. its uniform is at least `exp(-exp(-c))`. Past each step of `c` that
 /// bound rules most tokens out on their bits alone, before any logarithm; past `MAX` nothing
@@ -79,61 +82,113 @@ pub fn gumbel_race_row(row: &[f32], key: u32) -> Option<usize> {
 #[inline(always)]
 fn race(row: &[f32], key: u32) -> Option<usize> {
     let (gmax, _) = gumbel_bounds();
-    let top = row
+    let v = row.len();
+    // Each chunk's max, and the row's.
+    let maxes: Vec<f32> = row
+        .chunks(CHUNK)
+        .map(|xs| {
+            xs.iter()
+                .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+        })
+        .collect();
+    let top = maxes
         .iter()
         .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
     if !top.is_finite() {
         return None;
     }
-    let top_i = row.iter().position(|&x| x == top)?;
-    let mut best = top + gumbel(token_bits(key, top_i as u32));
-    let mut best_i = top_i;
+    let top_c = maxes.iter().position(|&m| m == top)?;
+    let top_i = top_c * CHUNK + row[top_c * CHUNK..].iter().position(|&x| x == top)?;
     let bound = |c: f32| (-(-(c - 0.01)).exp()).exp();
-    let (u1, u2, u3) = (bound(STEPS[0]), bound(STEPS[1]), bound(STEPS[2]));
-    let out_of_reach = gmax + 0.01;
-    let mut need = [0f32; CHUNK];
-    let mut bits = [0u32; CHUNK];
-    for (c, xs) in row.chunks(CHUNK).enumerate() {
-        // Slack for float32 rounding of the scores, relative to their size.
-        let slack = 1e-5 * best.abs() + 1e-6;
-        if xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) < best - out_of_reach - slack {
-            continue;
-        }
-        let base = (c * CHUNK) as u32;
-        let mut any = false;
-        for (j, &x) in xs.iter().enumerate() {
-            let gap = best - x - slack;
-            let b = token_bits(key, base + j as u32);
-            let n = if gap < STEPS[0] {
-                0.0
-            } else if gap < STEPS[1] {
-                u1
-            } else if gap < STEPS[2] {
-                u2
-            } else if gap < out_of_reach {
-                u3
-            } else {
-                2.0
-            };
-            bits[j] = b;
-            need[j] = n;
-            any |= uniform(b) >= n;
-        }
-        if !any {
-            continue;
-        }
-        for (j, &x) in xs.iter().enumerate() {
-            if uniform(bits[j]) < need[j] {
-                continue;
-            }
-            let score = x + gumbel(bits[j]);
-            let i = c * CHUNK + j;
-            if score > best || (score == best && i < best_i) {
-                (best, best_i) = (score, i);
+    let mut r = Race {
+        row,
+        key,
+        best: top + gumbel(token_bits(key, top_i as u32)),
+        best_i: top_i,
+        needs: (bound(STEPS[0]), bound(STEPS[1]), bound(STEPS[2])),
+        out_of_reach: gmax + 0.01,
+    };
+    // First the chunks near the top: the best rises close to its final value early, and the
+    // reach (the best less the largest noise) with it.
+    let warm = top - WARM;
+    for (c, &m) in maxes.iter().enumerate() {
+        if m >= warm {
+            let at = c * CHUNK;
+            for i in at..(at + CHUNK).min(v) {
+                r.try_token(i);
             }
         }
     }
-    Some(best_i)
+    // Then the rest, block by block: the indices of the tokens within reach gathered without a
+    // branch per token, then only those tested against the uniform their gap needs; only the
+    // few that pass get their logarithms. Chunks out of reach (or done above) are passed over
+    // on their max.
+    let mut cand = [0u32; BLOCK];
+    for (b, block) in maxes.chunks(BLOCK / CHUNK).enumerate() {
+        // Slack for float32 rounding of the scores, relative to their size.
+        let floor = r.best - r.out_of_reach - (1e-5 * r.best.abs() + 1e-6);
+        let mut n = 0usize;
+        for (k, &m) in block.iter().enumerate() {
+            if m < floor || m >= warm {
+                continue;
+            }
+            let at = b * BLOCK + k * CHUNK;
+            for (j, &x) in row[at..(at + CHUNK).min(v)].iter().enumerate() {
+                cand[n] = (at + j) as u32;
+                n += (x >= floor) as usize;
+            }
+        }
+        for &i in &cand[..n] {
+            r.try_token(i as usize);
+        }
+    }
+    Some(r.best_i)
+}
+/// Chunks whose max is within this of the row's are raced first.
+const WARM: f32 = 4.0;
+
+/// A race in progress.
+struct Race<'a> {
+    row: &'a [f32],
+    key: u32,
+    best: f32,
+    best_i: usize,
+    needs: (f32, f32, f32),
+    out_of_reach: f32,
+}
+
+impl Race<'_> {
+    /// Token `i` takes the lead if its score beats the best (the lowest index on ties); its
+    /// logarithms are computed only when its uniform can reach.
+    #[inline(always)]
+    fn try_token(&mut self, i: usize) {
+        let x = self.row[i];
+        let b = token_bits(self.key, i as u32);
+        // Slack for float32 rounding of the scores, relative to their size.
+        let slack = 1e-5 * self.best.abs() + 1e-6;
+        let (u1, u2, u3) = self.needs;
+        if uniform(b) < needed(self.best - x - slack, u1, u2, u3, self.out_of_reach) {
+            return;
+        }
+        let score = x + gumbel(b);
+        if score > self.best || (score == self.best && i < self.best_i) {
+            (self.best, self.best_i) = (score, i);
+        }
+    }
+}
+
+/// The uniform a token `gap` below the best needs to reach it (see [`STEPS`]); above 1 when
+/// it cannot.
+#[inline(always)]
+fn needed(gap: f32, u1: f32, u2: f32, u3: f32, out_of_reach: f32) -> f32 {
+    let n = if gap < out_of_reach { u3 } else { 2.0 };
+    let n = if gap < STEPS[2] { u2 } else { n };
+    let n = if gap < STEPS[1] { u1 } else { n };
+    if gap < STEPS[0] {
+        0.0
+    } else {
+        n
+    }
 }
 
 #[cfg(test)]

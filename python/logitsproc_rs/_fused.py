@@ -1,0 +1,77 @@
+"""Which argmax-invariant processors the fused ``batch_invariant`` tail runs in its one Rust
+pass (``rust/src/sampling/fused.rs``, issue 41), and their per-row values.
+
+The fused pass does temperature, min-p, top-n-sigma, epsilon, eta, top-k / top-p and the
+draw per row, the row read from memory once. It stands in for the processors' own ``apply``
+only where it gives their logits: every argmax-invariant processor is a built-in view, the
+active ones are among those four, in the pass's order. Anything else (a custom processor, an
+active typical-p, XTC or kept top-k / top-p) makes ``fused_plan`` return ``None`` and the
+``Sampler`` runs the processors one by one, as before. The processors stay the reference,
+and the path of engines that call them one by one (vLLM's own loop).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from .builtin import BUILTINS
+from .builtin._combined import CombinedView
+from .builtin.epsilon_cutoff import EpsilonCutoffLogitsProcessor
+from .builtin.eta_cutoff import EtaCutoffLogitsProcessor
+from .builtin.min_p import MinPLogitsProcessor
+from .builtin.top_n_sigma import TopNSigmaLogitsProcessor
+from .state import LogitsProcessors
+
+#: Fused view → (keyword of ``unsafe_fused_gumbel``, buffer of its per-row value), in the
+#: pass's order.
+FUSED: dict[type, tuple[str, str]] = {
+    MinPLogitsProcessor: ("log_min_p", "min_p.log_min_p"),
+    TopNSigmaLogitsProcessor: ("top_n_sigma", "top_n_sigma.value"),
+    EpsilonCutoffLogitsProcessor: ("epsilon", "epsilon_cutoff.value"),
+    EtaCutoffLogitsProcessor: ("eta", "eta_cutoff.value"),
+}
+_ORDER = list(FUSED)
+
+
+def _views(procs: Iterable[Any], logits: torch.Tensor) -> list[Any] | None:
+    """The built-in views in apply order (combined ones opened), each one's logits check and
+    ``before_apply`` done as its ``apply`` would; ``None`` at the first processor that is
+    not a built-in view."""
+    out: list[Any] = []
+    for p in procs:
+        if isinstance(p, CombinedView):
+            parts: list[Any] = list(p.parts)
+        elif type(p) in BUILTINS:
+            parts = [p]
+        else:
+            return None
+        p._pipe.check_logits(p, logits, False)
+        p._pipe.before_apply()
+        out.extend(parts)
+    return out
+
+
+def fused_plan(procs: LogitsProcessors, logits: torch.Tensor) -> dict[str, list[float]] | None:
+    """The fused steps' per-row values (keyword → one float per row) for ``logits``, or
+    ``None`` where the fused pass cannot stand in for the argmax-invariant processors."""
+    views = _views(procs.argmax_invariant, logits)
+    if views is None:
+        return None
+    rows = logits.shape[0]
+    plan: dict[str, list[float]] = {}
+    last = -1
+    for v in views:
+        pipe = v._pipe
+        if not any(pipe.count(t) for t in v.TABLES):
+            continue  # idle: its apply would do nothing
+        spec = FUSED.get(type(v))
+        at = _ORDER.index(type(v)) if spec is not None else -1
+        if spec is None or at <= last:
+            return None
+        last = at
+        key, buffer = spec
+        plan[key] = pipe.dense(buffer, rows, False).view(-1).tolist()
+    return plan

@@ -1,0 +1,212 @@
+"""The fused ``batch_invariant`` tail (``rust/src/sampling/fused.rs``, ``_fused.py``, issue 41)
+against the separate processors it stands in for (``Sampler.random_logits`` then ``draw``):
+
+- the same processed logits and tokens, step after step of churn, with temperature, min-p,
+  top-n-sigma, epsilon, eta, top-k and top-p rows and greedy rows; min-p and temperature
+  bitwise; the truncations (float64 statistics where torch reduces in float32) differ at most
+  on entries at their threshold, and rows whose kept set is the same draw the same token;
+- a request's token does not depend on its batch through the fused pass either;
+- the sampled distribution is the softmax of the kept set after min-p, top-k and top-p
+  (chi-square);
+- a processor the pass does not run (typical-p here) sends the batch down the separate path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_spec_distribution import chi2_quantile
+
+from logitsproc_rs import (
+    BatchUpdate,
+    EngineConfig,
+    Sampler,
+    SamplingMetadata,
+    SamplingParams,
+    build_logitsprocs,
+)
+from logitsproc_rs import _tail as tail
+from logitsproc_rs._fused import fused_plan
+from logitsproc_rs.builtin import (
+    EpsilonCutoffLogitsProcessor,
+    EtaCutoffLogitsProcessor,
+    TopNSigmaLogitsProcessor,
+    TypicalPLogitsProcessor,
+)
+from logitsproc_rs.builtin.min_p import min_p_mask_
+from logitsproc_rs.params import _SAMPLING_EPS
+from logitsproc_rs.sampler import apply_top_k_top_p
+
+NEG_INF = float("-inf")
+CFG = EngineConfig(max_num_seqs=24, vocab_size=3_000)
+TRUNCATIONS = [TopNSigmaLogitsProcessor, EpsilonCutoffLogitsProcessor, EtaCutoffLogitsProcessor]
+
+
+def _params(rng: np.random.Generator) -> SamplingParams:
+    kind = int(rng.integers(0, 5))
+    return SamplingParams(
+        temperature=0.0 if kind == 0 else float(rng.uniform(0.3, 1.5)),
+        top_k=int(rng.choice([0, 0, 5, 40, 1_999])),
+        top_p=float(rng.choice([1.0, 1.0, 0.95, 0.5])),
+        min_p=float(rng.choice([0.0, 0.0, 0.05, 0.2])),
+        top_n_sigma=float(rng.choice([0.0, 0.0, 1.0, 2.5])),
+        epsilon_cutoff=float(rng.choice([0.0, 0.0, 3e-4, 0.01])),
+        eta_cutoff=float(rng.choice([0.0, 0.0, 3e-4, 0.01])),
+        seed=int(rng.integers(0, 1_000)) if kind == 3 else None,
+    )
+
+
+def _separate(sampler: Sampler, logits: torch.Tensor, md: SamplingMetadata):
+    """What ``Sampler.sample`` ran before the fused pass: the processors one by one."""
+    greedy = logits.argmax(dim=-1)
+    x = sampler.random_logits(logits, md)
+    tokens = sampler.draw(x, md)
+    assert md.temperature is not None
+    return torch.where(md.temperature < _SAMPLING_EPS, greedy, tokens), x
+
+
+def test_fused_equals_the_separate_processors_over_steps() -> None:
+    rng = np.random.default_rng(41)
+    procs = {
+        name: build_logitsprocs(CFG, "cpu", False, custom_logitsprocs=TRUNCATIONS)
+        for name in ("fused", "separate")
+    }
+    samplers = {n: Sampler(p, sampling="batch_invariant") for n, p in procs.items()}
+    params: list[SamplingParams] = []
+    rows = 0
+    fused_steps = differing_entries = entries = 0
+    for step in range(40):
+        added = []
+        if rows < 20:
+            n = int(rng.integers(1, 5))
+            for j in range(n):
+                params.append(_params(rng))
+                added.append((rows + j, params[-1], [1, 2], []))
+            rows += n
+        else:
+            r = int(rng.integers(0, rows))
+            params[r] = _params(rng)
+            added.append((r, params[r], [3], []))
+        update = BatchUpdate(rows, [], added, [])
+        for p in procs.values():
+            p.update_state(update)
+        sigma = float(rng.choice([1.0, 3.0, 6.0]))
+        logits = torch.from_numpy(rng.normal(0, sigma, (rows, CFG.vocab_size)).astype(np.float32))
+        md = SamplingMetadata.from_params(
+            params, CFG.vocab_size, "cpu", None, list(range(step, step + rows)), [9] * rows
+        )
+        if md.all_greedy:
+            continue
+        fused_steps += fused_plan(procs["fused"], logits) is not None
+        out = samplers["fused"](logits.clone(), md)
+        want_tokens, want = _separate(samplers["separate"], logits.clone(), md)
+        got = out.logits
+        plain = [
+            r
+            for r, p in enumerate(params)
+            if p.top_n_sigma == 0 and p.epsilon_cutoff == 0 and p.eta_cutoff == 0
+        ]
+        # Temperature, min-p, top-k, top-p: the separate path's logits, bit for bit.
+        assert torch.equal(got[plain], want[plain]), step
+        same_kept = ((got > NEG_INF) == (want > NEG_INF)).all(dim=1)
+        kept_equal = torch.where(got > NEG_INF, got, 0.0) == torch.where(want > NEG_INF, want, 0.0)
+        assert bool(kept_equal.all()), step  # every kept entry keeps its value
+        differing_entries += int(((got > NEG_INF) != (want > NEG_INF)).sum())
+        entries += got.numel()
+        same = same_kept.nonzero().view(-1)
+        assert torch.equal(out.sampled_token_ids[same], want_tokens[same]), step
+    assert fused_steps >= 30  # the fused pass ran (not the fallback)
+    # The truncations' float64 thresholds differ from torch's float32 ones only at the
+    # threshold itself: on continuous random logits, (almost) never.
+    assert differing_entries <= entries // 100_000, (differing_entries, entries)
+
+
+def _add_all(procs, params: list[SamplingParams]) -> None:
+    added = [(r, p, [1], []) for r, p in enumerate(params)]
+    procs.update_state(BatchUpdate(len(params), [], added, []))
+
+
+def test_fused_token_ignores_the_batch() -> None:
+    """One request with min-p, the truncations, top-k and top-p: alone, at row 2 of 3 and at
+    row 9 of 17, the same token at each position."""
+    rng = np.random.default_rng(5)
+    me = SamplingParams(
+        temperature=0.9,
+        top_k=200,
+        top_p=0.95,
+        min_p=0.02,
+        top_n_sigma=2.0,
+        epsilon_cutoff=1e-4,
+        eta_cutoff=1e-4,
+        seed=77,
+    )
+    for position in range(12):
+        row = torch.from_numpy(rng.normal(0, 3, CFG.vocab_size).astype(np.float32))
+        tokens = []
+        for size, at in ((1, 0), (3, 2), (17, 9)):
+            params = [_params(rng) for _ in range(size)]
+            params[at] = me
+            procs = build_logitsprocs(CFG, "cpu", False, custom_logitsprocs=TRUNCATIONS)
+            _add_all(procs, params)
+            sampler = Sampler(procs, sampling="batch_invariant")
+            logits = torch.from_numpy(rng.normal(0, 3, (size, CFG.vocab_size)).astype(np.float32))
+            logits[at] = row
+            positions = [int(rng.integers(0, 99)) for _ in range(size)]
+            positions[at] = position
+            md = SamplingMetadata.from_params(
+                params, CFG.vocab_size, "cpu", None, positions, [7] * size
+            )
+            assert fused_plan(procs, logits) is not None
+            tokens.append(int(sampler(logits, md).sampled_token_ids[at]))
+        assert len(set(tokens)) == 1, (position, tokens)
+
+
+def test_fused_distribution_is_the_kept_softmax() -> None:
+    """Chi-square over 6,000 positions: temperature 0.8, min-p 0.1, top-k 8, top-p 0.95 of a
+    12-token row through the fused pass; the expected law is the separate steps' kept set."""
+    vocab, n = 12, 6_000
+    logits = torch.tensor([[2.0, 1.5, 1.4, 0.3, 0.2, 0.1, -0.5, -1.0, -2.0, 1.0, 0.9, -3.0]])
+    k, p = torch.tensor([8]), torch.tensor([0.95])
+    ref = logits / 0.8
+    ref = min_p_mask_(ref, torch.tensor([[np.log(np.float32(0.1))]], dtype=torch.float32))
+    ref = apply_top_k_top_p(ref, k, p, 8)
+    probs = ref.softmax(dim=-1)[0]
+    batch = logits.expand(n, vocab).contiguous()
+    log_min_p = [float(np.log(np.float32(0.1)))] * n
+    tokens = tail.fused_gumbel_(
+        batch,
+        [0.8] * n,
+        {"log_min_p": log_min_p},
+        k.expand(n),
+        p.expand(n),
+        [42] * n,
+        list(range(n)),
+        [True] * n,
+    )
+    counts = torch.bincount(tokens, minlength=vocab).double()
+    assert counts[probs == 0].sum() == 0
+    assert 2 <= int((probs > 0).sum()) < 8  # min-p and top-p both cut
+    expected = probs[probs > 0].double() * n
+    chi2 = (((counts[probs > 0] - expected) ** 2) / expected).sum().item()
+    assert chi2 < chi2_quantile(int((probs > 0).sum()) - 1, 1e-4), (chi2, counts.tolist())
+
+
+@pytest.mark.parametrize("typical", [1.0, 0.9])
+def test_unfused_processor_falls_back(typical: float) -> None:
+    """An active typical-p is not in the pass: the batch takes the separate path, and the
+    result is the separate path's either way."""
+    procs = {
+        n: build_logitsprocs(CFG, "cpu", False, custom_logitsprocs=[TypicalPLogitsProcessor])
+        for n in ("a", "b")
+    }
+    params = [SamplingParams(temperature=1.0, typical_p=typical, min_p=0.05, seed=3)] * 4
+    for p in procs.values():
+        _add_all(p, params)
+    logits = torch.randn(4, CFG.vocab_size, generator=torch.Generator().manual_seed(1)) * 3
+    assert (fused_plan(procs["a"], logits) is None) == (typical < 1.0)
+    md = SamplingMetadata.from_params(params, CFG.vocab_size, "cpu", None, [0, 1, 2, 3], None)
+    out = Sampler(procs["a"], sampling="batch_invariant")(logits.clone(), md)
+    want_tokens, want = _separate(Sampler(procs["b"], sampling="batch_invariant"), logits, md)
+    assert torch.equal(out.logits, want)
+    assert torch.equal(out.sampled_token_ids, want_tokens)
