@@ -6,8 +6,9 @@ against the separate processors it stands in for (``Sampler.random_logits`` then
   bitwise; the truncations (float64 statistics where torch reduces in float32) differ at most
   on entries at their threshold, and rows whose kept set is the same draw the same token;
 - a request's token does not depend on its batch through the fused pass either;
-- the sampled distribution is the softmax of the kept set after min-p, top-k and top-p
-  (chi-square);
+- the sampled distribution is the softmax of the kept set after min-p (or top-n-sigma,
+  epsilon, eta), top-k and top-p (chi-square), and the logits it leaves are the separate
+  steps';
 - a processor the pass does not run (typical-p here) sends the batch down the separate path.
 """
 
@@ -34,7 +35,10 @@ from logitsproc_rs.builtin import (
     TopNSigmaLogitsProcessor,
     TypicalPLogitsProcessor,
 )
+from logitsproc_rs.builtin.epsilon_cutoff import epsilon_mask_
+from logitsproc_rs.builtin.eta_cutoff import eta_mask_
 from logitsproc_rs.builtin.min_p import min_p_mask_
+from logitsproc_rs.builtin.top_n_sigma import top_n_sigma_mask_
 from logitsproc_rs.params import _SAMPLING_EPS
 from logitsproc_rs.sampler import apply_top_k_top_p
 
@@ -162,31 +166,47 @@ def test_fused_token_ignores_the_batch() -> None:
         assert len(set(tokens)) == 1, (position, tokens)
 
 
-def test_fused_distribution_is_the_kept_softmax() -> None:
-    """Chi-square over 6,000 positions: temperature 0.8, min-p 0.1, top-k 8, top-p 0.95 of a
-    12-token row through the fused pass; the expected law is the separate steps' kept set."""
+def _log_f32(x: float) -> float:
+    return float(np.log(np.float32(x)))
+
+
+#: name: (fused steps for one row, the separate step on [1, V] logits)
+STEPS = {
+    "min-p": (
+        {"log_min_p": [_log_f32(0.1)]},
+        lambda x: min_p_mask_(x, torch.tensor([[_log_f32(0.1)]])),
+    ),
+    "top-n-sigma": ({"top_n_sigma": [1.0]}, lambda x: top_n_sigma_mask_(x, torch.tensor([[1.0]]))),
+    "epsilon": ({"epsilon": [0.02]}, lambda x: epsilon_mask_(x, torch.tensor([[0.02]]))),
+    "eta": ({"eta": [0.05]}, lambda x: eta_mask_(x, torch.tensor([[0.05]]))),
+}
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+def test_fused_distribution_is_the_kept_softmax(step: str) -> None:
+    """Chi-square over 6,000 positions: temperature 0.8, the step, top-k 8 and top-p 0.95 of
+    a 12-token row through the fused pass; the expected law is the separate steps' kept set."""
     vocab, n = 12, 6_000
     logits = torch.tensor([[2.0, 1.5, 1.4, 0.3, 0.2, 0.1, -0.5, -1.0, -2.0, 1.0, 0.9, -3.0]])
     k, p = torch.tensor([8]), torch.tensor([0.95])
-    ref = logits / 0.8
-    ref = min_p_mask_(ref, torch.tensor([[np.log(np.float32(0.1))]], dtype=torch.float32))
-    ref = apply_top_k_top_p(ref, k, p, 8)
+    fused, separate = STEPS[step]
+    ref = apply_top_k_top_p(separate(logits / 0.8), k, p, 8)
     probs = ref.softmax(dim=-1)[0]
     batch = logits.expand(n, vocab).contiguous()
-    log_min_p = [float(np.log(np.float32(0.1)))] * n
     tokens = tail.fused_gumbel_(
         batch,
         [0.8] * n,
-        {"log_min_p": log_min_p},
+        {key: v * n for key, v in fused.items()},
         k.expand(n),
         p.expand(n),
         [42] * n,
         list(range(n)),
         [True] * n,
     )
+    assert torch.equal(batch[0], ref[0])  # the fused pass left the separate steps' logits
     counts = torch.bincount(tokens, minlength=vocab).double()
     assert counts[probs == 0].sum() == 0
-    assert 2 <= int((probs > 0).sum()) < 8  # min-p and top-p both cut
+    assert 2 <= int((probs > 0).sum()) < 8  # the step or top-p cut below top-k
     expected = probs[probs > 0].double() * n
     chi2 = (((counts[probs > 0] - expected) ** 2) / expected).sum().item()
     assert chi2 < chi2_quantile(int((probs > 0).sum()) - 1, 1e-4), (chi2, counts.tolist())
@@ -210,3 +230,42 @@ def test_unfused_processor_falls_back(typical: float) -> None:
     want_tokens, want = _separate(Sampler(procs["b"], sampling="batch_invariant"), logits, md)
     assert torch.equal(out.logits, want)
     assert torch.equal(out.sampled_token_ids, want_tokens)
+
+
+def _fused_mask(x: torch.Tensor, step: str, value: float) -> torch.Tensor:
+    """The fused pass's logits for one truncation at ``value`` on every row (no draw)."""
+    y = x.clone()
+    rows = y.shape[0]
+    tail.fused_gumbel_(
+        y, None, {step: [value] * rows}, None, None, [0] * rows, [0] * rows, [False] * rows
+    )
+    return y
+
+
+@pytest.mark.parametrize("step", ["top_n_sigma", "epsilon"])
+def test_truncation_boundary_rule(step: str) -> None:
+    """Rows built with an entry exactly at the threshold (in float64): the fused pass and the
+    torch processor may decide such entries differently, and only those: every entry they
+    decide differently lies within ``BOUNDARY_REL`` (1e-4, relative) of the threshold."""
+    rng = np.random.default_rng(17)
+    differ = 0
+    for _ in range(200):
+        x64 = rng.normal(0, 2, 500)
+        x = torch.from_numpy(x64.astype(np.float32)).unsqueeze(0)
+        xs = x[0].double().numpy()
+        j = int(rng.integers(0, 500))
+        if step == "top_n_sigma":
+            std = xs.std()
+            value = float(np.float32((xs.max() - xs[j]) / std)) or 0.5
+            want = top_n_sigma_mask_(x.clone(), torch.tensor([[value]]))
+            near = np.abs(xs - (xs.max() - value * std)) <= 1e-4 * (abs(xs.max()) + value * std)
+        else:
+            p = np.exp(xs - xs.max()) / np.exp(xs - xs.max()).sum()
+            value = float(np.float32(p[j]))
+            want = epsilon_mask_(x.clone(), torch.tensor([[value]]))
+            near = np.abs(p - value) <= 1e-4 * value
+        got = _fused_mask(x, step, value)
+        changed = ((got > NEG_INF) != (want > NEG_INF))[0].numpy()
+        assert not (changed & ~near).any(), (step, value, np.nonzero(changed & ~near))
+        differ += int(changed.any())
+    assert differ < 200  # most rows agree even at the boundary
