@@ -20,6 +20,9 @@ interpreter on before triton is imported) and report per check:
   same way.
 * ``batch_invariance``: one request's row alone and at row 3 of 6 among other requests: the
   same processed row and token.
+
+Outside the subprocess, ``test_fused_kernel_compiles_for_cuda_without_a_gpu`` builds the
+kernel for sm_90 (Triton's compiler and ptxas, no GPU): what the interpreter cannot check.
 """
 
 from __future__ import annotations
@@ -338,6 +341,39 @@ def test_fused_kernel_against_the_separate_processors(interpreted) -> None:
 def test_fused_kernel_is_batch_invariant(interpreted) -> None:
     s = _stats(interpreted, "batch_invariance")
     assert s["batches"] == 2 and s["kept"] > 1
+
+
+@pytest.mark.parametrize("every_step", [True, False])
+def test_fused_kernel_compiles_for_cuda_without_a_gpu(every_step: bool) -> None:
+    """What the interpreter cannot check (the compiler's typing of the runtime branches, the
+    float64 statistics, libdevice's division, square root and logarithms): the kernel builds
+    for sm_90 to a cubin with Triton's own ptxas, no GPU; with every step, and with none but
+    the draw."""
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("under TRITON_INTERPRET the kernels are not compiled")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from logitsproc_rs.kernels import _triton_sampling as ts
+
+    if "nvidia" not in getattr(triton.backends, "backends", {}):
+        pytest.skip("triton has no NVIDIA backend")
+    target = GPUTarget("cuda", 90, 32)
+    opts = {"num_warps": 8, "enable_fp_fusion": False}
+    sig = {"x_ptr": "*fp32", "stride": "i32"}
+    for name in ("t_ptr", "minp_ptr", "sigma_ptr", "eps_ptr", "eta_ptr"):
+        sig[name] = "*fp32"
+    sig.update({"k_ptr": "*i64", "p_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64"})
+    sig.update({"out_ptr": "*i64", "V": "i32"})
+    flags = ("HAS_T", "HAS_MINP", "HAS_SIGMA", "HAS_EPS", "HAS_ETA", "HAS_EXP", "HAS_K", "HAS_P")
+    consts: dict[str, Any] = dict.fromkeys(flags, every_step)
+    consts |= {"LIBDEVICE": True, "DIGIT": ts.digit_bits(torch.device("cuda")), "BLOCK": 1024}
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    src = ASTSource(ts._fused_kernel, sig, consts)
+    assert triton.compile(src, target=target, options=opts).asm["cubin"]
 
 
 if __name__ == "__main__":
