@@ -16,8 +16,8 @@ interpreter on before triton is imported) and report per check:
 * ``vs_separate``: the processors one by one (``build_logitsprocs`` with the truncations,
   ``apply_temperature`` then ``apply_each``: torch's float32 statistics) followed by the
   existing Triton draw (``sample_batch_invariant_triton``), against the kernel fed the same
-  rows' values through ``_fused.fused_plan``, over steps of random requests; classified the
-  same way.
+  rows' values through ``_fused.fused_plan`` and ``fused_gumbel_triton_`` (as the
+  ``Sampler`` would call it), over steps of random requests; classified the same way.
 * ``batch_invariance``: one request's row alone and at row 3 of 6 among other requests: the
   same processed row and token.
 
@@ -200,7 +200,10 @@ def check_vs_separate(device: str) -> dict[str, int]:
         EtaCutoffLogitsProcessor,
         TopNSigmaLogitsProcessor,
     )
-    from logitsproc_rs.kernels._triton_sampling import sample_batch_invariant_triton
+    from logitsproc_rs.kernels._triton_sampling import (
+        fused_gumbel_triton_,
+        sample_batch_invariant_triton,
+    )
     from logitsproc_rs.sampler import apply_temperature
 
     vocab = 600
@@ -239,13 +242,10 @@ def check_vs_separate(device: str) -> dict[str, int]:
         sep_tok = sample_batch_invariant_triton(
             sep, md.top_k, md.top_p, torch.tensor(seeds), torch.tensor(positions)
         )
-        vals = dict(plan) | {"temperature": md.temperature.tolist()}
-        if md.top_k is not None:
-            vals["top_k"] = md.top_k.tolist()
-        if md.top_p is not None:
-            vals["top_p"] = md.top_p.tolist()
+        # The kernel as the Sampler would call it (all rows random: temperature as is).
+        assert md.all_random
         got = x.clone()
-        tok = run_triton(got, vals, seeds, positions)
+        tok = fused_gumbel_triton_(got, md.temperature, plan, md.top_k, md.top_p, seeds, positions)
         out["steps"] += 1
         for r in range(rows):
             _count(out, classify(got[r], sep[r], int(tok[r]), int(sep_tok[r]), None))

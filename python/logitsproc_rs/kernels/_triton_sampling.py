@@ -5,7 +5,8 @@ Gumbel-max draw, one Triton program per row, tiles over the vocabulary, no sort.
 
 Entry points: :func:`mask_top_k_top_p_triton_` (kept sets only, ``-inf`` elsewhere, in place),
 :func:`sample_batch_invariant_triton` (the same, then one token per row) and
-:func:`sample_fused_triton` (temperature and the truncations first: the fused tail below);
+:func:`sample_fused_triton` (temperature and the truncations first: the fused tail below;
+:func:`fused_gumbel_triton_` takes the ``Sampler``'s arguments for it);
 :func:`gumbel_noise_triton` exposes the noise alone. CUDA tensors, or CPU tensors under
 ``TRITON_INTERPRET=1`` (set before triton is imported).
 
@@ -96,6 +97,8 @@ reads its row once (the draw), as :func:`sample_batch_invariant_triton` without 
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -773,3 +776,37 @@ def sample_fused_triton(
         **_NO_FMA,
     )
     return out
+
+
+def fused_gumbel_triton_(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None,
+    steps: dict[str, list[float]],
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    seeds: Sequence[int],
+    positions: Sequence[int],
+) -> torch.Tensor:
+    """:func:`sample_fused_triton` called as the ``Sampler`` calls the CPU pass
+    (``tail.fused_gumbel_``): ``temperature`` per row (1 for greedy rows), ``steps`` the
+    per-row values of ``_fused.fused_plan`` (``log_min_p``, ``top_n_sigma``, ``epsilon``,
+    ``eta``), the metadata's ``top_k`` / ``top_p``, the rows' seeds and positions. Every row
+    is drawn (the caller keeps its greedy rows' own tokens)."""
+    dev = logits.device
+
+    def per_row(name: str) -> torch.Tensor | None:
+        v = steps.get(name)
+        return None if v is None else torch.tensor(v, dtype=torch.float32, device=dev)
+
+    return sample_fused_triton(
+        logits,
+        torch.tensor(list(seeds), dtype=torch.int64, device=dev),
+        torch.tensor(list(positions), dtype=torch.int64, device=dev),
+        temperature=temperature,
+        log_min_p=per_row("log_min_p"),
+        top_n_sigma=per_row("top_n_sigma"),
+        epsilon=per_row("epsilon"),
+        eta=per_row("eta"),
+        top_k=top_k,
+        top_p=top_p,
+    )
