@@ -18,6 +18,7 @@ interpreter on before triton is imported) and report per check:
   existing Triton draw (``sample_batch_invariant_triton``), against the kernel fed the same
   rows' values through ``_fused.fused_plan`` and ``fused_gumbel_triton_`` (as the
   ``Sampler`` would call it), over steps of random requests; classified the same way.
+* ``edges``: steps that keep only the max and its ties, flat rows (sigma 0), top-k 0.
 * ``batch_invariance``: one request's row alone and at row 3 of 6 among other requests: the
   same processed row and token.
 
@@ -277,8 +278,42 @@ def check_batch_invariance(device: str) -> dict[str, int]:
     return {"batches": 2, "kept": int((rows_out[0] > NEG_INF).sum())}
 
 
+def check_edges(device: str) -> dict[str, int]:
+    """Steps that keep only the max (and its ties), flat rows (sigma 0), top-k 0 (off, as
+    ``V``): against the CPU pass, each row the same."""
+    rng = np.random.default_rng(99)
+    vocab = 50
+    x = torch.from_numpy(rng.normal(0, 2, (8, vocab)).astype(np.float32))
+    x[1] = 0.25  # flat: sigma 0, every entry the max
+    x[2, :5] = float(x[2].max()) + 1.0  # five tied maxima
+    x[5] = 0.25
+    vals = {
+        "temperature": [1.0, 0.5, 1.0, 2.0, 1.0, 1.0, 0.9, 1.0],
+        "log_min_p": [0.0, 0.0, 0.0, NEG_INF, NEG_INF, NEG_INF, NEG_INF, NEG_INF],
+        "top_n_sigma": [0.0, 1.0, 0.0, 0.01, 0.0, 3.0, 0.0, 0.0],
+        "epsilon": [0.0, 0.0, 0.5, 0.0, 0.9, 0.5, 0.0, 0.0],
+        "eta": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.9, 0.0],
+        "top_k": [vocab] * 7 + [3],
+        "top_p": [1.0] * 7 + [0.5],
+    }
+    seeds, positions = list(range(8)), list(range(100, 108))
+    a, b = x.clone(), x.clone()
+    want_tok = run_cpu_fused(a, vals, seeds, positions)
+    tok = run_triton(b, vals, seeds, positions)
+    kinds = [classify(b[r], a[r], int(tok[r]), int(want_tok[r]), None) for r in range(8)]
+    assert kinds == ["same"] * 8, kinds
+    assert int((b[0] > NEG_INF).sum()) == 1 and int((b[2] > NEG_INF).sum()) == 5
+    assert bool((b[1] > NEG_INF).all()) and bool((b[5] > NEG_INF).all())
+    # top-k 0 is off, as V.
+    c = x.clone()
+    run_triton(c, vals | {"top_k": [0] * 7 + [3]}, seeds, positions)
+    assert torch.equal(c, b)
+    return {"rows": 8}
+
+
 CHECKS: dict[str, Callable[[str], dict]] = {
     "vs_cpu_fused": check_vs_cpu_fused,
+    "edges": check_edges,
     "vs_separate": check_vs_separate,
     "batch_invariance": check_batch_invariance,
 }
@@ -336,6 +371,10 @@ def test_fused_kernel_against_the_separate_processors(interpreted) -> None:
     s = _stats(interpreted, "vs_separate")
     assert s["rows"] == 36 and s["other"] == 0, s
     assert s["boundary"] <= 2, s
+
+
+def test_fused_kernel_edges(interpreted) -> None:
+    assert _stats(interpreted, "edges")["rows"] == 8
 
 
 def test_fused_kernel_is_batch_invariant(interpreted) -> None:
