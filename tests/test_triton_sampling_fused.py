@@ -18,6 +18,7 @@ interpreter on before triton is imported) and report per check:
   existing Triton draw (``sample_batch_invariant_triton``), against the kernel fed the same
   rows' values through ``_fused.fused_plan`` and ``fused_gumbel_triton_`` (as the
   ``Sampler`` would call it), over steps of random requests; classified the same way.
+* ``soak`` (``-m soak`` only): ``vs_cpu_fused`` at V up to 151,936, every step on.
 * ``edges``: steps that keep only the max and its ties, flat rows (sigma 0), top-k 0.
 * ``batch_invariance``: one request's row alone and at row 3 of 6 among other requests: the
   same processed row and token.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -311,6 +313,28 @@ def check_edges(device: str) -> dict[str, int]:
     return {"rows": 8}
 
 
+def check_soak(device: str) -> dict[str, int]:
+    """``vs_cpu_fused`` at serving sizes: 12 batches of 4 rows, every step on, V up to
+    151,936."""
+    rng = np.random.default_rng(2026)
+    out = dict.fromkeys(KINDS, 0) | {"rows": 0}
+    for i in range(12):
+        vocab = (4_096, 32_000, 151_936)[i % 3]
+        rows = 4
+        x = random_rows(rng, rows, vocab)
+        vals = random_values(rng, rows, vocab, set(STEPS))
+        seeds = [int(s) for s in rng.integers(0, 2**40, rows)]
+        positions = [int(q) for q in rng.integers(0, 10_000, rows)]
+        a, b = x.clone(), x.clone()
+        want_tok = run_cpu_fused(a, vals, seeds, positions)
+        tok = run_triton(b, vals, seeds, positions)
+        for r in range(rows):
+            kind = classify(b[r], a[r], int(tok[r]), int(want_tok[r]), vals["top_p"][r])
+            _count(out, kind)
+            out["rows"] += 1
+    return out
+
+
 CHECKS: dict[str, Callable[[str], dict]] = {
     "vs_cpu_fused": check_vs_cpu_fused,
     "edges": check_edges,
@@ -327,7 +351,8 @@ def _main() -> None:
 
     torch.set_num_threads(1)
     results: dict[str, Any] = {}
-    for name, check in CHECKS.items():
+    checks = {"soak": check_soak} if "--soak" in sys.argv else CHECKS
+    for name, check in checks.items():
         t0 = time.perf_counter()
         try:
             results[name] = {"ok": True, "stats": check("cpu")}
@@ -380,6 +405,22 @@ def test_fused_kernel_edges(interpreted) -> None:
 def test_fused_kernel_is_batch_invariant(interpreted) -> None:
     s = _stats(interpreted, "batch_invariance")
     assert s["batches"] == 2 and s["kept"] > 1
+
+
+@pytest.mark.soak
+def test_fused_kernel_against_the_cpu_fused_pass_at_serving_sizes() -> None:
+    """``check_soak`` in its own interpreter subprocess (about two minutes of one core)."""
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    env = _background.session_env(TRITON_INTERPRET="1")
+    python_dir = str(HERE.parent.parent / "python")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (python_dir, env.get("PYTHONPATH"))))
+    proc = subprocess.run(
+        [sys.executable, str(HERE), "--soak"], env=env, capture_output=True, text=True
+    )
+    s = _stats(_background.results(proc), "soak")
+    assert s["rows"] == 48 and s["other"] == 0, s
+    assert s["boundary"] <= 2, s
 
 
 @pytest.mark.parametrize("every_step", [True, False])
