@@ -3,8 +3,10 @@
 """The sort-free sampling tail on the device: top-k / top-p kept sets and a batch-invariant
 Gumbel-max draw, one Triton program per row, tiles over the vocabulary, no sort.
 
-Entry points: :func:`mask_top_k_top_p_triton_` (kept sets only, ``-inf`` elsewhere, in place)
-and :func:`sample_batch_invariant_triton` (the same, then one token per row);
+Entry points: :func:`mask_top_k_top_p_triton_` (kept sets only, ``-inf`` elsewhere, in place),
+:func:`sample_batch_invariant_triton` (the same, then one token per row) and
+:func:`sample_fused_triton` (temperature and the truncations first: the fused tail below;
+:func:`fused_gumbel_triton_` takes the ``Sampler``'s arguments for it);
 :func:`gumbel_noise_triton` exposes the noise alone. CUDA tensors, or CPU tensors under
 ``TRITON_INTERPRET=1`` (set before triton is imported).
 
@@ -65,9 +67,38 @@ the batch, the row index or the batch size.
 Cost on CUDA: one max pass (none for the draw alone), 8 top-k passes (none when top-k is off
 or ``k == 1``), 8 top-p passes (none when top-p is off or top-k kept only the max's ties), and
 one masking / sampling pass; every pass reads the row once, only the last writes.
+
+**The fused tail** (:func:`sample_fused_triton`, issue 41's CUDA half): the steps of the CPU
+fused pass (``rust/src/sampling/fused.rs``) in one launch, one program per row, in its order:
+temperature, min-p, top-n-sigma, epsilon, eta, top-k / top-p, the draw above. No pass writes
+but the last; every other pass reads the row and recomputes the steps decided so far on the
+fly (each deterministic, so every pass sees the same processed row). Against the CPU pass:
+
+* temperature (IEEE division: libdevice's ``div_rn`` on CUDA, not an approximate divide) and
+  min-p (``x < max + ln(min_p)``, float32): bitwise.
+* top-n-sigma, epsilon, eta: ``fused.rs``'s float64 statistics (count and mean, then the
+  squared deviations; ``sum e``; ``sum e (x - max)`` and the entropy) and comparisons; the
+  sums are tree-ordered here (a few float64 ulps apart) and ``e = exp(x - max)`` is float32
+  (numpy's or libdevice's ``expf`` against the core's polynomial, about 1 ulp apart): an
+  entry may be decided differently only within ``fused.rs``'s ``BOUNDARY_REL`` (1e-4,
+  relative) of its threshold.
+* top-k exact; top-p as the kernel above, against the CPU pass's non-strict float64 decision
+  (which also keeps whole tied runs): apart only within ``exp`` rounding of ``1 - p``, and on
+  ``p == 1`` rows of a batch with top-p (item 3): the CPU pass masks the entries whose float32
+  probability is 0 (more than 87 below the max), this kernel leaves them. Such an entry never
+  wins the draw (the noise spans less than 20), so the token is the same.
+* a row holding NaN or ``+inf``, or no finite value, gets no truncation (as ``fused.rs``);
+  top-k / top-p and the draw are then item 4's (an all ``-inf`` row samples token 0).
+
+Passes per row: the max; top-n-sigma 2, epsilon 1, eta 1, each only on rows that set it (a
+row whose value is neutral skips the pass); then the top-k and top-p searches and the last
+pass, which writes only the entries that changed. A row with temperature alone, or nothing,
+reads its row once (the draw), as :func:`sample_batch_invariant_triton` without top-k / top-p.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -405,3 +436,377 @@ def gumbel_noise_triton(
             **_NO_FMA,
         )
     return bits.view(tokens.shape), g.view(tokens.shape)
+
+
+# --- the fused tail (issue 41): the CPU fused pass's steps, one launch -----------------------
+
+
+@triton.jit
+def _div(x, t, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:
+        return libdevice.div_rn(x, t)  # IEEE division, as torch's div_
+    else:
+        return x / t
+
+
+@triton.jit
+def _processed(
+    raw,
+    inside,
+    t,
+    mx,
+    minp_thr,
+    sig_thr,
+    eps_below,
+    eta_below,
+    HAS_T: tl.constexpr,
+    HAS_MINP: tl.constexpr,
+    HAS_SIGMA: tl.constexpr,
+    HAS_EXP: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
+    """One tile of the row as the steps leave it (``-inf`` where a step masks), each step's
+    threshold as far as it is known (an unknown one is neutral: it masks nothing)."""
+    x = raw
+    if HAS_T:
+        x = _div(x, t, LIBDEVICE)
+    x = tl.where(inside, x, float("-inf"))
+    if HAS_MINP:
+        x = tl.where(x < minp_thr, float("-inf"), x)
+    if HAS_SIGMA:
+        x = tl.where(x.to(tl.float64) < sig_thr, float("-inf"), x)
+    if HAS_EXP:
+        # epsilon then eta: both compare e = exp(x - max) with their cutoff * sum, never the
+        # max; an entry epsilon masked is masked whatever eta says.
+        # (a row without a max, all -inf or not needing it, has neutral cutoffs: shift by 0)
+        e = _exp(x - tl.where(mx > float("-inf"), mx, 0.0), LIBDEVICE).to(tl.float64)
+        low = ((e < eps_below) | (e < eta_below)) & (x < mx)
+        x = tl.where(low, float("-inf"), x)
+    return x
+
+
+@triton.jit
+def _fused_kernel(
+    x_ptr,
+    stride,
+    t_ptr,
+    minp_ptr,
+    sigma_ptr,
+    eps_ptr,
+    eta_ptr,
+    k_ptr,
+    p_ptr,
+    seed_ptr,
+    pos_ptr,
+    out_ptr,
+    V,
+    HAS_T: tl.constexpr,
+    HAS_MINP: tl.constexpr,
+    HAS_SIGMA: tl.constexpr,
+    HAS_EPS: tl.constexpr,
+    HAS_ETA: tl.constexpr,
+    HAS_EXP: tl.constexpr,
+    HAS_K: tl.constexpr,
+    HAS_P: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    DIGIT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    base = x_ptr + row.to(tl.int64) * stride
+    lanes = tl.arange(0, BLOCK)
+    digits = tl.arange(0, 1 << DIGIT).to(tl.uint32)
+    zero_key = (row * 0).to(tl.uint32)
+    ninf = float("-inf")
+
+    t = tl.full([], 1.0, tl.float32)
+    if HAS_T:
+        t = tl.load(t_ptr + row)
+    # Neutral thresholds (mask nothing) until a step's own is known.
+    minp_thr = tl.full([], ninf, tl.float32)
+    sig_thr = tl.zeros([], tl.float64) + ninf
+    eps_below = tl.zeros([], tl.float64)
+    eta_below = tl.zeros([], tl.float64)
+
+    # Pass 1: the max after temperature (the max of every later step: none masks it), and
+    # whether the row holds NaN (then, as +inf or no finite value, no truncation applies).
+    # The row's values (neutral where the batch has none).
+    lmp = tl.full([], ninf, tl.float32)
+    n_sigma = tl.zeros([], tl.float32)
+    eps = tl.zeros([], tl.float32)
+    eta = tl.zeros([], tl.float32)
+    k = (row * 0).to(tl.int64)
+    p = tl.full([], 1.0, tl.float32)
+    if HAS_MINP:
+        lmp = tl.load(minp_ptr + row)
+    if HAS_SIGMA:
+        n_sigma = tl.load(sigma_ptr + row)
+    if HAS_EPS:
+        eps = tl.load(eps_ptr + row)
+    if HAS_ETA:
+        eta = tl.load(eta_ptr + row)
+    if HAS_K:
+        k = tl.load(k_ptr + row)
+    if HAS_P:
+        p = tl.load(p_ptr + row)
+    trunc = (lmp > ninf) | (n_sigma > 0.0) | (eps > 0.0) | (eta > 0.0)
+    needs_max = trunc | ((k > 0) & (k < V)) | (p < 1.0)
+    mx = tl.full([], ninf, tl.float32)
+    nan = row * 0
+    if needs_max:  # a row with temperature alone (or nothing) goes straight to the draw
+        for start in range(0, V, BLOCK):
+            offs = start + lanes
+            inside = offs < V
+            raw = tl.load(base + offs, mask=inside, other=ninf)
+            x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
+                           HAS_T, False, False, False, LIBDEVICE)  # fmt: skip
+            mx = tl.maximum(mx, tl.max(x, 0))
+            nan += tl.sum((x != x).to(tl.int32), 0)
+    ok = trunc & (nan == 0) & (mx < float("inf")) & (mx > ninf)
+
+    if HAS_MINP:  # noqa: SIM102 (a constexpr: the step is compiled out)
+        if ok & (lmp > ninf):
+            minp_thr = mx + lmp  # float32, as the separate min-p
+
+    if HAS_SIGMA:  # noqa: SIM102 (a constexpr: the step is compiled out)
+        if ok & (n_sigma > 0.0):
+            cnt = tl.zeros([], tl.float64)
+            s1 = tl.zeros([], tl.float64)
+            for start in range(0, V, BLOCK):
+                offs = start + lanes
+                inside = offs < V
+                raw = tl.load(base + offs, mask=inside, other=ninf)
+                x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
+                               HAS_T, HAS_MINP, False, False, LIBDEVICE)  # fmt: skip
+                fin = x > ninf
+                cnt += tl.sum(fin.to(tl.float64), 0)
+                s1 += tl.sum(tl.where(fin, x.to(tl.float64), 0.0), 0)
+            mean = s1 / cnt
+            sq = tl.zeros([], tl.float64)
+            for start in range(0, V, BLOCK):
+                offs = start + lanes
+                inside = offs < V
+                raw = tl.load(base + offs, mask=inside, other=ninf)
+                x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
+                               HAS_T, HAS_MINP, False, False, LIBDEVICE)  # fmt: skip
+                d = tl.where(x > ninf, x.to(tl.float64) - mean, 0.0)
+                sq += tl.sum(d * d, 0)
+            std = _sqrt(sq / cnt, LIBDEVICE)
+            sig_thr = mx.to(tl.float64) - n_sigma.to(tl.float64) * std
+
+    if HAS_EPS:  # noqa: SIM102 (a constexpr: the step is compiled out)
+        if ok & (eps > 0.0):
+            z = tl.zeros([], tl.float64)
+            for start in range(0, V, BLOCK):
+                offs = start + lanes
+                inside = offs < V
+                raw = tl.load(base + offs, mask=inside, other=ninf)
+                x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
+                               HAS_T, HAS_MINP, HAS_SIGMA, False, LIBDEVICE)  # fmt: skip
+                z += tl.sum(_exp(x - mx, LIBDEVICE).to(tl.float64), 0)
+            eps_below = eps.to(tl.float64) * z
+
+    if HAS_ETA:  # noqa: SIM102 (a constexpr: the step is compiled out)
+        if ok & (eta > 0.0):
+            z = tl.zeros([], tl.float64)
+            w = tl.zeros([], tl.float64)
+            for start in range(0, V, BLOCK):
+                offs = start + lanes
+                inside = offs < V
+                raw = tl.load(base + offs, mask=inside, other=ninf)
+                x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
+                               HAS_T, HAS_MINP, HAS_SIGMA, HAS_EPS, LIBDEVICE)  # fmt: skip
+                fin = x > ninf
+                e = tl.where(fin, _exp(x - mx, LIBDEVICE), 0.0).to(tl.float64)
+                z += tl.sum(e, 0)
+                w += tl.sum(e * tl.where(fin, x - mx, 0.0).to(tl.float64), 0)
+            # The categorical's entropy, -sum p (x - lse) with lse = max + ln(z).
+            entropy = _log(z, LIBDEVICE) - w / z
+            e64 = eta.to(tl.float64)
+            cutoff = tl.minimum(e64, _sqrt(e64, LIBDEVICE) * _exp(-entropy, LIBDEVICE))
+            eta_below = cutoff * z
+
+    # Top-k on the truncated row: the largest key K with #{key >= K} >= k.
+    max_key = _order_key(mx)
+    cut_k = zero_key
+    if HAS_K:
+        if k == 1:
+            cut_k = max_key
+        elif (k > 1) & (k < V):
+            for j in tl.static_range(32 // DIGIT):
+                cand = cut_k + (digits << (32 - DIGIT * (j + 1)))
+                cnt_k = tl.zeros([1 << DIGIT], tl.int32)
+                for start in range(0, V, BLOCK):
+                    offs = start + lanes
+                    inside = offs < V
+                    raw = tl.load(base + offs, mask=inside, other=ninf)
+                    x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
+                                   HAS_T, HAS_MINP, HAS_SIGMA, HAS_EXP, LIBDEVICE)  # fmt: skip
+                    key = _order_key(x)
+                    ge = (key[:, None] >= cand[None, :]) & inside[:, None]
+                    cnt_k += tl.sum(ge.to(tl.int32), 0)
+                cut_k += tl.max(tl.where(cnt_k >= k, digits, 0), 0) << (32 - DIGIT * (j + 1))
+
+    # Top-p on the top-k-kept row: the largest key C with mass(key < C) <= (1 - p) * Z.
+    cut_p = zero_key
+    if HAS_P:  # noqa: SIM102 (a constexpr: the step is compiled out)
+        if (p < 1.0) & (mx > ninf) & (cut_k < max_key):
+            thr = (1.0 - p).to(tl.float64)
+            total = tl.zeros([], tl.float64)
+            for j in tl.static_range(32 // DIGIT):
+                cand = cut_p + (digits << (32 - DIGIT * (j + 1)))
+                mass = tl.zeros([1 << DIGIT], tl.float64)
+                for start in range(0, V, BLOCK):
+                    offs = start + lanes
+                    inside = offs < V
+                    raw = tl.load(base + offs, mask=inside, other=ninf)
+                    x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
+                                   HAS_T, HAS_MINP, HAS_SIGMA, HAS_EXP, LIBDEVICE)  # fmt: skip
+                    key = _order_key(x)
+                    e = tl.where(inside & (key >= cut_k), _exp(x - mx, LIBDEVICE), 0.0)
+                    e64 = e.to(tl.float64)
+                    below = key[:, None] < cand[None, :]
+                    mass += tl.sum(tl.where(below, e64[:, None], 0.0), 0)
+                    if j == 0:
+                        total += tl.sum(e64, 0)
+                okp = mass <= thr * total
+                cut_p += tl.max(tl.where(okp, digits, 0), 0) << (32 - DIGIT * (j + 1))
+            cut_p = tl.minimum(cut_p, max_key)
+
+    # The last pass: write the processed row where it changed, and the Gumbel race over it.
+    cut = tl.maximum(cut_k, cut_p)
+    best = float("-inf")
+    best_i = row * 0
+    rkey = _row_key(tl.load(seed_ptr + row), tl.load(pos_ptr + row))
+    for start in range(0, V, BLOCK):
+        offs = start + lanes
+        inside = offs < V
+        raw = tl.load(base + offs, mask=inside, other=ninf)
+        x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
+                       HAS_T, HAS_MINP, HAS_SIGMA, HAS_EXP, LIBDEVICE)  # fmt: skip
+        x = tl.where(_order_key(x) >= cut, x, ninf)
+        tl.store(base + offs, x, mask=inside & (x != raw))
+        g = _gumbel(_token_bits(rkey, offs), LIBDEVICE)
+        score = tl.where(inside, x + g, ninf)
+        tile_best = tl.max(score, 0)
+        if tile_best > best:  # strictly: an earlier tile wins a tie
+            best = tile_best
+            best_i = start + tl.argmax(score, 0, tie_break_left=True)
+    tl.store(out_ptr + row, best_i.to(tl.int64))
+
+
+@triton.jit
+def _sqrt(x, LIBDEVICE: tl.constexpr):
+    if LIBDEVICE:
+        return libdevice.sqrt_rn(x)
+    else:
+        return tl.sqrt(x)
+
+
+def sample_fused_triton(
+    logits: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    temperature: torch.Tensor | None = None,
+    log_min_p: torch.Tensor | None = None,
+    top_n_sigma: torch.Tensor | None = None,
+    epsilon: torch.Tensor | None = None,
+    eta: torch.Tensor | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The fused ``batch_invariant`` tail of ``rust/src/sampling/fused.rs`` in one launch, one
+    program per row, in place: divide by ``temperature`` (float32 ``[B]``; the caller passes 1
+    for greedy rows), min-p (``log_min_p``, ``-inf``: off), top-n-sigma (``<= 0``: off),
+    epsilon and eta (``<= 0``: off), then top-k / top-p as :func:`mask_top_k_top_p_triton_`,
+    then :func:`sample_batch_invariant_triton`'s draw. Each argument may be ``None`` (off for
+    every row); a row whose values are neutral pays for no pass of that step. ``logits`` are
+    the processed logits afterwards. Returns int64 ``[B]`` tokens (module docs, "The fused
+    tail", for where they may differ from the CPU pass)."""
+    what = "sample_fused_triton"
+    _check_device(logits, what)
+    if logits.dim() != 2 or logits.dtype != torch.float32:
+        raise InputError(f"{what}: expected float32 [B, V] logits, got {logits.dtype} "
+                         f"{tuple(logits.shape)}")  # fmt: skip
+    rows, vocab = logits.shape
+    if vocab > 1 and logits.stride(1) != 1:
+        raise InputError(f"{what}: the logits' rows must be contiguous")
+    dev = logits.device
+    f32, i64 = torch.float32, torch.int64
+    t = _row_param(temperature, rows, f32, dev, "temperature")
+    mp = _row_param(log_min_p, rows, f32, dev, "log_min_p")
+    sg = _row_param(top_n_sigma, rows, f32, dev, "top_n_sigma")
+    ep = _row_param(epsilon, rows, f32, dev, "epsilon")
+    et = _row_param(eta, rows, f32, dev, "eta")
+    k = _row_param(top_k, rows, i64, dev, "top_k")
+    p = _row_param(top_p, rows, f32, dev, "top_p")
+    s = _row_param(seeds, rows, i64, dev, "seeds")
+    q = _row_param(positions, rows, i64, dev, "positions")
+    out = torch.zeros(rows, dtype=i64, device=dev)
+    if rows == 0 or vocab == 0:
+        return out
+    d = logits
+    block = max(16, min(1024, triton.next_power_of_2(vocab)))
+    _fused_kernel[(rows,)](
+        logits,
+        logits.stride(0),
+        d if t is None else t,
+        d if mp is None else mp,
+        d if sg is None else sg,
+        d if ep is None else ep,
+        d if et is None else et,
+        d if k is None else k,
+        d if p is None else p,
+        s,
+        q,
+        out,
+        vocab,
+        HAS_T=t is not None,
+        HAS_MINP=mp is not None,
+        HAS_SIGMA=sg is not None,
+        HAS_EPS=ep is not None,
+        HAS_ETA=et is not None,
+        HAS_EXP=ep is not None or et is not None,
+        HAS_K=k is not None,
+        HAS_P=p is not None,
+        LIBDEVICE=dev.type == "cuda" and libdevice is not None,
+        DIGIT=digit_bits(dev),
+        BLOCK=block,
+        num_warps=8,
+        **_NO_FMA,
+    )
+    return out
+
+
+def fused_gumbel_triton_(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None,
+    steps: dict[str, list[float]],
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    seeds: Sequence[int],
+    positions: Sequence[int],
+) -> torch.Tensor:
+    """:func:`sample_fused_triton` called as the ``Sampler`` calls the CPU pass
+    (``tail.fused_gumbel_``): ``temperature`` per row (1 for greedy rows), ``steps`` the
+    per-row values of ``_fused.fused_plan`` (``log_min_p``, ``top_n_sigma``, ``epsilon``,
+    ``eta``), the metadata's ``top_k`` / ``top_p``, the rows' seeds and positions. Every row
+    is drawn (the caller keeps its greedy rows' own tokens)."""
+    dev = logits.device
+
+    def per_row(name: str) -> torch.Tensor | None:
+        v = steps.get(name)
+        return None if v is None else torch.tensor(v, dtype=torch.float32, device=dev)
+
+    return sample_fused_triton(
+        logits,
+        torch.tensor(list(seeds), dtype=torch.int64, device=dev),
+        torch.tensor(list(positions), dtype=torch.int64, device=dev),
+        temperature=temperature,
+        log_min_p=per_row("log_min_p"),
+        top_n_sigma=per_row("top_n_sigma"),
+        epsilon=per_row("epsilon"),
+        eta=per_row("eta"),
+        top_k=top_k,
+        top_p=top_p,
+    )
