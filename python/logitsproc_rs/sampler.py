@@ -284,7 +284,7 @@ class Sampler:
                 return SamplerOutput(greedy, logits)
         if self.sampling == "batch_invariant":
             self._check_invariant_inputs(logits, md)
-            if _host_f32(logits):
+            if _host_f32(logits) or logits.device.type == "cuda":
                 plan = fused_plan(self.logitsprocs, logits)
                 if plan is not None:
                     return self._sample_fused(logits, md, plan, greedy)
@@ -302,23 +302,33 @@ class Sampler:
         plan: dict[str, list[float]],
         greedy: torch.Tensor | None,
     ) -> SamplerOutput:
-        """``batch_invariant`` on the CPU in one Rust pass per row (``tail.fused_gumbel_``):
-        the logits and tokens of ``random_logits`` then ``draw``, the row read once."""
+        """``batch_invariant`` in one pass per row, on the CPU in Rust (``_tail.fused_gumbel_``)
+        and on CUDA in Triton (``fused_gumbel_triton_``, one launch; checked here under
+        Triton's interpreter only: no GPU has run it): the logits and tokens of
+        ``random_logits`` then ``draw``, the row read once."""
         assert md.temperature is not None and md.seeds is not None and md.positions is not None
         temp = md.temperature
         if not md.all_random:
             temp = torch.where(temp < _SAMPLING_EPS, 1.0, temp)
         rows = logits.shape[0]
-        sampled = fused_gumbel_(
-            logits,
-            temp.tolist(),
-            plan,
-            md.top_k,
-            md.top_p,
-            [0 if s is None else s for s in md.seeds],
-            md.positions,
-            self._random_rows(md, rows),
-        )
+        seeds = [0 if s is None else s for s in md.seeds]
+        if logits.device.type == "cuda":  # the Triton kernel, one launch
+            from .kernels._triton_sampling import fused_gumbel_triton_
+
+            sampled = fused_gumbel_triton_(
+                logits, temp, plan, md.top_k, md.top_p, seeds, md.positions
+            )
+        else:
+            sampled = fused_gumbel_(
+                logits,
+                temp.tolist(),
+                plan,
+                md.top_k,
+                md.top_p,
+                seeds,
+                md.positions,
+                self._random_rows(md, rows),
+            )
         if greedy is not None:
             sampled = torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)
         return SamplerOutput(sampled, logits)
