@@ -21,7 +21,7 @@ from typing import Any, TypeGuard
 
 from ._core import field_range_error
 from .errors import ConfigError, LogitsprocError, RequestError, SizeError
-from .registry import CAP_DEFAULTS, INT_FIELD_RANGE, NEUTRAL, TABLES
+from .registry import ALIASES, CAP_DEFAULTS, INT_FIELD_RANGE, NEUTRAL, TABLES
 
 # A request with this repetition penalty (and zero frequency and presence penalties) has
 # none: the one neutral value every Python reader compares with.
@@ -290,8 +290,9 @@ class SamplingParams:
         self.thinking_token_budget = validate_thinking_token_budget(self.thinking_token_budget)
         if self.top_k == -1:
             self.top_k = 0
-        if self.kept_top_k == -1:
-            self.kept_top_k = 0
+        for name, (alias, same) in ALIASES.items():  # kept_top_k's -1 is 0 (the core's)
+            if getattr(self, name) == alias:
+                setattr(self, name, same)
         if 0 < self.temperature < _MAX_TEMP:
             self.temperature = _MAX_TEMP
         if self.temperature < _SAMPLING_EPS:

@@ -37,6 +37,14 @@ class Field:
     caps: tuple[str, ...]
     #: What an error calls one entry of a list field ("word").
     item: str
+    #: ``(value, same as)``: a value the core reads as another (``kept_top_k``'s -1 is 0),
+    #: which ``SamplingParams`` holds as the second; ``None`` for most fields.
+    alias: tuple[Any, Any] | None = None
+    #: Values a request may give it (the first not neutral: for a switching field, one that
+    #: switches its processor on), declared next to its range; the tests' lists come from here.
+    examples: tuple[Any, ...] = ()
+    #: Values a request may not give it (each refused, naming the field).
+    bad: tuple[Any, ...] = ()
 
     def is_set(self, value: Any) -> bool:
         """Whether ``value`` (as a request holds it) sets this field."""
@@ -64,7 +72,10 @@ TABLES: dict[str, Table] = {
     name: Table(
         name,
         dict(caps),
-        tuple(Field(n, a, k, v, tunes, tuple(c), item) for n, a, k, v, tunes, c, item in fields),
+        tuple(
+            Field(n, a, k, v, tunes, tuple(c), item, alias, tuple(ex), tuple(bad))
+            for n, a, k, v, tunes, c, item, (alias, ex, bad) in fields
+        ),
         history,
     )
     for name, caps, fields, history in core_registry()
@@ -83,6 +94,12 @@ LogitsprocError.FIELD_TABLE = FIELD_TABLE
 
 #: Every field's neutral value, by the field's name.
 NEUTRAL: dict[str, Any] = {f.name: f.neutral for t in TABLES.values() for f in t.fields}
+
+#: The values the core reads as another, by attribute (``{"kept_top_k": (-1, 0)}``):
+#: ``SamplingParams`` holds the second.
+ALIASES: dict[str, tuple[Any, Any]] = {
+    f.attr: f.alias for t in TABLES.values() for f in t.fields if f.alias is not None
+}
 
 #: The range of an int request field's value (``int`` and ``opt_int`` kinds), both ends
 #: included: what the core reads them as.

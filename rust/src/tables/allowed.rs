@@ -12,6 +12,7 @@ use crate::batch::BatchUpdate;
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::fields::Example as E;
 use crate::limits::check_token;
 use crate::processor::{self, Admission, HostData, HostLogits, StatusSink, StepContext, Table};
 use crate::row_space::{padded_rows, RowCopy};
@@ -30,7 +31,8 @@ pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
         cap: "max_allowed_token_ids",
         factor: 4,
     },
-)];
+)
+.examples(&[E::Ids(&[2, 5, 6, 7, 13, 42])])];
 
 pub struct AllowedState {
     table: SlotTable<Vec<i32>>,

@@ -9,6 +9,7 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
 use crate::fields::{FieldKind, FieldSpec, Fields};
+use crate::fields::Example as E;
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
@@ -32,7 +33,8 @@ pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
     },
 )
 .from_attr("bad_words_token_ids")
-.item("word")];
+.item("word")
+.examples(&[E::IdLists(&[&[5], &[6, 7]])])];
 
 pub struct BadWordsParams<H> {
     pub words: Vec<Vec<i64>>,

@@ -10,6 +10,7 @@ use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::Result;
 use crate::fields::{FieldKind, FieldSpec, Fields, Range};
+use crate::fields::Example as E;
 use crate::processor::{
     entry, unbox, Admission, Entry, HostData, HostLogits, StatusSink, StepContext, Table,
 };
@@ -17,7 +18,9 @@ use crate::tables::Build;
 
 /// The request fields MinP reads.
 pub const FIELDS: &[FieldSpec] =
-    &[FieldSpec::new("min_p", FieldKind::Float { neutral: 0.0 }).range(Range::closed(0.0, 1.0))];
+    &[FieldSpec::new("min_p", FieldKind::Float { neutral: 0.0 })
+        .range(Range::closed(0.0, 1.0))
+        .examples(&[E::Float(0.1)])];
 
 pub struct MinPState {
     values: Vec<f32>,
