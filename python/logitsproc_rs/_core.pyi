@@ -62,7 +62,7 @@ def registry() -> list[
                 bool,
                 list[str],
                 str,
-                tuple[tuple[Any, Any] | None, list[Any], list[Any]],
+                tuple[float | int | None, list[Any], list[Any]],
             ]
         ],
         bool,
@@ -71,9 +71,10 @@ def registry() -> list[
     """The core's registry: ``(name, caps, fields, history)`` per built-in table in reading
     order; ``caps`` as (engine-config name, default), ``fields`` as (name, SamplingParams
     attribute, kind, neutral value, tunes: whether it only tunes its processor, caps: the
-    per-request caps bounding it, item: what an error calls one entry, (alias: a value read
-    as another or None, examples: values a request may give it, the first not neutral, bad:
-    values refused)), ``history``: whether its requests' outputs are read."""
+    per-request caps bounding it, item: what an error calls one entry, (off_at_most: the
+    values at or below it are off, read as the neutral value, or None; examples: values a
+    request may give it, the first not neutral; bad: values refused)), ``history``: whether
+    its requests' outputs are read."""
 
 PAGE_SIZE: int
 SECTION_ALIGN: int

@@ -37,9 +37,9 @@ class Field:
     caps: tuple[str, ...]
     #: What an error calls one entry of a list field ("word").
     item: str
-    #: ``(value, same as)``: a value the core reads as another (``kept_top_k``'s -1 is 0),
-    #: which ``SamplingParams`` holds as the second; ``None`` for most fields.
-    alias: tuple[Any, Any] | None = None
+    #: The values at or below it are off, read as the neutral value (``kept_top_k``'s -1,
+    #: ``top_n_sigma <= 0``), which ``SamplingParams`` then holds; ``None`` for most fields.
+    off_at_most: float | int | None = None
     #: Values a request may give it (the first not neutral: for a switching field, one that
     #: switches its processor on), declared next to its range; the tests' lists come from here.
     examples: tuple[Any, ...] = ()
@@ -73,8 +73,8 @@ TABLES: dict[str, Table] = {
         name,
         dict(caps),
         tuple(
-            Field(n, a, k, v, tunes, tuple(c), item, alias, tuple(ex), tuple(bad))
-            for n, a, k, v, tunes, c, item, (alias, ex, bad) in fields
+            Field(n, a, k, v, tunes, tuple(c), item, off, tuple(ex), tuple(bad))
+            for n, a, k, v, tunes, c, item, (off, ex, bad) in fields
         ),
         history,
     )
@@ -95,10 +95,13 @@ LogitsprocError.FIELD_TABLE = FIELD_TABLE
 #: Every field's neutral value, by the field's name.
 NEUTRAL: dict[str, Any] = {f.name: f.neutral for t in TABLES.values() for f in t.fields}
 
-#: The values the core reads as another, by attribute (``{"kept_top_k": (-1, 0)}``):
-#: ``SamplingParams`` holds the second.
-ALIASES: dict[str, tuple[Any, Any]] = {
-    f.attr: f.alias for t in TABLES.values() for f in t.fields if f.alias is not None
+#: Where a number field is off, by attribute: ``(at most, neutral value)``
+#: (``{"kept_top_k": (0, 0), ...}``); ``SamplingParams`` holds such a value as the neutral one.
+OFF_AT_MOST: dict[str, tuple[Any, Any]] = {
+    f.attr: (f.off_at_most, f.neutral)
+    for t in TABLES.values()
+    for f in t.fields
+    if f.off_at_most is not None
 }
 
 #: The range of an int request field's value (``int`` and ``opt_int`` kinds), both ends

@@ -319,9 +319,10 @@ pub struct FieldSpec {
     pub range: Option<Range>,
     /// What one entry of a list field is called in an error ("word": "200 words exceed").
     pub item: &'static str,
-    /// A value a front end reads as another (`kept_top_k`'s -1 is 0): `SamplingParams`
-    /// holds the second, and the table sees only it ([`FieldSpec::canonical`]).
-    pub alias: Option<(f64, f64)>,
+    /// The values at or below this are off, read as the neutral value (`kept_top_k`'s -1,
+    /// `top_n_sigma <= 0`): `SamplingParams` holds the neutral value, the table checks with
+    /// [`FieldSpec::canonical`].
+    pub off_at_most: Option<f64>,
     /// Values a request may give it, the first one not neutral (for a field that is not
     /// `tunes`, one that switches its processor on); the rest the edges worth testing. The
     /// tests' lists of fields and values are derived from these (`registry.Field.examples`).
@@ -340,22 +341,32 @@ impl FieldSpec {
             tunes: false,
             range: None,
             item: "entry",
-            alias: None,
+            off_at_most: None,
             examples: &[],
             bad: &[],
         }
     }
 
-    /// The same field, `from` read as `to` (see [`FieldSpec::alias`]).
-    pub const fn alias(mut self, from: f64, to: f64) -> Self {
-        self.alias = Some((from, to));
+    /// The same field, off (read as neutral) at or below `x` (see [`FieldSpec::off_at_most`]).
+    pub const fn off_at_most(mut self, x: f64) -> Self {
+        self.off_at_most = Some(x);
         self
     }
 
-    /// `x` as the table sees it: the value its alias names, else itself.
+    /// The neutral value of a float or int field (`None` for the other kinds).
+    pub fn neutral(&self) -> Option<f64> {
+        match self.kind {
+            FieldKind::Float { neutral } => Some(neutral),
+            FieldKind::Int { neutral } => Some(neutral as f64),
+            _ => None,
+        }
+    }
+
+    /// `x` as the table sees it: the neutral value where [`FieldSpec::off_at_most`] says
+    /// it is off, else itself.
     pub fn canonical(&self, x: f64) -> f64 {
-        match self.alias {
-            Some((from, to)) if x == from => to,
+        match (self.off_at_most, self.neutral()) {
+            (Some(most), Some(neutral)) if x <= most => neutral,
             _ => x,
         }
     }

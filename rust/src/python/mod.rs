@@ -28,8 +28,8 @@ mod _core {
 
     /// The built-in tables, from the core's registry: `(name, caps, fields, history)` per
     /// table in reading order, with `caps` as `(engine-config name, default)`, `fields` as
-    /// `(name, SamplingParams attribute, kind, neutral value, tunes, caps, item, (alias,
-    /// examples, bad))` and `history` whether
+    /// `(name, SamplingParams attribute, kind, neutral value, tunes, caps, item,
+    /// (off_at_most, examples, bad))` and `history` whether
     /// its requests' output histories are read every step.
     #[pyfunction]
     fn registry(py: Python<'_>) -> PyResult<Vec<Bound<'_, pyo3::types::PyTuple>>> {
@@ -63,10 +63,7 @@ mod _core {
                                 (x as i64).into_pyobject(py)?.into_any()
                             })
                         };
-                        let alias = f
-                            .alias
-                            .map(|(from, to)| Ok::<_, PyErr>((value(from)?, value(to)?)))
-                            .transpose()?;
+                        let off_at_most = f.off_at_most.map(value).transpose()?;
                         let examples = examples_of(py, f.examples)?;
                         let bad = examples_of(py, f.bad)?;
                         (
@@ -77,7 +74,7 @@ mod _core {
                             f.tunes,
                             f.caps(),
                             f.item,
-                            (alias, examples, bad),
+                            (off_at_most, examples, bad),
                         )
                             .into_pyobject(py)
                     })

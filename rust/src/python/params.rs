@@ -372,7 +372,10 @@ fn seed_of(params: &Bound<'_, PyAny>, attr: &Bound<'_, PyString>) -> PyResult<Op
         Err(e) if is_interrupt(&e) => return Err(e),
         Err(_) => return Ok(None),
     };
-    Ok(int.call_method1("__and__", (u64::MAX,))?.extract::<u64>().ok())
+    Ok(int
+        .call_method1("__and__", (u64::MAX,))?
+        .extract::<u64>()
+        .ok())
 }
 
 /// Lists of token ids (bad words): at most `f.cap` lists of at most `f.len` ids.

@@ -25,8 +25,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::fields::Example as E;
+use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::{HistoryId, TokenHistory};
 use crate::limits::check_token;
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
@@ -60,7 +60,7 @@ pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("dry_base", FieldKind::Float { neutral: 1.75 })
         .range(Range::at_least(1.0))
         .tunes()
-        .examples(&[E::Float(2.0)])
+        .examples(&[E::Float(2.0), E::Float(1.5)])
         .bad(&[E::Float(0.5)]),
     FieldSpec::new("dry_allowed_length", FieldKind::Int { neutral: 2 })
         .range(Range::int_at_least(1))
@@ -74,7 +74,7 @@ pub const FIELDS: &[FieldSpec] = &[
                 .note("(-1: the whole sequence up to the cap; 0: off)"),
         )
         .tunes()
-        .examples(&[E::Int(16), E::Int(0), E::Int(4), E::Int(64)])
+        .examples(&[E::Int(16), E::Int(0), E::Int(4), E::Int(64), E::Int(256)])
         .bad(&[E::Int(-2)]),
     FieldSpec::new(
         "dry_sequence_breakers",
@@ -85,7 +85,11 @@ pub const FIELDS: &[FieldSpec] = &[
     )
     .item("breaker")
     .tunes()
-    .examples(&[E::IdLists(&[&[5]]), E::IdLists(&[&[3]]), E::IdLists(&[&[4, 5], &[7]])])
+    .examples(&[
+        E::IdLists(&[&[5]]),
+        E::IdLists(&[&[3]]),
+        E::IdLists(&[&[4, 5], &[7]]),
+    ])
     .bad(&[E::IdLists(&[&[]])]),
 ];
 

@@ -3,8 +3,8 @@
 //! the generic float-parameter table; the apply is in `builtin/eta_cutoff.py`.
 
 use crate::error::Result;
-use crate::fields::{FieldKind, FieldSpec};
 use crate::fields::Example as E;
+use crate::fields::{FieldKind, FieldSpec};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
 use crate::tables::Build;
@@ -13,7 +13,13 @@ use crate::tables::Build;
 pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("eta_cutoff", FieldKind::Float { neutral: 0.0 })
         .range(super::epsilon_cutoff::CUTOFF)
-        .examples(&[E::Float(0.01), E::Float(0.2), E::Float(0.5), E::Float(0.9)])
+        .examples(&[
+            E::Float(0.01),
+            E::Float(0.2),
+            E::Float(0.5),
+            E::Float(0.9),
+            E::Float(1e-3),
+        ])
         .bad(&[E::Float(1.0), E::Float(-0.5), E::Str("0.1")]),
 ];
 

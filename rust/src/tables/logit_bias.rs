@@ -7,8 +7,8 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::fields::Example as E;
+use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::limits::check_token;
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
 use crate::sparse::{patch_rows, resize_touches_active, Padding, SparseRows};

@@ -9,18 +9,17 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::Result;
-use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::fields::Example as E;
+use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::processor::{
     entry, unbox, Admission, Entry, HostData, HostLogits, StatusSink, StepContext, Table,
 };
 use crate::tables::Build;
 
 /// The request fields MinP reads.
-pub const FIELDS: &[FieldSpec] =
-    &[FieldSpec::new("min_p", FieldKind::Float { neutral: 0.0 })
-        .range(Range::closed(0.0, 1.0))
-        .examples(&[E::Float(0.1)])];
+pub const FIELDS: &[FieldSpec] = &[FieldSpec::new("min_p", FieldKind::Float { neutral: 0.0 })
+    .range(Range::closed(0.0, 1.0))
+    .examples(&[E::Float(0.1)])];
 
 pub struct MinPState {
     values: Vec<f32>,

@@ -28,8 +28,8 @@ use std::sync::OnceLock;
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
-use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::fields::Example as E;
+use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::{HistoryId, TokenHistory};
 use crate::processor::{self, Admission, StatusSink, StepContext, Table};
 use crate::sparse::{resize_touches_active, Padding, SparseRows};
@@ -46,13 +46,14 @@ pub const CAPS: &[(&str, usize)] = &[
 
 /// The request fields no-repeat-ngram reads (size 0: off; the others as in the module's doc).
 pub const FIELDS: &[FieldSpec] = &[
-    FieldSpec::new("no_repeat_ngram_size", FieldKind::Int { neutral: 0 }).range(
-        Range::int_at_least(0)
-            .up_to_cap("max_no_repeat_ngram_size")
-            .note("(0: off)"),
-    )
-    .examples(&[E::Int(2), E::Int(1), E::Int(3)])
-    .bad(&[E::Int(-1), E::Float(1.5), E::Str("2"), E::PowerOfTwo(70)]),
+    FieldSpec::new("no_repeat_ngram_size", FieldKind::Int { neutral: 0 })
+        .range(
+            Range::int_at_least(0)
+                .up_to_cap("max_no_repeat_ngram_size")
+                .note("(0: off)"),
+        )
+        .examples(&[E::Int(2), E::Int(1), E::Int(3)])
+        .bad(&[E::Int(-1), E::Float(1.5), E::Str("2"), E::PowerOfTwo(70)]),
     FieldSpec::new("no_repeat_ngram_window", FieldKind::Int { neutral: 0 })
         .range(
             Range::int_at_least(0)
@@ -60,7 +61,7 @@ pub const FIELDS: &[FieldSpec] = &[
                 .note("(0: the cap)"),
         )
         .tunes()
-        .examples(&[E::Int(4), E::Int(16)])
+        .examples(&[E::Int(4), E::Int(16), E::Int(128)])
         .bad(&[E::Int(-1)]),
     FieldSpec::new("no_repeat_ngram_output_only", FieldKind::Bool)
         .tunes()

@@ -29,8 +29,8 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::Result;
-use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::fields::Example as E;
+use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
 use crate::limits::check_token;
@@ -66,7 +66,7 @@ pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("penalty_last_n", FieldKind::OptInt)
         .range(Range::int_at_least(-1).note("(None or -1: the whole history; 0: off)"))
         .tunes()
-        .examples(&[E::Int(16), E::Int(-1), E::Int(0), E::Int(3)])
+        .examples(&[E::Int(16), E::Int(-1), E::Int(0), E::Int(3), E::Int(64)])
         .bad(&[E::Int(-2)]),
 ];
 

@@ -10,8 +10,8 @@
 //! attributes: those are our `SamplingParams`' own sampler fields (`Sampler`'s tail).
 
 use crate::error::Result;
-use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::fields::Example as E;
+use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
 use crate::tables::Build;
@@ -20,7 +20,7 @@ use crate::tables::Build;
 pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("kept_top_k", FieldKind::Int { neutral: 0 })
         .range(Range::int_at_least(-1).note("(0 or -1: off)"))
-        .alias(-1.0, 0.0)
+        .off_at_most(0.0)
         .examples(&[
             E::Int(5),
             E::Int(-1),
@@ -28,6 +28,7 @@ pub const FIELDS: &[FieldSpec] = &[
             E::Int(3),
             E::Int(10),
             E::Int(1_000_000),
+            E::Int(40),
         ])
         .bad(&[E::Int(-2), E::Float(2.5)]),
     FieldSpec::new("kept_top_p", FieldKind::Float { neutral: 1.0 })
@@ -49,12 +50,12 @@ pub static SPEC: FloatParams = FloatParams {
 /// or above the vocabulary keeps every token (the apply clamps to the vocabulary).
 pub const MAX_STORED_TOP_K: i64 = 1 << 24;
 
-/// `kept_top_k` an int >= -1 (-1 and 0: off, stored as 0 (its alias); above [`MAX_STORED_TOP_K`] stored
+/// `kept_top_k` an int >= -1 (-1 and 0: off, stored as 0: its `off_at_most`; above [`MAX_STORED_TOP_K`] stored
 /// as it); `kept_top_p` in (0, 1], stored as float32 (1: off). Off when both are.
 pub fn check(index: usize, v: &[f64]) -> Result<Option<Values>> {
     let k = FIELDS[0].checked_int(index, v[0] as i64, None)?;
     let p = FIELDS[1].checked(index, v[1])? as f32;
-    // -1 is 0 (the field's alias): off.
+    // -1 is 0 (off at most 0, its declaration).
     let k = (FIELDS[0].canonical(k as f64) as i64).min(MAX_STORED_TOP_K) as f32;
     Ok((k > 0.0 || p < 1.0).then(|| float_params::values(&[k, p])))
 }

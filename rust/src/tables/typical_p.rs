@@ -3,8 +3,8 @@
 //! generic float-parameter table; the apply is in `builtin/typical_p.py`.
 
 use crate::error::Result;
-use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::fields::Example as E;
+use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
 use crate::tables::Build;

@@ -9,8 +9,8 @@
 //! the stored float32 values.
 
 use crate::error::Result;
-use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::fields::Example as E;
+use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
 use crate::tables::Build;
@@ -26,7 +26,13 @@ pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("xtc_threshold", FieldKind::Float { neutral: 0.1 })
         .tunes()
         .range(Range::closed(0.0, 1.0).open_lo().note("(> 0.5: off)"))
-        .examples(&[E::Float(0.3), E::Float(0.02), E::Float(0.05), E::Float(0.6)])
+        .examples(&[
+            E::Float(0.3),
+            E::Float(0.02),
+            E::Float(0.05),
+            E::Float(0.6),
+            E::Float(0.2),
+        ])
         .bad(&[E::Float(0.0), E::Float(f64::NAN)]),
 ];
 
