@@ -386,7 +386,8 @@ def test_params_and_bad_input_name_the_request_and_field() -> None:
         assert getattr(e.value, "field", None) == field
     # Nothing was added: no active row, no generator; a later neutral step applies nothing.
     assert proc.pipeline.count("xtc") == 0
-    assert proc._gens.by_slot == {}
+    assert not proc.pipeline.host_section("xtc.serial").any()  # the core holds no seed
+    assert proc._gens.by_serial == {}
     proc.update_state(upd(2, added=[(1, SamplingParams(), None, [])]))
     x = torch.randn(2, V)
     assert torch.equal(proc.apply(x.clone()), x)

@@ -14,42 +14,23 @@ from typing import Any
 import pytest
 
 from logitsproc_rs.errors import RequestError
+from logitsproc_rs.registry import TABLES
 from logitsproc_rs.vllm import _guard
 from logitsproc_rs.vllm._fields import NAMESPACE_FIELDS, read_namespace, to_wire
 
 NS = "logitsproc_rs"
 
-# A valid value, not the neutral one, for every field a request may put in the namespace.
-VALUES: dict[str, Any] = {
-    "min_p": 0.1,
-    "logit_bias": {42: -5.0, 7: 2.5},
-    "min_tokens": 8,
-    "stop_token_ids": [2, 13],
-    "repetition_penalty": 1.1,
-    "frequency_penalty": 0.5,
-    "presence_penalty": -0.5,
-    "penalty_last_n": 64,
-    "bad_words_token_ids": [[5], [6, 7]],
-    "allowed_token_ids": [2, 5, 6, 7, 13, 42],
-    "no_repeat_ngram_size": 3,
-    "no_repeat_ngram_window": 128,
-    "no_repeat_ngram_output_only": True,
-    "no_repeat_ngram_whitelist": [1, 2],
-    "dry_multiplier": 0.8,
-    "dry_base": 1.5,
-    "dry_allowed_length": 3,
-    "dry_penalty_last_n": 256,
-    "dry_sequence_breakers": [[13], [5, 6]],
-    "thinking_token_budget": 16,
-    "top_n_sigma": 1.0,
-    "typical_p": 0.9,
-    "epsilon_cutoff": 3e-4,
-    "eta_cutoff": 1e-3,
-    "xtc_probability": 0.5,
-    "xtc_threshold": 0.2,
-    "kept_top_k": 40,
-    "kept_top_p": 0.9,
+# Every field a request may put in the namespace, with the values the registry declares for
+# it (``FieldSpec::examples``: the first not neutral): a new field brings its own.
+EXAMPLES: dict[str, tuple[Any, ...]] = {
+    key: f.examples
+    for t in TABLES.values()
+    for f in t.fields
+    for key in {f.name, f.attr}
+    if key in NAMESPACE_FIELDS and f.examples
 }
+# A valid value, not the neutral one, for every field.
+VALUES: dict[str, Any] = {name: examples[0] for name, examples in EXAMPLES.items()}
 
 
 def read(extra: Any, namespace: str = NS):
@@ -62,19 +43,22 @@ def same(a: Any, b: Any) -> None:
 
 
 def test_every_field_has_a_value_here() -> None:
-    """A new field must be added above, so that both forms are checked for it."""
+    """Every field declares examples in the registry, so that both forms are checked for it."""
     assert set(VALUES) == NAMESPACE_FIELDS
 
 
-@pytest.mark.parametrize("name", sorted(VALUES))
-def test_each_field_reads_the_same_in_both_forms(name: str) -> None:
-    fields = {name: VALUES[name]}
+@pytest.mark.parametrize(
+    ("name", "k"), [(name, k) for name in sorted(EXAMPLES) for k in range(len(EXAMPLES[name]))]
+)
+def test_each_field_reads_the_same_in_both_forms(name: str, k: int) -> None:
+    fields = {name: EXAMPLES[name][k]}
     if name == "stop_token_ids":
         fields["min_tokens"] = 2
     python_form = read({NS: fields}).params
     wire_form = read(to_wire(fields)).params
     same(wire_form, python_form)
-    assert getattr(wire_form, name) != getattr(read(None).params, name)  # it is set
+    if k == 0:
+        assert getattr(wire_form, name) != getattr(read(None).params, name)  # it is set
 
 
 def test_all_fields_together_and_beside_other_extra_args() -> None:
@@ -91,9 +75,11 @@ def test_the_wire_form_fits_vllms_schema() -> None:
     assert set(wire) == {f"{NS}.{k}" for k in VALUES}
     for key, value in wire.items():
         assert isinstance(value, (str, int, float)) and not isinstance(value, bool), key
-    assert wire[f"{NS}.min_p"] == 0.1 and wire[f"{NS}.min_tokens"] == 8
-    assert json.loads(wire[f"{NS}.allowed_token_ids"]) == [2, 5, 6, 7, 13, 42]
-    assert json.loads(wire[f"{NS}.dry_sequence_breakers"]) == [[13], [5, 6]]
+    assert wire[f"{NS}.min_p"] == VALUES["min_p"]
+    assert wire[f"{NS}.min_tokens"] == VALUES["min_tokens"]
+    assert json.loads(wire[f"{NS}.allowed_token_ids"]) == VALUES["allowed_token_ids"]
+    assert json.loads(wire[f"{NS}.dry_sequence_breakers"]) == VALUES["dry_sequence_breakers"]
+    assert VALUES["no_repeat_ngram_output_only"] is True
     assert wire[f"{NS}.no_repeat_ngram_output_only"] == "true"
 
 

@@ -54,14 +54,27 @@ def registry() -> list[
     tuple[
         str,
         list[tuple[str, int]],
-        list[tuple[str, str, str, float | int | None, bool, list[str], str]],
+        list[
+            tuple[
+                str,
+                str,
+                str,
+                float | int | None,
+                bool,
+                list[str],
+                str,
+                tuple[float | int | None, list[Any], list[Any]],
+            ]
+        ],
         bool,
     ]
 ]:
     """The core's registry: ``(name, caps, fields, history)`` per built-in table in reading
     order; ``caps`` as (engine-config name, default), ``fields`` as (name, SamplingParams
     attribute, kind, neutral value, tunes: whether it only tunes its processor, caps: the
-    per-request caps bounding it, item: what an error calls one entry), ``history``: whether
+    per-request caps bounding it, item: what an error calls one entry, (off_at_most: the
+    values at or below it are off, read as the neutral value, or None; examples: values a
+    request may give it, the first not neutral; bad: values refused)), ``history``: whether
     its requests' outputs are read."""
 
 PAGE_SIZE: int

@@ -35,7 +35,6 @@ class StableSlots:
     protocol: Any
     _views: list[Any]
     _row_map: Any
-    slot_state: dict[str, Any]
     vocab_size: int
     device: torch.device
 
@@ -53,15 +52,11 @@ class StableSlots:
         Checked now: bad parameters raise ``ValueError`` and change nothing."""
         self._need_stable("add_request")
         self.core.add_request(slot, params, prompt_tok_ids, output_tok_ids)
-        for state in self.slot_state.values():
-            state.add_request(slot, params)
 
     def remove_request(self, slot: int) -> None:
         """``slot`` is free from the next step on."""
         self._need_stable("remove_request")
         self.core.remove_request(slot)
-        for state in self.slot_state.values():
-            state.remove_request(slot)
 
     def step_slots(
         self,
@@ -120,8 +115,6 @@ class StableSlots:
         self.arena.begin_step()
         self.core.step_slots(row_map, tokens, feed_slots, local_pos, input_ids)
         self._row_map = row_map  # only once the core took it (re-mapped after a re-step)
-        for state in self.slot_state.values():
-            state.step_slots()
         self._after_step()
         self.protocol.stepped_all()
 

@@ -21,7 +21,7 @@ from typing import Any, TypeGuard
 
 from ._core import field_range_error
 from .errors import ConfigError, LogitsprocError, RequestError, SizeError
-from .registry import CAP_DEFAULTS, INT_FIELD_RANGE, NEUTRAL, TABLES
+from .registry import CAP_DEFAULTS, INT_FIELD_RANGE, NEUTRAL, OFF_AT_MOST, TABLES
 
 # A request with this repetition penalty (and zero frequency and presence penalties) has
 # none: the one neutral value every Python reader compares with.
@@ -290,8 +290,10 @@ class SamplingParams:
         self.thinking_token_budget = validate_thinking_token_budget(self.thinking_token_budget)
         if self.top_k == -1:
             self.top_k = 0
-        if self.kept_top_k == -1:
-            self.kept_top_k = 0
+        for name, (most, neutral) in OFF_AT_MOST.items():  # kept_top_k's -1, top_n_sigma <= 0
+            v = getattr(self, name)
+            if v is not None and v <= most:
+                setattr(self, name, neutral)
         if 0 < self.temperature < _MAX_TEMP:
             self.temperature = _MAX_TEMP
         if self.temperature < _SAMPLING_EPS:
@@ -324,17 +326,14 @@ class SamplingParams:
         """Every number field of the core's registry (floats and ints) in its declared range:
         the core's own check and words (``_in_declared_range``), after ``_read_registry_fields``
         read it. None reads as a float's neutral value where the field's type allows it (ours
-        beyond vLLM's; vLLM's own take no None), and an optional int's None is unset;
-        top_n_sigma <= 0 is off (stored as 0.0)."""
+        beyond vLLM's; vLLM's own take no None), and an optional int's None is unset (a value
+        where the field is off becomes its neutral one after: ``OFF_AT_MOST``)."""
         for name in _FIELDS_OF_KIND["float"]:
             v = getattr(self, name)
             if v is None and name in _NONE_IS_NEUTRAL:
                 setattr(self, name, NEUTRAL[name])
                 continue
-            x = _real(name, v)
-            _in_declared_range(name, x)
-            if name == "top_n_sigma" and x <= 0:
-                self.top_n_sigma = 0.0
+            _in_declared_range(name, _real(name, v))
         for name in _FIELDS_OF_KIND["int"] + _FIELDS_OF_KIND["opt_int"]:
             v = getattr(self, name, None)
             if v is not None:

@@ -56,21 +56,6 @@ class DeviceState(Protocol):
     def after_upload(self) -> None: ...
 
 
-class SlotState(Protocol):
-    """Host-side per-slot state a processor keeps besides the core's tables (XTC's per-request
-    generators), following the core's slot changes: each V1 batch update once the core
-    accepted it, and each stable-slot add / remove once the core accepted it (they take effect
-    at the next accepted ``step_slots``, as in the core). A refused step tells it nothing."""
-
-    def batch_update(self, update: Any) -> None: ...
-
-    def add_request(self, slot: int, params: Any) -> None: ...
-
-    def remove_request(self, slot: int) -> None: ...
-
-    def step_slots(self) -> None: ...
-
-
 class Pipeline(StableSlots):
     """The Rust core of a processor set, its device arena, and the step protocol.
 
@@ -162,15 +147,16 @@ class Pipeline(StableSlots):
         self._pending_restep = False
         # A step checked by prepare_step, waiting for commit_step / abort_step.
         self._prepared: str | None = None
-        self._prepared_update: Any = None
         self._cache: dict[tuple[Any, ...], Any] = {}
         self._resteped = False
         self._row_map: Any = None
         # Device-side state some processors keep besides the arena (the penalties' count
         # matrix), by table: synced around each upload.
         self.device_state: dict[str, DeviceState] = {}
-        # Host-side per-slot state some processors keep (XTC's generators), by table.
-        self.slot_state: dict[str, SlotState] = {}
+        # Host-side objects the views of a table share (XTC's generators), by table: no slot
+        # bookkeeping (which slot holds what is the core's).
+        self._shared: dict[str, Any] = {}
+        self._host: dict[str, Any] = {}
         # CPU, zero-copy: the step is one core call (no upload, no device state).
         self._fast_cpu = self.arena.zero_copy
 
@@ -193,13 +179,26 @@ class Pipeline(StableSlots):
         state.after_upload()
         self.arena.mark_step_done()
 
-    def attach_slot_state(self, table: str, make: Callable[[], SlotState]) -> SlotState:
-        """The host-side per-slot state of ``table`` (made by ``make`` on first use, at most
-        one per table): told of every slot change from now on."""
-        state = self.slot_state.get(table)
+    def shared_state(self, table: str, make: Callable[[], Any]) -> Any:
+        """The host-side object the views of ``table`` share on this pipeline (made by
+        ``make`` on first use). It is told nothing of slot changes: what a slot holds is the
+        core's (``host_section``)."""
+        state = self._shared.get(table)
         if state is None:
-            state = self.slot_state[table] = make()
+            state = self._shared[table] = make()
         return state
+
+    def host_section(self, name: str) -> Any:
+        """The core's own host buffer behind arena section ``name``, as a zero-copy numpy
+        array: what the table holds after the last accepted step (XTC's seeded requests),
+        for host-side reads that must not wait on the device."""
+        v = self._host.get(name)
+        if v is None:
+            found = self._by_name.get(name)
+            if not found:
+                raise KeyError(f"no arena section {name!r}; have {sorted(self._by_name)}")
+            v = self._host[name] = torch.from_dlpack(self.core.buffer(found[0])).numpy()
+        return v
 
     def step(
         self,
@@ -246,7 +245,6 @@ class Pipeline(StableSlots):
             return
         self.core.prepare(batch_update, tokens)
         self._prepared = "core"
-        self._prepared_update = batch_update  # for the slot states, once committed
 
     def commit_step(self) -> None:
         """Applies the step ``prepare_step`` checked (as ``step`` would have)."""
@@ -257,20 +255,16 @@ class Pipeline(StableSlots):
             self.core.discard()
         elif self._fast_cpu:
             self.core.commit(self.status, True)
-            self._slot_update(self._prepared_update)
             self._after_fast_step()
         else:
             self.arena.begin_step()
             self.core.commit()
-            self._slot_update(self._prepared_update)
             self._after_step()
-        self._prepared_update = None
         self.protocol.stepped_all()
 
     def abort_step(self) -> None:
         """Drops the step ``prepare_step`` checked: every table as before it."""
         kind, self._prepared = self._prepared, None
-        self._prepared_update = None
         if kind == "core":
             self.core.abort()
 
@@ -279,23 +273,16 @@ class Pipeline(StableSlots):
             # CPU, zero-copy: one call does the step, forgets what changed (counting it) and
             # refreshes the status.
             self.core.step(batch_update, tokens, slots, self.status, True)
-            self._slot_update(batch_update)
             self._after_fast_step()
             return
         self.arena.begin_step()
         self.core.step(batch_update, tokens, slots)
-        self._slot_update(batch_update)
         self._after_step()
 
     def _after_fast_step(self) -> None:
         self._resteped = False
         self._pending_restep = bool(self.status[self._placeholders])
         self._refresh_idle()
-
-    def _slot_update(self, batch_update: Any) -> None:
-        if batch_update is not None:
-            for state in self.slot_state.values():
-                state.batch_update(batch_update)
 
     def _after_step(self) -> None:
         self._resteped = False

@@ -37,6 +37,14 @@ class Field:
     caps: tuple[str, ...]
     #: What an error calls one entry of a list field ("word").
     item: str
+    #: The values at or below it are off, read as the neutral value (``kept_top_k``'s -1,
+    #: ``top_n_sigma <= 0``), which ``SamplingParams`` then holds; ``None`` for most fields.
+    off_at_most: float | int | None = None
+    #: Values a request may give it (the first not neutral: for a switching field, one that
+    #: switches its processor on), declared next to its range; the tests' lists come from here.
+    examples: tuple[Any, ...] = ()
+    #: Values a request may not give it (each refused, naming the field).
+    bad: tuple[Any, ...] = ()
 
     def is_set(self, value: Any) -> bool:
         """Whether ``value`` (as a request holds it) sets this field."""
@@ -64,7 +72,10 @@ TABLES: dict[str, Table] = {
     name: Table(
         name,
         dict(caps),
-        tuple(Field(n, a, k, v, tunes, tuple(c), item) for n, a, k, v, tunes, c, item in fields),
+        tuple(
+            Field(n, a, k, v, tunes, tuple(c), item, off, tuple(ex), tuple(bad))
+            for n, a, k, v, tunes, c, item, (off, ex, bad) in fields
+        ),
         history,
     )
     for name, caps, fields, history in core_registry()
@@ -83,6 +94,15 @@ LogitsprocError.FIELD_TABLE = FIELD_TABLE
 
 #: Every field's neutral value, by the field's name.
 NEUTRAL: dict[str, Any] = {f.name: f.neutral for t in TABLES.values() for f in t.fields}
+
+#: Where a number field is off, by attribute: ``(at most, neutral value)``
+#: (``{"kept_top_k": (0, 0), ...}``); ``SamplingParams`` holds such a value as the neutral one.
+OFF_AT_MOST: dict[str, tuple[Any, Any]] = {
+    f.attr: (f.off_at_most, f.neutral)
+    for t in TABLES.values()
+    for f in t.fields
+    if f.off_at_most is not None
+}
 
 #: The range of an int request field's value (``int`` and ``opt_int`` kinds), both ends
 #: included: what the core reads them as.

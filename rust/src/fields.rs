@@ -280,6 +280,24 @@ pub enum FieldKind {
     Bias { cap: &'static str },
 }
 
+/// A value of a field, as a test or a doc gives it ([`FieldSpec::examples`],
+/// [`FieldSpec::bad`]); `_core.registry()` hands them to Python as Python values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Example {
+    Float(f64),
+    Int(i64),
+    Bool(bool),
+    /// Not set (`None`).
+    Unset,
+    /// A value of the wrong type ("2" for an int field).
+    Str(&'static str),
+    /// `2**n`: an int beyond what the core reads (n > 63).
+    PowerOfTwo(u32),
+    Ids(&'static [i64]),
+    IdLists(&'static [&'static [i64]]),
+    Bias(&'static [(i64, f64)]),
+}
+
 /// One field a table reads.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FieldSpec {
@@ -301,6 +319,16 @@ pub struct FieldSpec {
     pub range: Option<Range>,
     /// What one entry of a list field is called in an error ("word": "200 words exceed").
     pub item: &'static str,
+    /// The values at or below this are off, read as the neutral value (`kept_top_k`'s -1,
+    /// `top_n_sigma <= 0`): `SamplingParams` holds the neutral value, the table checks with
+    /// [`FieldSpec::canonical`].
+    pub off_at_most: Option<f64>,
+    /// Values a request may give it, the first one not neutral (for a field that is not
+    /// `tunes`, one that switches its processor on); the rest the edges worth testing. The
+    /// tests' lists of fields and values are derived from these (`registry.Field.examples`).
+    pub examples: &'static [Example],
+    /// Values a request may not give it (each refused, naming the field).
+    pub bad: &'static [Example],
 }
 
 impl FieldSpec {
@@ -313,7 +341,46 @@ impl FieldSpec {
             tunes: false,
             range: None,
             item: "entry",
+            off_at_most: None,
+            examples: &[],
+            bad: &[],
         }
+    }
+
+    /// The same field, off (read as neutral) at or below `x` (see [`FieldSpec::off_at_most`]).
+    pub const fn off_at_most(mut self, x: f64) -> Self {
+        self.off_at_most = Some(x);
+        self
+    }
+
+    /// The neutral value of a float or int field (`None` for the other kinds).
+    pub fn neutral(&self) -> Option<f64> {
+        match self.kind {
+            FieldKind::Float { neutral } => Some(neutral),
+            FieldKind::Int { neutral } => Some(neutral as f64),
+            _ => None,
+        }
+    }
+
+    /// `x` as the table sees it: the neutral value where [`FieldSpec::off_at_most`] says
+    /// it is off, else itself.
+    pub fn canonical(&self, x: f64) -> f64 {
+        match (self.off_at_most, self.neutral()) {
+            (Some(most), Some(neutral)) if x <= most => neutral,
+            _ => x,
+        }
+    }
+
+    /// The same field with these example values (see [`FieldSpec::examples`]).
+    pub const fn examples(mut self, examples: &'static [Example]) -> Self {
+        self.examples = examples;
+        self
+    }
+
+    /// The same field with these refused values (see [`FieldSpec::bad`]).
+    pub const fn bad(mut self, bad: &'static [Example]) -> Self {
+        self.bad = bad;
+        self
     }
 
     /// The same list field, one entry of which an error calls `item`.
@@ -425,6 +492,9 @@ pub struct Fields {
     pub prompt: Option<Vec<i64>>,
     /// One value per declared column, in declaration order.
     pub columns: Vec<ColumnValue>,
+    /// The request's `seed` (Python's `int(seed) mod 2**64`), read when a table keeps seeds
+    /// (XTC's own draws: `FloatParams::seeds`); `None` when unset.
+    pub seed: Option<u64>,
 }
 
 /// Whether two field names are the same; names from the same declaration are the same

@@ -13,6 +13,7 @@ CPU) and against its plain reference."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from logitsproc_rs import (
 )
 from logitsproc_rs.builtin import OPT_IN_PROCESSORS
 from logitsproc_rs.reference import ReferenceSampler, build_reference_logitsprocs, reference_of
+from logitsproc_rs.registry import TABLES
 
 V = 16
 CFG = EngineConfig(
@@ -50,8 +52,10 @@ REFUSED = tuple(d for d in FLOATS if d not in EXACT + CAST)
 
 
 def _params() -> list[SamplingParams]:
-    """Three requests that give every built-in work to do."""
-    return [
+    """Three requests that give every built-in work to do: the ones below, and, for a table
+    they leave without work, the registry's first example of each of its switching fields
+    (``FieldSpec::examples``) in the first request."""
+    requests = [
         SamplingParams(
             logit_bias={3: 2.5, 9: -0.1},
             min_tokens=3,
@@ -85,6 +89,22 @@ def _params() -> list[SamplingParams]:
             max_tokens=None,
         ),
     ]
+    given = {
+        t.name
+        for t in TABLES.values()
+        for f in t.fields
+        if any(f.is_set(getattr(p, f.attr, None)) for p in requests)
+    }
+    extra = {
+        f.attr: f.examples[0]
+        for t in TABLES.values()
+        if t.name not in given
+        for f in t.fields
+        if not f.tunes
+    }
+    if extra:
+        requests[0] = dataclasses.replace(requests[0], **extra)
+    return requests
 
 
 # _params sets fields of every opt-in processor: the sampler tests build them all (a pipeline

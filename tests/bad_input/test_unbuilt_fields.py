@@ -25,29 +25,12 @@ from logitsproc_rs.registry import TABLES
 V = 40
 CFG = EngineConfig(max_num_seqs=4, vocab_size=V)
 
-# A value that switches each switching field of an opt-in processor on.
-SWITCH_ON: dict[str, Any] = {
-    "no_repeat_ngram_size": 2,
-    "dry_multiplier": 0.8,
-    "top_n_sigma": 1.0,
-    "typical_p": 0.5,
-    "epsilon_cutoff": 0.01,
-    "eta_cutoff": 0.01,
-    "xtc_probability": 0.5,
-    "kept_top_k": 5,
-    "kept_top_p": 0.9,
-}
-# A value for each tuning-only field (set alone: nothing to apply).
-TUNE: dict[str, Any] = {
-    "no_repeat_ngram_window": 4,
-    "no_repeat_ngram_output_only": True,
-    "no_repeat_ngram_whitelist": [3],
-    "dry_base": 2.0,
-    "dry_allowed_length": 3,
-    "dry_penalty_last_n": 16,
-    "dry_sequence_breakers": [[5]],
-    "xtc_threshold": 0.3,
-}
+# The fields of the opt-in processors, from the registry, each with its first example value
+# (``FieldSpec::examples``): one that switches its processor on for a switching field, and
+# any set value for a tuning-only one (set alone: nothing to apply).
+_OPT_IN_FIELDS = [f for cls in OPT_IN_PROCESSORS for t in cls.TABLES for f in TABLES[t].fields]
+SWITCH_ON: dict[str, Any] = {f.attr: f.examples[0] for f in _OPT_IN_FIELDS if not f.tunes}
+TUNE: dict[str, Any] = {f.attr: f.examples[0] for f in _OPT_IN_FIELDS if f.tunes}
 CASES = [
     (cls, f.attr)
     for cls in OPT_IN_PROCESSORS
@@ -58,12 +41,15 @@ CASES = [
 
 
 def test_every_field_of_an_opt_in_processor_is_covered() -> None:
-    """The two lists above are every field of the opt-in tables, split as the registry says."""
+    """The two lists above are every field of the opt-in tables, split as the registry says,
+    each with a set value (the registry's first example is not the neutral one)."""
     fields = {
         f.attr: f.tunes for c in OPT_IN_PROCESSORS for t in c.TABLES for f in TABLES[t].fields
     }
     assert {k for k, tunes in fields.items() if not tunes} == set(SWITCH_ON)
     assert {k for k, tunes in fields.items() if tunes} == set(TUNE)
+    for f in _OPT_IN_FIELDS:
+        assert f.is_set(f.examples[0]), f.attr
 
 
 def _state(procs: Any) -> Any:

@@ -16,8 +16,9 @@ seed, so the stream is not the one the sampler's generator, seeded with ``seed``
 its noise from); one draw per step while the request is in the batch, so the same seed gives
 the same draws whatever else is in the batch. The other rows share one batched draw from
 torch's global generator of that device (skipped when every row is seeded). No host sync:
-which rows are seeded is host-side bookkeeping (``XTCGenerators``, following the core's slot
-changes on every front-end), the draws and the mask are device ops.
+which rows are seeded is the core's (its table keeps each seeded request's seed under a serial
+that moves with it, on every front-end; ``XTCGenerators`` holds the generators by serial), the
+draws and the mask are device ops.
 
 It changes the argmax, yet runs in the argmax-invariant phase, on purpose (as typical-p): that
 phase is what only randomly sampled rows see (a greedy row takes its token from the snapshot
@@ -32,14 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..interface import process_dict_updates
 from ._truncation import NEG_INF, TruncationView
 
 _MASK64 = (1 << 64) - 1
 #: Mixed into a request's seed for its XTC generator ("XTC_SEED" in ASCII).
 _XTC_SALT = 0x5854435F53454544
-#: llama.cpp: a threshold above 0.5 is off (at most one token can then qualify).
-THRESHOLD_OFF_ABOVE = 0.5
 
 
 def xtc_seed(seed: int) -> int:
@@ -49,28 +47,6 @@ def xtc_seed(seed: int) -> int:
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
     z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK64
     return z ^ (z >> 31)
-
-
-def xtc_values(params: Any) -> tuple[float, float] | None:
-    """A request's ``(probability, threshold)`` as the core stores them (float32), or None
-    when XTC is off for it (probability 0, threshold above 0.5). Values already checked."""
-    p = getattr(params, "xtc_probability", None)
-    t = getattr(params, "xtc_threshold", None)
-    prob = float(np.float32(0.0 if p is None else p))
-    thr = float(np.float32(0.1 if t is None else t))
-    if thr == 0.0:  # a positive threshold below float32's range (the core does the same)
-        thr = float(np.finfo(np.float32).smallest_subnormal)
-    if prob <= 0.0 or thr > THRESHOLD_OFF_ABOVE:
-        return None
-    return prob, thr
-
-
-def xtc_generator(params: Any, device: torch.device) -> torch.Generator | None:
-    """The request's own XTC generator: only for a request with XTC on and a seed."""
-    seed = getattr(params, "seed", None)
-    if seed is None or xtc_values(params) is None:
-        return None
-    return torch.Generator(device=device).manual_seed(xtc_seed(seed))
 
 
 def draw_uniforms(
@@ -99,58 +75,55 @@ def xtc_mask_(
 
 
 class XTCGenerators:
-    """The seeded XTC requests' generators by slot, following the core's slot changes (a
-    ``pipeline.SlotState``): V1 updates as vLLM's ``process_dict_updates``; stable-slot adds
-    and removes pending until the next accepted step, the last one for a slot winning."""
+    """The seeded XTC requests' generators, by the serial the core's table gives each request
+    that has XTC on and a seed (``xtc.serial``, its seed beside it in ``xtc.seed``, 0 where
+    none): which slot holds which request (adds, removes, moves, a stable slot's pending
+    add, a refused step) is the table's, read here from its host buffers. A generator is made
+    on its request's first draw and dropped once the table holds that serial no longer."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.by_slot: dict[int, torch.Generator] = {}
-        self._pending: dict[int, torch.Generator | None] = {}
+    def __init__(self, pipe: Any) -> None:
+        self.device = pipe.device
+        self.serial: np.ndarray = pipe.host_section("xtc.serial")
+        self.seed: np.ndarray = pipe.host_section("xtc.seed")
+        self.by_serial: dict[int, torch.Generator] = {}
 
-    def _new(self, params: Any, _prompt: Any = None, _output: Any = None) -> Any:
-        return xtc_generator(params, self.device)
-
-    def batch_update(self, update: Any) -> None:
-        process_dict_updates(self.by_slot, update, self._new)
-
-    def add_request(self, slot: int, params: Any) -> None:
-        self._pending[slot] = self._new(params)
-
-    def remove_request(self, slot: int) -> None:
-        self._pending[slot] = None
-
-    def step_slots(self) -> None:
-        for slot, g in self._pending.items():
-            if g is None:
-                self.by_slot.pop(slot, None)
-            else:
-                self.by_slot[slot] = g
-        self._pending.clear()
-
-    def seeded_rows(self, rows: int, row_map: list[int] | None) -> list[tuple[int, Any]]:
-        """``(row, generator)`` of the logits rows whose request is seeded: rows are slots
-        (V1), or mapped through ``row_map`` (stable slots; a slot's rows each draw)."""
-        by_slot = self.by_slot
-        if not by_slot:
+    def seeded_rows(self, rows: int, row_map: Any) -> list[tuple[int, torch.Generator]]:
+        """``(row, generator)`` of the logits rows whose request is seeded, by row: rows are
+        slots (V1, ``row_map`` None), or slots through ``row_map`` (stable slots; each row
+        of a slot draws)."""
+        serial = self.serial
+        if not serial.any():
             return []
         if row_map is None:
-            return sorted((s, g) for s, g in by_slot.items() if s < rows)
-        return [(r, by_slot[s]) for r, s in enumerate(row_map[:rows]) if s in by_slot]
+            slots = np.arange(min(rows, len(serial)))
+        else:
+            slots = np.asarray(row_map[:rows], dtype=np.int64)
+        out = [(r, self._generator(int(slots[r]))) for r in np.flatnonzero(serial[slots]).tolist()]
+        if len(self.by_serial) > len(serial):
+            live = set(serial[serial != 0].tolist())
+            self.by_serial = {k: g for k, g in self.by_serial.items() if k in live}
+        return out
+
+    def _generator(self, slot: int) -> torch.Generator:
+        key = int(self.serial[slot])
+        g = self.by_serial.get(key)
+        if g is None:
+            g = torch.Generator(device=self.device).manual_seed(xtc_seed(int(self.seed[slot])))
+            self.by_serial[key] = g
+        return g
 
 
 class XTCLogitsProcessor(TruncationView):
-    """Reads ``params.xtc_probability`` (0: off) and ``params.xtc_threshold`` (0.1 by default;
-    > 0.5: off). See the module for its draw, its ties and why it runs in the
-    argmax-invariant phase."""
+    """Reads ``params.xtc_probability`` and ``params.xtc_threshold`` (their default, range and
+    what is off: ``rust/src/tables/xtc.rs``). See the module for its draw, its ties and why it
+    runs in the argmax-invariant phase."""
 
     TABLES = ("xtc",)
     REFERENCE = "logitsproc_rs.reference:RefXTCLogitsProcessor"
 
     def attach(self, pipeline: Any) -> None:
-        self._gens: XTCGenerators = pipeline.attach_slot_state(
-            "xtc", lambda: XTCGenerators(pipeline.device)
-        )
+        # One per pipeline, shared by every XTC view on it (each request draws once a step).
+        self._gens: XTCGenerators = pipeline.shared_state("xtc", lambda: XTCGenerators(pipeline))
 
     def _apply(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
         pipe = self._pipe
@@ -159,6 +132,7 @@ class XTCLogitsProcessor(TruncationView):
         rows = logits.shape[0]
         probability = pipe.dense("xtc.probability", rows, rowspace)
         threshold = pipe.dense("xtc.threshold", rows, rowspace)
-        row_map = pipe.host_row_map() if rowspace and self._gens.by_slot else None
-        u = draw_uniforms(rows, logits.device, self._gens.seeded_rows(rows, row_map))
+        gens = self._gens
+        row_map = pipe.host_row_map() if rowspace and gens.serial.any() else None
+        u = draw_uniforms(rows, logits.device, gens.seeded_rows(rows, row_map))
         return xtc_mask_(logits, probability, threshold, u.unsqueeze(1))

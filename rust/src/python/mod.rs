@@ -28,7 +28,8 @@ mod _core {
 
     /// The built-in tables, from the core's registry: `(name, caps, fields, history)` per
     /// table in reading order, with `caps` as `(engine-config name, default)`, `fields` as
-    /// `(name, SamplingParams attribute, kind, neutral value, tunes)` and `history` whether
+    /// `(name, SamplingParams attribute, kind, neutral value, tunes, caps, item,
+    /// (off_at_most, examples, bad))` and `history` whether
     /// its requests' output histories are read every step.
     #[pyfunction]
     fn registry(py: Python<'_>) -> PyResult<Vec<Bound<'_, pyo3::types::PyTuple>>> {
@@ -55,10 +56,64 @@ mod _core {
                             FieldKind::IdLists { .. } => ("id_lists", py.None().into_bound(py)),
                             FieldKind::Bias { .. } => ("bias", py.None().into_bound(py)),
                         };
-                        (f.name, f.attr, kind, neutral, f.tunes, f.caps(), f.item).into_pyobject(py)
+                        let value = |x: f64| -> PyResult<Bound<'_, PyAny>> {
+                            Ok(if kind == "float" {
+                                x.into_pyobject(py)?.into_any()
+                            } else {
+                                (x as i64).into_pyobject(py)?.into_any()
+                            })
+                        };
+                        let off_at_most = f.off_at_most.map(value).transpose()?;
+                        let examples = examples_of(py, f.examples)?;
+                        let bad = examples_of(py, f.bad)?;
+                        (
+                            f.name,
+                            f.attr,
+                            kind,
+                            neutral,
+                            f.tunes,
+                            f.caps(),
+                            f.item,
+                            (off_at_most, examples, bad),
+                        )
+                            .into_pyobject(py)
                     })
                     .collect::<PyResult<Vec<_>>>()?;
                 (b.name, b.caps.to_vec(), fields, b.history).into_pyobject(py)
+            })
+            .collect()
+    }
+
+    /// A field's example values (`FieldSpec::examples`, `::bad`) as Python values.
+    fn examples_of<'py>(
+        py: Python<'py>,
+        examples: &[crate::fields::Example],
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        use crate::fields::Example;
+        examples
+            .iter()
+            .map(|e| -> PyResult<Bound<'py, PyAny>> {
+                Ok(match *e {
+                    Example::Float(x) => x.into_pyobject(py)?.into_any(),
+                    Example::Int(n) => n.into_pyobject(py)?.into_any(),
+                    Example::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+                    Example::Unset => py.None().into_bound(py),
+                    Example::Str(t) => t.into_pyobject(py)?.into_any(),
+                    Example::PowerOfTwo(n) => 2u8.into_pyobject(py)?.pow(n, py.None())?,
+                    Example::Ids(ids) => ids.into_pyobject(py)?.into_any(),
+                    Example::IdLists(lists) => lists
+                        .iter()
+                        .map(|l| l.to_vec())
+                        .collect::<Vec<_>>()
+                        .into_pyobject(py)?
+                        .into_any(),
+                    Example::Bias(b) => b
+                        .iter()
+                        .copied()
+                        .collect::<std::collections::HashMap<i64, f64>>()
+                        .into_pyobject(py)?
+                        .into_any(),
+                })
             })
             .collect()
     }

@@ -45,6 +45,9 @@ struct Guard {
 pub struct Reader {
     fields: Vec<FieldReader>,
     guards: Vec<Guard>,
+    /// `"seed"`, read when a table of the pipeline keeps its requests' seeds
+    /// (`FloatParams::seeds`: XTC's own draws).
+    seed: Option<Py<PyString>>,
     pub token_feed: bool,
     /// Per column: its kind, and a callable `params -> value | None`.
     pub columns: Vec<(String, ColumnKind, Py<PyAny>)>,
@@ -215,9 +218,14 @@ impl Reader {
                 }
             })
             .collect();
+        let keeps_seeds = crate::tables::BUILTINS.iter().any(|b| {
+            cfg.tables.iter().any(|t| t == b.name)
+                && b.float_params.is_some_and(|f| f.seeds.is_some())
+        });
         Reader {
             fields,
             guards,
+            seed: keeps_seeds.then(|| PyString::intern(py, "seed").unbind()),
             token_feed,
             columns,
         }
@@ -323,6 +331,9 @@ impl Reader {
                 p.push(name, value);
             }
         }
+        if let Some(attr) = &self.seed {
+            p.fields.seed = seed_of(&e.params, attr.bind(py))?;
+        }
         if pipeline.wants_prompt(&p.fields) && !e.prompt_tok_ids.is_none() {
             p.prompt = Some(token_ids(e.index, "prompt_tok_ids", &e.prompt_tok_ids)?);
         }
@@ -342,6 +353,29 @@ impl Reader {
         }
         Ok(p)
     }
+}
+
+/// A request's `seed` as Python's `int(seed) & (2**64 - 1)`, or `None` when it has none (or
+/// one `int` does not take: the front ends check seeds, this only keys a draw).
+fn seed_of(params: &Bound<'_, PyAny>, attr: &Bound<'_, PyString>) -> PyResult<Option<u64>> {
+    let py = params.py();
+    let v = match params.getattr(attr) {
+        Ok(v) => v,
+        Err(e) if is_interrupt(&e) => return Err(e),
+        Err(_) => return Ok(None),
+    };
+    if v.is_none() {
+        return Ok(None);
+    }
+    let int = match py.get_type::<pyo3::types::PyInt>().call1((&v,)) {
+        Ok(i) => i,
+        Err(e) if is_interrupt(&e) => return Err(e),
+        Err(_) => return Ok(None),
+    };
+    Ok(int
+        .call_method1("__and__", (u64::MAX,))?
+        .extract::<u64>()
+        .ok())
 }
 
 /// Lists of token ids (bad words): at most `f.cap` lists of at most `f.len` ids.

@@ -11,6 +11,7 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::buffer::HostBuffer;
 use crate::error::{Error, Result};
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::limits::check_token;
 use crate::processor::{
@@ -32,7 +33,8 @@ pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
         cap: "max_allowed_token_ids",
         factor: 4,
     },
-)];
+)
+.examples(&[E::Ids(&[2, 5, 6, 7, 13, 42])])];
 
 pub struct AllowedState {
     table: SlotTable<Vec<i32>>,

@@ -8,6 +8,7 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
@@ -34,7 +35,8 @@ pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
     },
 )
 .from_attr("bad_words_token_ids")
-.item("word")];
+.item("word")
+.examples(&[E::IdLists(&[&[5], &[6, 7]])])];
 
 pub struct BadWordsParams<H> {
     pub words: Vec<Vec<i64>>,

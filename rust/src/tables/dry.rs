@@ -25,6 +25,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::{HistoryId, TokenHistory};
 use crate::limits::check_token;
@@ -55,20 +56,28 @@ const FLOAT_MAX_LOG: f32 = 88.722_84;
 /// The request fields DRY reads (`dry_multiplier` 0: off).
 pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("dry_multiplier", FieldKind::Float { neutral: 0.0 })
-        .range(Range::at_least(0.0).note("(0: off)")),
+        .range(Range::at_least(0.0).note("(0: off)"))
+        .examples(&[E::Float(0.8), E::Float(2.0)])
+        .bad(&[E::Float(-1.0)]),
     FieldSpec::new("dry_base", FieldKind::Float { neutral: 1.75 })
         .range(Range::at_least(1.0))
-        .tunes(),
+        .tunes()
+        .examples(&[E::Float(2.0), E::Float(1.5)])
+        .bad(&[E::Float(0.5)]),
     FieldSpec::new("dry_allowed_length", FieldKind::Int { neutral: 2 })
         .range(Range::int_at_least(1))
-        .tunes(),
+        .tunes()
+        .examples(&[E::Int(3), E::Int(1)])
+        .bad(&[E::Int(0)]),
     FieldSpec::new("dry_penalty_last_n", FieldKind::Int { neutral: -1 })
         .range(
             Range::int_at_least(-1)
                 .up_to_cap("max_dry_penalty_last_n")
                 .note("(-1: the whole sequence up to the cap; 0: off)"),
         )
-        .tunes(),
+        .tunes()
+        .examples(&[E::Int(16), E::Int(0), E::Int(4), E::Int(64), E::Int(256)])
+        .bad(&[E::Int(-2)]),
     FieldSpec::new(
         "dry_sequence_breakers",
         FieldKind::IdLists {
@@ -77,7 +86,13 @@ pub const FIELDS: &[FieldSpec] = &[
         },
     )
     .item("breaker")
-    .tunes(),
+    .tunes()
+    .examples(&[
+        E::IdLists(&[&[5]]),
+        E::IdLists(&[&[3]]),
+        E::IdLists(&[&[4, 5], &[7]]),
+    ])
+    .bad(&[E::IdLists(&[&[]])]),
 ];
 
 /// One request's checked parameters.

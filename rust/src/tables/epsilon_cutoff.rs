@@ -3,6 +3,7 @@
 //! generic float-parameter table; the apply is in `builtin/epsilon_cutoff.py`.
 
 use crate::error::Result;
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
@@ -10,7 +11,12 @@ use crate::tables::Build;
 
 /// The request field it reads (`epsilon_cutoff`; 0.0 is off).
 pub const FIELDS: &[FieldSpec] =
-    &[FieldSpec::new("epsilon_cutoff", FieldKind::Float { neutral: 0.0 }).range(CUTOFF)];
+    &[
+        FieldSpec::new("epsilon_cutoff", FieldKind::Float { neutral: 0.0 })
+            .range(CUTOFF)
+            .examples(&[E::Float(0.01), E::Float(0.1), E::Float(0.5), E::Float(3e-4)])
+            .bad(&[E::Float(1.0), E::Float(-0.1), E::Float(f64::NAN)]),
+    ];
 
 /// A cutoff's range, shared with eta: HF's.
 pub const CUTOFF: Range = Range::closed(0.0, 1.0).open_hi().note("(0: off)");
@@ -20,6 +26,7 @@ pub static SPEC: FloatParams = FloatParams {
     name: "epsilon_cutoff",
     fields: FIELDS,
     buffers: &["epsilon_cutoff.value"],
+    seeds: None,
     check,
 };
 

@@ -3,6 +3,7 @@
 //! the generic float-parameter table; the apply is in `builtin/eta_cutoff.py`.
 
 use crate::error::Result;
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
@@ -11,7 +12,15 @@ use crate::tables::Build;
 /// The request field it reads (`eta_cutoff`; 0.0 is off).
 pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("eta_cutoff", FieldKind::Float { neutral: 0.0 })
-        .range(super::epsilon_cutoff::CUTOFF),
+        .range(super::epsilon_cutoff::CUTOFF)
+        .examples(&[
+            E::Float(0.01),
+            E::Float(0.2),
+            E::Float(0.5),
+            E::Float(0.9),
+            E::Float(1e-3),
+        ])
+        .bad(&[E::Float(1.0), E::Float(-0.5), E::Str("0.1")]),
 ];
 
 /// Its declaration on the generic float-parameter table.
@@ -19,6 +28,7 @@ pub static SPEC: FloatParams = FloatParams {
     name: "eta_cutoff",
     fields: FIELDS,
     buffers: &["eta_cutoff.value"],
+    seeds: None,
     check,
 };
 

@@ -36,6 +36,12 @@ pub struct FloatParams {
     pub fields: &'static [FieldSpec],
     /// The arena buffer of each field, in field order (`"<name>.<field>"`).
     pub buffers: &'static [&'static str],
+    /// The two int64 arena buffers of a declaration that keeps its requests' seeds (XTC, for
+    /// its own draws in Python): per slot, a serial given to each added request that is on
+    /// and has a seed (unique in the table; 0: none) and that seed (mod 2**64, as int64
+    /// bits). They move with the slot's values, so the view keys its generators by serial
+    /// and keeps no slot bookkeeping of its own. `None` for the others.
+    pub seeds: Option<[&'static str; 2]>,
     /// Checks one request's values (read in field order; unset reads as neutral): an
     /// `Error::invalid` naming the index and the field, `Ok(None)` for a request that is
     /// neutral (the slot holds the neutral values and is not counted), else the values to
@@ -66,11 +72,21 @@ impl FloatParams {
     }
 }
 
+/// A seeded request's `(serial, seed)` (see [`FloatParams::seeds`]).
+pub type Seeded = (i64, i64);
+
+/// What one slot holds: its values and, for a declaration with seeds, its request's.
+pub type Slot = (Values, Option<Seeded>);
+
 /// The dense per-slot state of one declaration.
 pub struct FloatParamsTable {
     spec: &'static FloatParams,
     /// One buffer per field, `capacity` long, neutral where a slot is not set.
     buffers: Vec<HostBuffer<f32>>,
+    /// `(serial, seed)` buffers (0 where no seeded request is), with `seeds`.
+    seeds: Option<[HostBuffer<i64>; 2]>,
+    /// The serial the next seeded request gets.
+    next_serial: i64,
     /// Whether each slot holds a non-neutral request.
     set: Vec<bool>,
     count: usize,
@@ -88,9 +104,18 @@ impl FloatParamsTable {
         let buffers = (0..spec.fields.len())
             .map(|k| HostBuffer::try_new(capacity, spec.neutral(k), "max_num_seqs"))
             .collect::<Result<Vec<_>>>()?;
+        let seeds = match spec.seeds {
+            Some(_) => Some([
+                HostBuffer::try_new(capacity, 0, "max_num_seqs")?,
+                HostBuffer::try_new(capacity, 0, "max_num_seqs")?,
+            ]),
+            None => None,
+        };
         Ok(FloatParamsTable {
             spec,
             buffers,
+            seeds,
+            next_serial: 1,
             set: vec![false; capacity],
             count: 0,
         })
@@ -108,6 +133,13 @@ impl FloatParamsTable {
     /// The stored values of slot `index` (neutral when unset), `None` outside the table.
     pub fn get(&self, index: usize) -> Option<Vec<f32>> {
         (index < self.capacity()).then(|| self.buffers.iter().map(|b| b.get(index)).collect())
+    }
+
+    /// The `(serial, seed)` of slot `index`'s seeded request, if it holds one.
+    pub fn seeded(&self, index: usize) -> Option<Seeded> {
+        let [serial, seed] = self.seeds.as_ref()?;
+        (index < self.capacity() && serial.get(index) != 0)
+            .then(|| (serial.get(index), seed.get(index)))
     }
 
     /// Checks one request's values, read in field order from `fields` (an int field against
@@ -132,12 +164,29 @@ impl FloatParamsTable {
         Ok(())
     }
 
-    /// Applies an update whose values were already checked.
+    /// Applies an update whose values were already checked (no seeds).
     pub fn commit(&mut self, update: BatchUpdate<Option<Values>>) {
-        update.replay(self, |v| v);
+        update.replay(self, |v| v.map(|v| (v, None)));
     }
 
-    fn read(&self, index: usize) -> Option<Values> {
+    /// Applies an update of checked values with each added request's seed (kept, with a
+    /// new serial, where the declaration keeps seeds and the request is on).
+    pub fn commit_seeded(&mut self, update: BatchUpdate<Option<(Values, Option<u64>)>>) {
+        let mut next = self.next_serial;
+        let keeps = self.seeds.is_some();
+        update.replay(self, |e| {
+            e.map(|(v, seed)| {
+                let seeded = seed.filter(|_| keeps).map(|s| {
+                    next += 1;
+                    (next - 1, s as i64)
+                });
+                (v, seeded)
+            })
+        });
+        self.next_serial = next;
+    }
+
+    fn read(&self, index: usize) -> Option<Slot> {
         if !self.set[index] {
             return None;
         }
@@ -145,17 +194,26 @@ impl FloatParamsTable {
         for (k, b) in self.buffers.iter().enumerate() {
             out[k] = b.get(index);
         }
-        Some(out)
+        Some((out, self.seeded(index)))
     }
 
-    fn write(&mut self, index: usize, values: Option<Values>) {
-        if values.is_none() && !self.set[index] {
+    fn write(&mut self, index: usize, slot: Option<Slot>) {
+        if slot.is_none() && !self.set[index] {
             return; // already neutral: nothing to write (or to upload)
         }
+        let values = slot.map(|s| s.0);
         let v = values.unwrap_or_else(|| self.spec.neutrals());
         for (k, b) in self.buffers.iter_mut().enumerate() {
             if b.get(index).to_bits() != v[k].to_bits() {
                 b.set(index, v[k]);
+            }
+        }
+        if let Some(bufs) = self.seeds.as_mut() {
+            let (serial, seed) = slot.and_then(|s| s.1).unwrap_or((0, 0));
+            for (b, x) in bufs.iter_mut().zip([serial, seed]) {
+                if b.get(index) != x {
+                    b.set(index, x);
+                }
             }
         }
         let is_set = values.is_some();
@@ -165,13 +223,13 @@ impl FloatParamsTable {
 }
 
 impl SlotOps for FloatParamsTable {
-    type Value = Values;
+    type Value = Slot;
 
-    fn put(&mut self, index: usize, value: Option<Values>) {
+    fn put(&mut self, index: usize, value: Option<Slot>) {
         self.write(index, value);
     }
 
-    fn take(&mut self, index: usize) -> Option<Values> {
+    fn take(&mut self, index: usize) -> Option<Slot> {
         let v = self.read(index);
         self.write(index, None);
         v
@@ -189,6 +247,11 @@ impl HasBuffers for FloatParamsTable {
         for (name, b) in self.spec.buffers.iter().zip(self.buffers.iter_mut()) {
             f(name, b);
         }
+        if let (Some(names), Some(bufs)) = (self.spec.seeds, self.seeds.as_mut()) {
+            for (name, b) in names.into_iter().zip(bufs.iter_mut()) {
+                f(name, b);
+            }
+        }
     }
 }
 
@@ -198,11 +261,12 @@ impl Table for FloatParamsTable {
     }
 
     fn check(&self, index: usize, fields: &mut Fields, _: Admission) -> Result<Entry> {
-        Ok(entry(self.check_fields(index, fields)?))
+        let seed = fields.seed;
+        Ok(entry(self.check_fields(index, fields)?.map(|v| (v, seed))))
     }
 
     fn commit(&mut self, update: BatchUpdate<Entry>, _: &StepContext<'_>) {
-        FloatParamsTable::commit(self, unbox::<Values>(update).map_added(|v| v));
+        self.commit_seeded(unbox::<(Values, Option<u64>)>(update));
     }
 
     fn active(&self) -> Option<usize> {
@@ -248,6 +312,7 @@ mod tests {
         name: "t",
         fields: FIELDS,
         buffers: &["t.a", "t.b"],
+        seeds: None,
         check,
     };
 

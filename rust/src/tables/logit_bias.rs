@@ -7,6 +7,7 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Fields};
 use crate::limits::check_token;
 use crate::processor::{self, Admission, HostApply, MapsRows, StatusSink, StepContext, Table};
@@ -24,7 +25,8 @@ pub const FIELDS: &[FieldSpec] = &[FieldSpec::new(
     FieldKind::Bias {
         cap: "max_logit_bias_entries",
     },
-)];
+)
+.examples(&[E::Bias(&[(42, -5.0), (7, 2.5)])])];
 
 pub struct LogitBiasState {
     table: SlotTable<Vec<(i32, f32)>>,

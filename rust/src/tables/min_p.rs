@@ -9,6 +9,7 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::Result;
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::processor::{
     entry, unbox, Admission, Entry, HostApply, HostData, HostLogits, StatusSink, StepContext, Table,
@@ -16,8 +17,9 @@ use crate::processor::{
 use crate::tables::Build;
 
 /// The request fields MinP reads.
-pub const FIELDS: &[FieldSpec] =
-    &[FieldSpec::new("min_p", FieldKind::Float { neutral: 0.0 }).range(Range::closed(0.0, 1.0))];
+pub const FIELDS: &[FieldSpec] = &[FieldSpec::new("min_p", FieldKind::Float { neutral: 0.0 })
+    .range(Range::closed(0.0, 1.0))
+    .examples(&[E::Float(0.1)])];
 
 pub struct MinPState {
     values: Vec<f32>,

@@ -8,6 +8,7 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
@@ -29,7 +30,9 @@ pub const CAPS: &[(&str, usize)] = &[("max_stop_token_ids", 128)];
 /// vocabulary) only when `min_tokens` > 0, but read and capped either way: a cap holds whether
 /// or not its field is in use ([`FieldSpec::when_positive`]).
 pub const FIELDS: &[FieldSpec] = &[
-    FieldSpec::new("min_tokens", FieldKind::Int { neutral: 0 }).range(Range::int_at_least(0)),
+    FieldSpec::new("min_tokens", FieldKind::Int { neutral: 0 })
+        .range(Range::int_at_least(0))
+        .examples(&[E::Int(8)]),
     FieldSpec::new(
         "stop_token_ids",
         FieldKind::Ids {
@@ -39,7 +42,8 @@ pub const FIELDS: &[FieldSpec] = &[
     )
     .from_attr("all_stop_token_ids")
     .when_positive("min_tokens")
-    .tunes(),
+    .tunes()
+    .examples(&[E::Ids(&[2, 13])]),
 ];
 
 /// One added request's parameters, as read from its sampling params.

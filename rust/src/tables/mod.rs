@@ -47,6 +47,9 @@ pub struct Builtin {
     /// upload span is short. Declared columns take [`COLUMNS_LAYOUT`].
     pub layout: u8,
     pub build: fn(&Build<'_>) -> Result<Box<dyn Table>>,
+    /// Its declaration, when it is one on the generic float-parameter table (the bindings'
+    /// reader asks it whether the table keeps its requests' seeds).
+    pub float_params: Option<&'static float_params::FloatParams>,
 }
 
 /// Declared columns' place in the arena (see [`Builtin::layout`]).
@@ -161,6 +164,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: false,
         layout: 0,
         build: min_p::build,
+        float_params: None,
     },
     Builtin {
         name: "logit_bias",
@@ -169,6 +173,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: false,
         layout: 6,
         build: logit_bias::build,
+        float_params: None,
     },
     Builtin {
         name: "min_tokens",
@@ -177,6 +182,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: true,
         layout: 4,
         build: min_tokens::build,
+        float_params: None,
     },
     Builtin {
         name: "penalties",
@@ -185,6 +191,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: true,
         layout: 1,
         build: penalties::build,
+        float_params: None,
     },
     Builtin {
         name: "bad_words",
@@ -193,6 +200,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: true,
         layout: 5,
         build: bad_words::build,
+        float_params: None,
     },
     Builtin {
         name: "allowed",
@@ -201,6 +209,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: false,
         layout: 7,
         build: allowed::build,
+        float_params: None,
     },
     Builtin {
         name: "no_repeat_ngram",
@@ -209,6 +218,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: true,
         layout: 8,
         build: no_repeat_ngram::build,
+        float_params: None,
     },
     Builtin {
         name: "dry",
@@ -217,6 +227,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: true,
         layout: 13,
         build: dry::build,
+        float_params: None,
     },
     Builtin {
         name: "thinking",
@@ -225,6 +236,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: true,
         layout: 3,
         build: thinking::build,
+        float_params: None,
     },
     Builtin {
         name: "top_n_sigma",
@@ -233,6 +245,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: false,
         layout: 9,
         build: top_n_sigma::build,
+        float_params: Some(&top_n_sigma::SPEC),
     },
     Builtin {
         name: "typical_p",
@@ -241,6 +254,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: false,
         layout: 10,
         build: typical_p::build,
+        float_params: Some(&typical_p::SPEC),
     },
     Builtin {
         name: "epsilon_cutoff",
@@ -249,6 +263,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: false,
         layout: 11,
         build: epsilon_cutoff::build,
+        float_params: Some(&epsilon_cutoff::SPEC),
     },
     Builtin {
         name: "eta_cutoff",
@@ -257,6 +272,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: false,
         layout: 12,
         build: eta_cutoff::build,
+        float_params: Some(&eta_cutoff::SPEC),
     },
     Builtin {
         name: "xtc",
@@ -265,6 +281,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: false,
         layout: 14,
         build: xtc::build,
+        float_params: Some(&xtc::SPEC),
     },
     Builtin {
         name: "top_k_top_p",
@@ -273,6 +290,7 @@ pub const BUILTINS: &[Builtin] = &[
         history: false,
         layout: 15,
         build: top_k_top_p::build,
+        float_params: Some(&top_k_top_p::SPEC),
     },
 ];
 
@@ -303,6 +321,46 @@ mod tests {
                 );
                 if let Some(cap) = r.cap() {
                     assert!(b.caps.iter().any(|(c, _)| *c == cap), "{}: {cap}", f.name);
+                }
+            }
+        }
+    }
+
+    /// Every field declares examples, the first not neutral; each example of a number field
+    /// is inside its range, each refused number outside it (the tests' value lists come from
+    /// these: `registry.Field.examples`, `.bad`).
+    #[test]
+    fn every_field_has_examples_inside_and_bad_values_outside_its_range() {
+        use crate::fields::Example;
+        for b in BUILTINS {
+            for f in b.fields {
+                assert!(!f.examples.is_empty(), "{}: no example", f.name);
+                let number = |e: &Example| match *e {
+                    Example::Float(x) => Some(x),
+                    Example::Int(n) => Some(n as f64),
+                    _ => None,
+                };
+                let first = number(&f.examples[0]);
+                match f.kind {
+                    FieldKind::Float { neutral } => assert_ne!(first, Some(neutral), "{}", f.name),
+                    FieldKind::Int { neutral } => {
+                        assert_ne!(first, Some(neutral as f64), "{}", f.name)
+                    }
+                    _ => {}
+                }
+                let Some(r) = f.range else { continue };
+                let refused = |x: f64| {
+                    if r.int {
+                        x.fract() != 0.0 || r.int_error(x as i64, None).is_some()
+                    } else {
+                        r.float_error(x).is_some()
+                    }
+                };
+                for x in f.examples.iter().filter_map(number) {
+                    assert!(!refused(x), "{}: example {x} refused", f.name);
+                }
+                for x in f.bad.iter().filter_map(number) {
+                    assert!(refused(x), "{}: bad value {x} accepted", f.name);
                 }
             }
         }

@@ -28,6 +28,7 @@ use std::sync::OnceLock;
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::{HistoryId, TokenHistory};
 use crate::processor::{
@@ -47,19 +48,26 @@ pub const CAPS: &[(&str, usize)] = &[
 
 /// The request fields no-repeat-ngram reads (size 0: off; the others as in the module's doc).
 pub const FIELDS: &[FieldSpec] = &[
-    FieldSpec::new("no_repeat_ngram_size", FieldKind::Int { neutral: 0 }).range(
-        Range::int_at_least(0)
-            .up_to_cap("max_no_repeat_ngram_size")
-            .note("(0: off)"),
-    ),
+    FieldSpec::new("no_repeat_ngram_size", FieldKind::Int { neutral: 0 })
+        .range(
+            Range::int_at_least(0)
+                .up_to_cap("max_no_repeat_ngram_size")
+                .note("(0: off)"),
+        )
+        .examples(&[E::Int(2), E::Int(1), E::Int(3)])
+        .bad(&[E::Int(-1), E::Float(1.5), E::Str("2"), E::PowerOfTwo(70)]),
     FieldSpec::new("no_repeat_ngram_window", FieldKind::Int { neutral: 0 })
         .range(
             Range::int_at_least(0)
                 .up_to_cap("max_no_repeat_ngram_window")
                 .note("(0: the cap)"),
         )
-        .tunes(),
-    FieldSpec::new("no_repeat_ngram_output_only", FieldKind::Bool).tunes(),
+        .tunes()
+        .examples(&[E::Int(4), E::Int(16), E::Int(128)])
+        .bad(&[E::Int(-1)]),
+    FieldSpec::new("no_repeat_ngram_output_only", FieldKind::Bool)
+        .tunes()
+        .examples(&[E::Bool(true)]),
     FieldSpec::new(
         "no_repeat_ngram_whitelist",
         FieldKind::Ids {
@@ -67,7 +75,9 @@ pub const FIELDS: &[FieldSpec] = &[
             factor: 1,
         },
     )
-    .tunes(),
+    .tunes()
+    .examples(&[E::Ids(&[3]), E::Ids(&[1, 2])])
+    .bad(&[E::Ids(&[-1])]),
 ];
 
 /// One request's no-repeat-ngram settings beyond its size (all off: HF's rule).

@@ -29,6 +29,7 @@ use crate::arena::{HasBuffers, Staged};
 use crate::batch::{BatchUpdate, SlotOps};
 use crate::buffer::HostBuffer;
 use crate::error::Result;
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
@@ -55,14 +56,19 @@ pub const PROMPT_FLAG: i32 = 1 << 30;
 /// prompt read too.
 pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("repetition_penalty", FieldKind::Float { neutral: 1.0 })
-        .range(Range::at_least(0.0).open_lo().note("(1: off)")),
+        .range(Range::at_least(0.0).open_lo().note("(1: off)"))
+        .examples(&[E::Float(1.1)]),
     FieldSpec::new("frequency_penalty", FieldKind::Float { neutral: 0.0 })
-        .range(Range::closed(-2.0, 2.0)),
+        .range(Range::closed(-2.0, 2.0))
+        .examples(&[E::Float(0.5)]),
     FieldSpec::new("presence_penalty", FieldKind::Float { neutral: 0.0 })
-        .range(Range::closed(-2.0, 2.0)),
+        .range(Range::closed(-2.0, 2.0))
+        .examples(&[E::Float(-0.5)]),
     FieldSpec::new("penalty_last_n", FieldKind::OptInt)
         .range(Range::int_at_least(-1).note("(None or -1: the whole history; 0: off)"))
-        .tunes(),
+        .tunes()
+        .examples(&[E::Int(16), E::Int(-1), E::Int(0), E::Int(3), E::Int(64)])
+        .bad(&[E::Int(-2)]),
 ];
 
 /// One added request's penalty parameters.

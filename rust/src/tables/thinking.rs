@@ -30,6 +30,7 @@
 use crate::arena::{HasBuffers, Staged};
 use crate::batch::BatchUpdate;
 use crate::error::{Error, Result};
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Fields, Range};
 use crate::history::HistoryId;
 use crate::history::TokenHistory;
@@ -52,7 +53,8 @@ pub struct ThinkingConfig {
 
 /// The request fields the thinking budget reads; a budget (even −1) makes the prompt read.
 pub const FIELDS: &[FieldSpec] = &[FieldSpec::new("thinking_token_budget", FieldKind::OptInt)
-    .range(Range::int_at_least(-1).note("(None or -1: unlimited)"))];
+    .range(Range::int_at_least(-1).note("(None or -1: unlimited)"))
+    .examples(&[E::Int(16)])];
 
 /// One added request's parameters.
 pub struct ThinkingParams<H> {

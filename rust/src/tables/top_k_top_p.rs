@@ -10,6 +10,7 @@
 //! attributes: those are our `SamplingParams`' own sampler fields (`Sampler`'s tail).
 
 use crate::error::Result;
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
@@ -18,9 +19,22 @@ use crate::tables::Build;
 /// The request fields it reads: `kept_top_k` (an int; 0 or -1 off) and `kept_top_p` (1 off).
 pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("kept_top_k", FieldKind::Int { neutral: 0 })
-        .range(Range::int_at_least(-1).note("(0 or -1: off)")),
+        .range(Range::int_at_least(-1).note("(0 or -1: off)"))
+        .off_at_most(0.0)
+        .examples(&[
+            E::Int(5),
+            E::Int(-1),
+            E::Int(1),
+            E::Int(3),
+            E::Int(10),
+            E::Int(1_000_000),
+            E::Int(40),
+        ])
+        .bad(&[E::Int(-2), E::Float(2.5)]),
     FieldSpec::new("kept_top_p", FieldKind::Float { neutral: 1.0 })
-        .range(Range::closed(0.0, 1.0).open_lo().note("(1: off)")),
+        .range(Range::closed(0.0, 1.0).open_lo().note("(1: off)"))
+        .examples(&[E::Float(0.9), E::Float(0.3), E::Float(0.8), E::Float(0.95)])
+        .bad(&[E::Float(0.0), E::Float(1.5)]),
 ];
 
 /// Its declaration on the generic float-parameter table.
@@ -28,6 +42,7 @@ pub static SPEC: FloatParams = FloatParams {
     name: "top_k_top_p",
     fields: FIELDS,
     buffers: &["top_k_top_p.top_k", "top_k_top_p.top_p"],
+    seeds: None,
     check,
 };
 
@@ -35,12 +50,13 @@ pub static SPEC: FloatParams = FloatParams {
 /// or above the vocabulary keeps every token (the apply clamps to the vocabulary).
 pub const MAX_STORED_TOP_K: i64 = 1 << 24;
 
-/// `kept_top_k` an int >= -1 (-1 and 0: off, stored as 0; above [`MAX_STORED_TOP_K`] stored
+/// `kept_top_k` an int >= -1 (-1 and 0: off, stored as 0: its `off_at_most`; above [`MAX_STORED_TOP_K`] stored
 /// as it); `kept_top_p` in (0, 1], stored as float32 (1: off). Off when both are.
 pub fn check(index: usize, v: &[f64]) -> Result<Option<Values>> {
     let k = FIELDS[0].checked_int(index, v[0] as i64, None)?;
     let p = FIELDS[1].checked(index, v[1])? as f32;
-    let k = if k <= 0 { 0 } else { k.min(MAX_STORED_TOP_K) } as f32;
+    // -1 is 0 (off at most 0, its declaration).
+    let k = (FIELDS[0].canonical(k as f64) as i64).min(MAX_STORED_TOP_K) as f32;
     Ok((k > 0.0 || p < 1.0).then(|| float_params::values(&[k, p])))
 }
 

@@ -3,6 +3,7 @@
 //! per slot on the generic float-parameter table; the apply is in `builtin/top_n_sigma.py`.
 
 use crate::error::Result;
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
@@ -12,7 +13,10 @@ use crate::tables::Build;
 pub const FIELDS: &[FieldSpec] =
     &[
         FieldSpec::new("top_n_sigma", FieldKind::Float { neutral: 0.0 })
-            .range(Range::finite().note("(<= 0: off)")),
+            .range(Range::finite().note("(<= 0: off)"))
+            .off_at_most(0.0)
+            .examples(&[E::Float(1.0), E::Float(-1.0), E::Float(0.5), E::Float(2.0)])
+            .bad(&[E::Float(f64::NAN), E::Float(f64::INFINITY), E::Str("1")]),
     ];
 
 /// Its declaration on the generic float-parameter table.
@@ -20,6 +24,7 @@ pub static SPEC: FloatParams = FloatParams {
     name: "top_n_sigma",
     fields: FIELDS,
     buffers: &["top_n_sigma.value"],
+    seeds: None,
     check,
 };
 

@@ -3,6 +3,7 @@
 //! generic float-parameter table; the apply is in `builtin/typical_p.py`.
 
 use crate::error::Result;
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
@@ -11,7 +12,9 @@ use crate::tables::Build;
 /// The request field it reads (`typical_p`; 1.0 is off).
 pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("typical_p", FieldKind::Float { neutral: 1.0 })
-        .range(Range::closed(0.0, 1.0).open_lo().note("(1: off)")),
+        .range(Range::closed(0.0, 1.0).open_lo().note("(1: off)"))
+        .examples(&[E::Float(0.5), E::Float(0.2), E::Float(0.9)])
+        .bad(&[E::Float(0.0), E::Float(1.5), E::Float(f64::NAN)]),
 ];
 
 /// Its declaration on the generic float-parameter table.
@@ -19,6 +22,7 @@ pub static SPEC: FloatParams = FloatParams {
     name: "typical_p",
     fields: FIELDS,
     buffers: &["typical_p.value"],
+    seeds: None,
     check,
 };
 

@@ -1,13 +1,15 @@
 //! XTC, "exclude top choices" (llama.cpp `llama_sampler_xtc_apply`, text-generation-webui PR
 //! #6335): with probability `xtc_probability` per step, among the tokens whose probability is
 //! at least `xtc_threshold`, remove all but the least probable one. Two float32 per slot on the
-//! generic float-parameter table; the draw and the mask are in `builtin/xtc.py`.
+//! generic float-parameter table, with the seed of each seeded request that has it on (and a
+//! serial naming that request); the draw and the mask are in `builtin/xtc.py`.
 //!
 //! Off (the slot holds the neutral values and is not counted) when `xtc_probability` is 0 or
 //! `xtc_threshold` is above 0.5 (llama.cpp: at most one token can then qualify), compared as
 //! the stored float32 values.
 
 use crate::error::Result;
+use crate::fields::Example as E;
 use crate::fields::{FieldKind, FieldSpec, Range};
 use crate::processor::Table;
 use crate::tables::float_params::{self, FloatParams, Values};
@@ -17,11 +19,21 @@ use crate::tables::Build;
 /// default, as llama.cpp's and text-generation-webui's; above 0.5 is off).
 pub const FIELDS: &[FieldSpec] = &[
     FieldSpec::new("xtc_probability", FieldKind::Float { neutral: 0.0 })
-        .range(Range::closed(0.0, 1.0).note("(0: off)")),
+        .range(Range::closed(0.0, 1.0).note("(0: off)"))
+        .examples(&[E::Float(0.5), E::Float(1.0)])
+        .bad(&[E::Float(1.5), E::Float(-0.1)]),
     // A threshold of 0 (or below) would make every token qualify, -inf ones included.
     FieldSpec::new("xtc_threshold", FieldKind::Float { neutral: 0.1 })
         .tunes()
-        .range(Range::closed(0.0, 1.0).open_lo().note("(> 0.5: off)")),
+        .range(Range::closed(0.0, 1.0).open_lo().note("(> 0.5: off)"))
+        .examples(&[
+            E::Float(0.3),
+            E::Float(0.02),
+            E::Float(0.05),
+            E::Float(0.6),
+            E::Float(0.2),
+        ])
+        .bad(&[E::Float(0.0), E::Float(f64::NAN)]),
 ];
 
 /// Its declaration on the generic float-parameter table.
@@ -29,6 +41,9 @@ pub static SPEC: FloatParams = FloatParams {
     name: "xtc",
     fields: FIELDS,
     buffers: &["xtc.probability", "xtc.threshold"],
+    // A seeded request draws from a generator of its own (`builtin/xtc.py`), keyed by the
+    // serial the table gives it: the slot bookkeeping is the table's.
+    seeds: Some(["xtc.serial", "xtc.seed"]),
     check,
 };
 
@@ -81,6 +96,37 @@ mod tests {
             let err = check(3, &[p, t]).unwrap_err().to_string();
             assert!(err.contains("index 3") && err.contains(field), "{err}");
         }
+    }
+
+    /// A seeded request that is on keeps its seed under a serial of its own, which moves and
+    /// swaps with its values; one that is off, or has no seed, keeps none.
+    #[test]
+    fn seeds_move_with_their_request() {
+        let mut t = FloatParamsTable::try_new(&SPEC, 4).unwrap();
+        // As the table's `check` makes an entry: the values if on, with the request's seed.
+        let entry = |p: f64, seed: Option<u64>| check(0, &[p, 0.1]).unwrap().map(|v| (v, seed));
+        let mut u = BatchUpdate::new(3);
+        u.added = vec![
+            (0, entry(0.5, Some(7))),
+            (1, entry(0.0, Some(8))),
+            (2, entry(0.5, None)),
+        ];
+        t.commit_seeded(u);
+        assert_eq!(
+            (t.seeded(0), t.seeded(1), t.seeded(2)),
+            (Some((1, 7)), None, None)
+        );
+        let mut u = BatchUpdate::new(3);
+        u.moved = vec![Move::swap(0, 2)];
+        t.update(u).unwrap();
+        assert_eq!((t.seeded(0), t.seeded(2)), (None, Some((1, 7))));
+        // The same seed again, in the slot it left: a new request, a new serial.
+        let mut u = BatchUpdate::new(3);
+        u.added = vec![(0, entry(1.0, Some(7)))];
+        u.removed = vec![2];
+        t.commit_seeded(u);
+        assert_eq!((t.seeded(0), t.seeded(2)), (Some((2, 7)), None));
+        assert_eq!(t.seeded(9), None);
     }
 
     #[test]
