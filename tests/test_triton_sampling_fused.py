@@ -114,7 +114,7 @@ def run_triton(x: torch.Tensor, vals: dict, seeds: list[int], positions: list[in
 
 
 def run_cpu_fused(x: torch.Tensor, vals: dict, seeds: list[int], positions: list[int]):
-    from logitsproc_rs import tail
+    from logitsproc_rs import _tail as tail
 
     rows = x.shape[0]
     steps = {s: vals[s] for s in ("log_min_p", "top_n_sigma", "epsilon", "eta") if s in vals}
