@@ -51,7 +51,6 @@ from test_differential import classify_min_p_diffs, random_logits
 from test_property import (
     _SETTINGS,
     HOT,
-    NAN,
     draw_bad_params,
     draw_params,
     guarded,
@@ -62,6 +61,7 @@ from logitsproc_rs import BatchUpdate, EngineConfig, build_logitsprocs
 from logitsproc_rs.builtin import OPT_IN_PROCESSORS, MinPLogitsProcessor
 from logitsproc_rs.errors import LogitsprocError
 from logitsproc_rs.reference import reference_of
+from logitsproc_rs.registry import TABLES
 from logitsproc_rs.simulate import Request
 
 ROWS_PER_SLOT = 3  # a slot owns 0..3 rows of a step (one, or a few speculative rows)
@@ -69,63 +69,26 @@ ROWS_PER_SLOT = 3  # a slot owns 0..3 rows of a step (one, or a few speculative 
 # What the machine exercised, summed over every example of this process (see the last test).
 TOTALS: Counter[str] = Counter()
 
-# The opt-in processors' fields: values that select each path (off, on, edge), and values that
-# no request may carry.
-OPT_IN_VALUES: dict[str, tuple[Any, ...]] = {
-    "no_repeat_ngram_size": (0, 0, 1, 2, 3),
-    "top_n_sigma": (0.0, 0.0, -1.0, 0.5, 1.0, 2.0),
-    "typical_p": (1.0, 1.0, 0.2, 0.5, 0.9),
-    "epsilon_cutoff": (0.0, 0.0, 0.01, 0.1, 0.5),
-    "eta_cutoff": (0.0, 0.0, 0.01, 0.2, 0.5, 0.9),
-    # XTC fires when its draw u ~ U[0, 1) is below the probability: 0 and 1 make it certain,
-    # so ours and the reference agree whatever each draws.
-    "xtc_probability": (0.0, 1.0, 1.0),
-    "xtc_threshold": (0.02, 0.05, 0.1, 0.6),
-    "kept_top_k": (0, 0, -1, 1, 3, 10, 10**6),
-    "kept_top_p": (1.0, 1.0, 0.3, 0.8, 0.95),
-    "dry_multiplier": (0.0, 0.8, 2.0),
-    "dry_allowed_length": (1, 1, 2),
-    "dry_penalty_last_n": (-1, -1, 0, 4, 64),
-    "dry_sequence_breakers": (None, [[3]], [[4, 5], [7]]),
-    "no_repeat_ngram_output_only": (False, False, True),
-    "no_repeat_ngram_window": (0, 0, 4, 16),
-    "no_repeat_ngram_whitelist": (None, [1, 2]),
-    "penalty_last_n": (None, -1, 0, 3, 16),
-}
-BAD_OPT_IN: list[tuple[str, Any]] = [
-    ("no_repeat_ngram_size", -1),
-    ("no_repeat_ngram_size", 1.5),
-    ("no_repeat_ngram_size", "2"),
-    ("no_repeat_ngram_size", 2**70),
-    ("top_n_sigma", NAN),
-    ("top_n_sigma", float("inf")),
-    ("top_n_sigma", "1"),
-    ("typical_p", 0.0),
-    ("typical_p", 1.5),
-    ("typical_p", NAN),
-    ("epsilon_cutoff", 1.0),
-    ("epsilon_cutoff", -0.1),
-    ("epsilon_cutoff", NAN),
-    ("eta_cutoff", 1.0),
-    ("eta_cutoff", -0.5),
-    ("eta_cutoff", "0.1"),
-    ("xtc_probability", 1.5),
-    ("xtc_probability", -0.1),
-    ("xtc_threshold", 0.0),
-    ("xtc_threshold", NAN),
-    ("kept_top_k", -2),
-    ("kept_top_k", 2.5),
-    ("kept_top_p", 0.0),
-    ("kept_top_p", 1.5),
-    ("dry_multiplier", -1.0),
-    ("dry_base", 0.5),
-    ("dry_allowed_length", 0),
-    ("dry_penalty_last_n", -2),
-    ("dry_sequence_breakers", [[]]),
-    ("no_repeat_ngram_window", -1),
-    ("no_repeat_ngram_whitelist", [-1]),
-    ("penalty_last_n", -2),
+# The opt-in processors' fields and the penalties' window (which ``draw_params`` does not
+# draw), from the registry: values that select each path (the neutral one, twice, then the
+# field's examples: on, edges, other ways of off), and values that no request may carry
+# (``FieldSpec::examples`` and ``::bad``).
+_FIELDS = [f for c in OPT_IN_PROCESSORS for t in c.TABLES for f in TABLES[t].fields] + [
+    f for f in TABLES["penalties"].fields if f.attr == "penalty_last_n"
 ]
+
+
+def _values(f: Any) -> tuple[Any, ...]:
+    values = (f.neutral, f.neutral, *f.examples)
+    if f.attr == "xtc_probability":
+        # XTC fires when its draw u ~ U[0, 1) is below the probability: 0 and 1 make it
+        # certain, so ours and the reference agree whatever each draws.
+        values = tuple(v for v in values if v in (0.0, 1.0))
+    return values
+
+
+OPT_IN_VALUES: dict[str, tuple[Any, ...]] = {f.attr: _values(f) for f in _FIELDS}
+BAD_OPT_IN: list[tuple[str, Any]] = [(f.attr, v) for f in _FIELDS for v in f.bad]
 
 
 def draw_slot_params(data: Any, vocab: int) -> Any:

@@ -938,7 +938,8 @@ class RefTopKTopPLogitsProcessor(ReferenceProcessor):
     the sampler's own below) over every row of the batch once some request sets either. State:
     slot → (k, p as float32), only where one is on (k >= 1, or p < 1 as float32); ``apply``
     gives every row its request's k (none at or above the vocabulary, or unset) and p (1
-    unset), so a row at p = 1 loses its probability-0 tokens, as in vLLM's batch. Last of the
+    unset), so once a row of the batch uses top-p a row at p = 1 loses its probability-0
+    tokens, as in vLLM's batch (on CPU logits; on a device always, as the processor). Last of the
     argmax-invariant phase, where vLLM applies its own."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
@@ -969,6 +970,14 @@ class RefTopKTopPLogitsProcessor(ReferenceProcessor):
             if i < rows:
                 ks[i] = k if 0 < k < vocab else None
                 ps[i] = p
+        if logits.device.type == "cpu" and all(p >= 1.0 for p in ps):
+            # As vLLM's batch without top-p: no top-p pass, so p = 1 rows keep their
+            # probability-0 tokens. On a device the processor passes top-p always (knowing
+            # whether a row uses it would sync), and the pass below runs.
+            for i, k in enumerate(ks):
+                if k is not None:
+                    _top_k_row(logits[i], k)
+            return logits
         return _top_k_top_p_rows(logits, ks, ps)
 
 
