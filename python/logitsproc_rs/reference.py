@@ -974,9 +974,9 @@ class RefTopKTopPLogitsProcessor(ReferenceProcessor):
             # As vLLM's batch without top-p: no top-p pass, so p = 1 rows keep their
             # probability-0 tokens. On a device the processor passes top-p always (knowing
             # whether a row uses it would sync), and the pass below runs.
-            for i, k in enumerate(ks):
-                if k is not None:
-                    _top_k_row(logits[i], k)
+            for i, kept in enumerate(ks):
+                if kept is not None:
+                    _top_k_row(logits[i], kept)
             return logits
         return _top_k_top_p_rows(logits, ks, ps)
 
