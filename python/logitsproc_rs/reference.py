@@ -12,10 +12,10 @@ so vLLM's own ``SamplingParams`` and ``BatchUpdate`` work too.
 Besides vLLM's three built-ins, the transforms vLLM hard-codes in its sampler (allowed token
 ids, bad words, penalties) are reference processors here, as they are processors in
 ``logitsproc_rs``; ``ref_apply_token_bitmask`` is the grammar bitmask and ``ReferenceSampler``
-the whole pipeline with logprobs. Unlike the fast path they rebuild everything from the
+the whole sampler with logprobs. Unlike the fast path they rebuild everything from the
 request's history on every step (penalty counts, bad-word matches), as vLLM 0.25.1 does.
 
-An independent oracle: it imports nothing of the pipeline it checks (only the standard library,
+An independent oracle: it imports nothing of the package it checks (only the standard library,
 numpy and torch). Its interface types (``ReferenceProcessor``, ``RefLogitsProcessors``,
 ``process_dict_updates``), the sampler's types (``RefSamplingMetadata``, ``RefLogprobsTensors``,
 ``RefSamplerOutput``), the processor order (``REFERENCE_ORDER``) and the constants are its own,
@@ -34,7 +34,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
-# Nothing of the pipeline it checks (sampler, state, interface, params, registry, builtin) is
+# Nothing of the package it checks (sampler, state, interface, params, registry, builtin) is
 # imported: its types, order and constants are written here from vLLM 0.25.1 ("the semantics
 # note": the project's notes on vLLM 0.25.1's semantics). Inputs (the engine's ``BatchUpdate``,
 # ``SamplingParams``, a config, a ``SamplingMetadata``) are read by their attributes only.
