@@ -117,6 +117,20 @@ def test_non_strict_differs_only_on_uncertain_rows() -> None:
     assert uncertain_total > 0  # the flat rows do reach the margin: the check has teeth
 
 
+def test_rows_sent_to_the_sort_read_top_k_off_as_the_sort_free_path() -> None:
+    """k <= 0 and k above the vocabulary are off on the sort-free path; a row handed to the
+    sort (a run of ties cut by the top-p boundary) reads them the same way, not as an index."""
+    vocab = 40
+    x = torch.zeros(4, vocab)  # all tied: top-p 0.5 cuts the run, so every row goes to the sort
+    x[:, :3] = torch.tensor([3.0, 2.0, 1.0])
+    p = torch.full((4,), 0.5)
+    before = tail.TAIL_STATS.rows_sorted
+    got = tail.mask_top_k_top_p_(x.clone(), torch.tensor([0, vocab + 7, -1, vocab]), p)
+    assert tail.TAIL_STATS.rows_sorted - before == 4  # the case under test: the sort path
+    want = tail.mask_top_k_top_p_(x.clone(), torch.full((4,), vocab), p)
+    assert torch.equal(_kept(got), _kept(want))
+
+
 def test_torch_stream_reproduced_mid_block() -> None:
     tail.check_torch_stream()
     g = torch.Generator().manual_seed(99)

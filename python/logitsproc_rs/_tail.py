@@ -100,6 +100,11 @@ def _sort_rows(
     idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
     sub = logits.index_select(0, idx)
     ks = None if k is None else k.index_select(0, idx)
+    if ks is not None:
+        # Off as the sort-free path reads it (k <= 0, or above the vocabulary): vLLM's code
+        # takes only 1..V, where V is off.
+        vocab = logits.shape[1]
+        ks = ks.masked_fill((ks <= 0) | (ks > vocab), vocab)
     ps = None if p is None else p.index_select(0, idx)
     out = apply_top_k_top_p(sub, ks, ps, None if ks is None else int(ks.max()))
     logits.index_copy_(0, idx, out)
