@@ -319,6 +319,24 @@ def _check_device(t: torch.Tensor, what: str) -> None:
         )
 
 
+def _check_logits(logits: torch.Tensor, what: str) -> tuple[int, int]:
+    """``(rows, vocab)`` of float32 ``[B, V]`` logits with contiguous rows on a device the
+    kernels run on; ``InputError`` otherwise."""
+    _check_device(logits, what)
+    if logits.dim() != 2 or logits.dtype != torch.float32:
+        raise InputError(f"{what}: expected float32 [B, V] logits, got {logits.dtype} "
+                         f"{tuple(logits.shape)}")  # fmt: skip
+    rows, vocab = logits.shape
+    if vocab > 1 and logits.stride(1) != 1:
+        raise InputError(f"{what}: the logits' rows must be contiguous")
+    return rows, vocab
+
+
+def _block(vocab: int) -> int:
+    """The tile over the vocabulary one program reads at a time."""
+    return max(16, min(1024, triton.next_power_of_2(vocab)))
+
+
 def _row_param(
     t: torch.Tensor | None, rows: int, dtype: torch.dtype, device: torch.device, what: str
 ) -> torch.Tensor | None:
@@ -338,13 +356,7 @@ def _launch(
     sample: bool,
 ) -> torch.Tensor | None:
     what = "sample_batch_invariant_triton" if sample else "mask_top_k_top_p_triton_"
-    _check_device(logits, what)
-    if logits.dim() != 2 or logits.dtype != torch.float32:
-        raise InputError(f"{what}: expected float32 [B, V] logits, got {logits.dtype} "
-                         f"{tuple(logits.shape)}")  # fmt: skip
-    rows, vocab = logits.shape
-    if vocab > 1 and logits.stride(1) != 1:
-        raise InputError(f"{what}: the logits' rows must be contiguous")
+    rows, vocab = _check_logits(logits, what)
     dev = logits.device
     k = _row_param(top_k, rows, torch.int64, dev, "top_k")
     p = _row_param(top_p, rows, torch.float32, dev, "top_p")
@@ -354,7 +366,7 @@ def _launch(
     if rows == 0 or vocab == 0 or (not sample and k is None and p is None):
         return out
     dummy = logits
-    block = max(16, min(1024, triton.next_power_of_2(vocab)))
+    block = _block(vocab)
     _tail_kernel[(rows,)](
         logits,
         logits.stride(0),
@@ -724,13 +736,7 @@ def sample_fused_triton(
     the processed logits afterwards. Returns int64 ``[B]`` tokens (module docs, "The fused
     tail", for where they may differ from the CPU pass)."""
     what = "sample_fused_triton"
-    _check_device(logits, what)
-    if logits.dim() != 2 or logits.dtype != torch.float32:
-        raise InputError(f"{what}: expected float32 [B, V] logits, got {logits.dtype} "
-                         f"{tuple(logits.shape)}")  # fmt: skip
-    rows, vocab = logits.shape
-    if vocab > 1 and logits.stride(1) != 1:
-        raise InputError(f"{what}: the logits' rows must be contiguous")
+    rows, vocab = _check_logits(logits, what)
     dev = logits.device
     f32, i64 = torch.float32, torch.int64
     t = _row_param(temperature, rows, f32, dev, "temperature")
@@ -746,7 +752,7 @@ def sample_fused_triton(
     if rows == 0 or vocab == 0:
         return out
     d = logits
-    block = max(16, min(1024, triton.next_power_of_2(vocab)))
+    block = _block(vocab)
     _fused_kernel[(rows,)](
         logits,
         logits.stride(0),

@@ -14,7 +14,8 @@ use crate::sampling::mt19937::Mt19937;
 use crate::sampling::noise::{gumbel, gumbel_race_row, row_key, token_bits};
 use crate::sampling::race::{exponential_race as race, RaceScratch, Streams};
 
-fn per_row<T: Copy>(v: &Option<Vec<T>>, rows: usize, name: &str) -> PyResult<()> {
+/// `Err` unless a per-row argument (`None`: not given) has one entry per row.
+fn per_row<T>(v: Option<&[T]>, rows: usize, name: &str) -> PyResult<()> {
     match v {
         Some(v) if v.len() != rows => Err(PyValueError::new_err(format!(
             "{name}: {} entries for {rows} rows",
@@ -22,6 +23,15 @@ fn per_row<T: Copy>(v: &Option<Vec<T>>, rows: usize, name: &str) -> PyResult<()>
         ))),
         _ => Ok(()),
     }
+}
+
+/// Row `r`'s top-k as the kept-set code reads it: `None` (off) where unset or `<= 0`.
+fn row_top_k(top_k: &Option<Vec<i64>>, r: usize) -> Option<usize> {
+    top_k
+        .as_ref()
+        .map(|k| k[r])
+        .filter(|&k| k > 0)
+        .map(|k| k as usize)
 }
 
 /// Top-k (`top_k[r] >= vocab`: off) and top-p (`top_p[r] >= 1`: off) kept sets, masked to
@@ -39,8 +49,8 @@ pub fn unsafe_mask_top_k_top_p(
     top_p: Option<Vec<f32>>,
     strict: bool,
 ) -> PyResult<(Vec<usize>, Vec<usize>)> {
-    per_row(&top_k, rows, "top_k")?;
-    per_row(&top_p, rows, "top_p")?;
+    per_row(top_k.as_deref(), rows, "top_k")?;
+    per_row(top_p.as_deref(), rows, "top_p")?;
     // SAFETY: the Python caller checked the tensor (see the module docs).
     let data = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
     let outcomes = py.detach(|| {
@@ -51,13 +61,8 @@ pub fn unsafe_mask_top_k_top_p(
             row_stride,
             rows * vocab,
             |row, r, s: &mut Scratch| {
-                let k = top_k
-                    .as_ref()
-                    .map(|k| k[r])
-                    .filter(|&k| k > 0)
-                    .map(|k| k as usize);
                 let p = top_p.as_ref().map(|p| p[r]);
-                mask_row(row, k, p, strict, s)
+                mask_row(row, row_top_k(&top_k, r), p, strict, s)
             },
         )
     });
@@ -104,7 +109,7 @@ pub fn unsafe_exponential_race<'py>(
     seeded: Vec<(usize, usize)>,
     states: Vec<Vec<u8>>,
 ) -> PyResult<RaceOutcome<'py>> {
-    per_row(&Some(need.clone()), rows, "need")?;
+    per_row(Some(&need), rows, "need")?;
     if let Some(&(r, g)) = seeded
         .iter()
         .find(|&&(r, g)| r >= rows || g >= states.len())
@@ -163,17 +168,9 @@ pub fn unsafe_gumbel_race(
     seeds: Vec<i64>,
     positions: Vec<i64>,
 ) -> PyResult<Vec<i64>> {
-    for (name, n) in [
-        ("need", need.len()),
-        ("seeds", seeds.len()),
-        ("positions", positions.len()),
-    ] {
-        if n != rows {
-            return Err(PyValueError::new_err(format!(
-                "{name}: {n} entries for {rows} rows"
-            )));
-        }
-    }
+    per_row(Some(&need), rows, "need")?;
+    per_row(Some(&seeds), rows, "seeds")?;
+    per_row(Some(&positions), rows, "positions")?;
     // SAFETY: the Python caller checked the tensor (see the module docs).
     let data = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
     Ok(py.detach(|| {
@@ -222,9 +219,9 @@ pub fn unsafe_fused_gumbel(
     top_k: Option<Vec<i64>>,
     top_p: Option<Vec<f32>>,
 ) -> PyResult<(Vec<i64>, Vec<usize>, Vec<usize>)> {
-    per_row(&Some(need.clone()), rows, "need")?;
-    per_row(&Some(seeds.clone()), rows, "seeds")?;
-    per_row(&Some(positions.clone()), rows, "positions")?;
+    per_row(Some(&need), rows, "need")?;
+    per_row(Some(&seeds), rows, "seeds")?;
+    per_row(Some(&positions), rows, "positions")?;
     for (name, v) in [
         ("temperature", &temperature),
         ("log_min_p", &log_min_p),
@@ -233,9 +230,9 @@ pub fn unsafe_fused_gumbel(
         ("eta", &eta),
         ("top_p", &top_p),
     ] {
-        per_row(v, rows, name)?;
+        per_row(v.as_deref(), rows, name)?;
     }
-    per_row(&top_k, rows, "top_k")?;
+    per_row(top_k.as_deref(), rows, "top_k")?;
     let at = |v: &Option<Vec<f32>>, r: usize, neutral: f32| v.as_ref().map_or(neutral, |v| v[r]);
     // SAFETY: the Python caller checked the tensor (see the module docs).
     let data = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
@@ -253,11 +250,7 @@ pub fn unsafe_fused_gumbel(
                     top_n_sigma: at(&top_n_sigma, r, 0.0),
                     epsilon: at(&epsilon, r, 0.0),
                     eta: at(&eta, r, 0.0),
-                    top_k: top_k
-                        .as_ref()
-                        .map(|k| k[r])
-                        .filter(|&k| k > 0)
-                        .map(|k| k as usize),
+                    top_k: row_top_k(&top_k, r),
                     top_p: top_p.as_ref().map(|p| p[r]),
                 };
                 let key = need[r].then(|| row_key(seeds[r] as u64, positions[r] as u64));
