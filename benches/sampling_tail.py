@@ -11,7 +11,7 @@ Paths, each from the same logits, in one run:
   sort, ``softmax``, eager ``exponential_`` with per-request generators);
 - **exact**: ``Sampler(sampling="exact")``'s tail: the sort-free kept set, torch's
   ``softmax``, the exponential race on torch's own streams (the ``torch sort`` tokens);
-- **batch_invariant**: the fused pass the ``Sampler`` runs (``tail.fused_gumbel_``, issue 41):
+- **batch_invariant**: the fused pass the ``Sampler`` runs (``_tail.fused_gumbel_``, issue 41):
   temperature, min-p or the truncation, the sort-free kept set and the counter-keyed Gumbel
   race, one Rust call, each row read from memory once;
 - min-p: vLLM's own MinP (probabilities) on its path, our ``MinPLogitsProcessor`` on the
@@ -318,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"the logits at the measured copy bandwidth ({bw / 1e9:.1f} GB/s read + write). "
         "`rows exact sorted`: rows whose top-p boundary was too close to call in float64 "
         "(or cut a run of equal values), which `exact` hands to the sort. `batch_invariant` is "
-        "the fused pass (`tail.fused_gumbel_`: temperature included). The truncations are not "
+        "the fused pass (`_tail.fused_gumbel_`: temperature included). The truncations are not "
         "vLLM's: its column runs our torch processor before vLLM's own tail.\n\n"
         + table(results, bw)
         + "\n\n"
