@@ -25,15 +25,15 @@ from .builtin.min_p import MinPLogitsProcessor
 from .builtin.top_n_sigma import TopNSigmaLogitsProcessor
 from .state import LogitsProcessors
 
-#: Fused view → (keyword of ``unsafe_fused_gumbel``, buffer of its per-row value), in the
-#: pass's order.
+#: Fused view → (keyword of ``unsafe_fused_gumbel``, buffer of its per-row value).
 FUSED: dict[type, tuple[str, str]] = {
     MinPLogitsProcessor: ("log_min_p", "min_p.log_min_p"),
     TopNSigmaLogitsProcessor: ("top_n_sigma", "top_n_sigma.value"),
     EpsilonCutoffLogitsProcessor: ("epsilon", "epsilon_cutoff.value"),
     EtaCutoffLogitsProcessor: ("eta", "eta_cutoff.value"),
 }
-_ORDER = list(FUSED)
+# Their order is the sampler's (``BUILTINS``), which ``fused.rs`` applies them in.
+_ORDER = [c for c in BUILTINS if c in FUSED]
 
 
 def _views(procs: Iterable[Any], logits: torch.Tensor) -> list[Any] | None:
@@ -54,14 +54,15 @@ def _views(procs: Iterable[Any], logits: torch.Tensor) -> list[Any] | None:
     return out
 
 
-def fused_plan(procs: LogitsProcessors, logits: torch.Tensor) -> dict[str, list[float]] | None:
-    """The fused steps' per-row values (keyword → one float per row) for ``logits``, or
-    ``None`` where the fused pass cannot stand in for the argmax-invariant processors."""
+def fused_plan(procs: LogitsProcessors, logits: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """The fused steps' per-row values (keyword → float32 ``[B]`` on the logits' device, read
+    from the tables' device views: no sync) for ``logits``, or ``None`` where the fused pass
+    cannot stand in for the argmax-invariant processors."""
     views = _views(procs.argmax_invariant, logits)
     if views is None:
         return None
     rows = logits.shape[0]
-    plan: dict[str, list[float]] = {}
+    plan: dict[str, torch.Tensor] = {}
     last = -1
     for v in views:
         pipe = v._pipe
@@ -73,5 +74,5 @@ def fused_plan(procs: LogitsProcessors, logits: torch.Tensor) -> dict[str, list[
             return None
         last = at
         key, buffer = spec
-        plan[key] = pipe.dense(buffer, rows, False).view(-1).tolist()
+        plan[key] = pipe.dense(buffer, rows, False).view(-1)
     return plan

@@ -19,7 +19,7 @@ path instead, and ``TAIL_STATS`` counts it. So the kept set always equals the so
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -220,10 +220,14 @@ def gumbel_race(
     return torch.tensor(tokens, dtype=torch.int64)
 
 
+def _floats(v: Sequence[float] | torch.Tensor | None) -> list[float] | None:
+    return None if v is None else (v.tolist() if isinstance(v, torch.Tensor) else list(v))
+
+
 def fused_gumbel_(
     logits: torch.Tensor,
     temperature: Sequence[float] | None,
-    steps: dict[str, list[float]],
+    steps: Mapping[str, Sequence[float] | torch.Tensor],
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
     seeds: Sequence[int],
@@ -250,10 +254,10 @@ def fused_gumbel_(
         temperature=None if temperature is None else list(temperature),
         top_k=None if top_k is None else top_k.tolist(),
         top_p=None if top_p is None else top_p.tolist(),
-        log_min_p=steps.get("log_min_p"),
-        top_n_sigma=steps.get("top_n_sigma"),
-        epsilon=steps.get("epsilon"),
-        eta=steps.get("eta"),
+        log_min_p=_floats(steps.get("log_min_p")),
+        top_n_sigma=_floats(steps.get("top_n_sigma")),
+        epsilon=_floats(steps.get("epsilon")),
+        eta=_floats(steps.get("eta")),
     )
     if top_k is not None or top_p is not None:
         TAIL_STATS.rows_masked += rows - len(left)

@@ -299,7 +299,7 @@ class Sampler:
         self,
         logits: torch.Tensor,
         md: SamplingMetadata,
-        plan: dict[str, list[float]],
+        plan: dict[str, torch.Tensor],
         greedy: torch.Tensor | None,
     ) -> SamplerOutput:
         """``batch_invariant`` in one pass per row, on the CPU in Rust (``_tail.fused_gumbel_``)

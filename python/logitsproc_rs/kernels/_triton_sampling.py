@@ -98,7 +98,7 @@ reads its row once (the draw), as :func:`sample_batch_invariant_triton` without 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import triton
@@ -787,7 +787,7 @@ def sample_fused_triton(
 def fused_gumbel_triton_(
     logits: torch.Tensor,
     temperature: torch.Tensor | None,
-    steps: dict[str, list[float]],
+    steps: Mapping[str, Sequence[float] | torch.Tensor],
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
     seeds: Sequence[int],
@@ -802,7 +802,7 @@ def fused_gumbel_triton_(
 
     def per_row(name: str) -> torch.Tensor | None:
         v = steps.get(name)
-        return None if v is None else torch.tensor(v, dtype=torch.float32, device=dev)
+        return None if v is None else torch.as_tensor(v, dtype=torch.float32, device=dev)
 
     return sample_fused_triton(
         logits,
