@@ -9,8 +9,11 @@ Paths, each from the same logits, in one run:
   when some row has no seed);
 - **torch sort**: vLLM's ``forward_native`` as our ``Sampler(sampling="sort")`` runs it (the
   sort, ``softmax``, eager ``exponential_`` with per-request generators);
-- **exact**: ``Sampler(sampling="exact")``'s tail: the sort-free kept set, torch's
-  ``softmax``, the exponential race on torch's own streams (the ``torch sort`` tokens);
+- **exact**: ``Sampler(sampling="exact")``'s tail (the ``torch sort`` tokens): with min-p or
+  nothing before top-k / top-p, the fused pass the ``Sampler`` runs (``_tail.
+  fused_exponential_``: temperature, min-p, the sort-free kept set and the exponential race on
+  torch's own streams in one Rust call, torch's softmax only for rows too close to call);
+  with a truncation, the processor, the kept set, torch's ``softmax`` and the race;
 - **batch_invariant**: the fused pass the ``Sampler`` runs (``_tail.fused_gumbel_``, issue 41):
   temperature, min-p or the truncation, the sort-free kept set and the counter-keyed Gumbel
   race, one Rust call, each row read from memory once;
@@ -155,8 +158,12 @@ def paths(vllm: Any) -> dict[str, Callable[..., torch.Tensor]]:
         return random_sample(x.softmax(dim=-1), {})
 
     def exact(x, k, p, mp):
-        x = tail.mask_top_k_top_p_(start(x, k, p, mp), k, p)
-        return tail.random_sample_exact(x.softmax(dim=-1), {}, [True] * x.shape[0])
+        rows = x.shape[0]
+        if isinstance(mp, Truncation):  # not fused in exact: the Sampler runs the processors
+            x = tail.mask_top_k_top_p_(start(x, k, p, mp), k, p)
+            return tail.random_sample_exact(x.softmax(dim=-1), {}, [True] * rows)
+        steps = mp.fused(rows) if mp else {}
+        return tail.fused_exponential_(x, [TEMPERATURE] * rows, steps, k, p, {}, [True] * rows)
 
     def invariant(x, k, p, mp):
         rows = x.shape[0]

@@ -28,6 +28,7 @@ __all__ = [
     "registry",
     "top_p_margin",
     "unsafe_exponential_race",
+    "unsafe_fused_exponential",
     "unsafe_fused_gumbel",
     "unsafe_gumbel_race",
     "unsafe_mask_top_k_top_p",
@@ -136,6 +137,24 @@ def unsafe_exponential_race(
     states: list[bytes],
 ) -> tuple[list[int], bytes | None, list[bytes]]:
     """vLLM 0.25.1's random_sample on torch's CPU streams; tokens and the states after."""
+
+def unsafe_fused_exponential(
+    ptr: int,
+    rows: int,
+    vocab: int,
+    row_stride: int,
+    need: list[bool],
+    default_state: bytes | None,
+    seeded: list[tuple[int, int]],
+    states: list[bytes],
+    temperature: list[float] | None = None,
+    log_min_p: list[float] | None = None,
+    top_k: list[int] | None = None,
+    top_p: list[float] | None = None,
+    margin: float | None = None,
+) -> tuple[list[int], bytes | None, list[bytes], list[int], list[tuple[int, bytes]]]:
+    """The fused exact tail in place: (tokens, default state after, seeded states after, rows
+    left for the sort, rows to draw with torch's softmax and their streams' states before)."""
 
 def unsafe_fused_gumbel(
     ptr: int,

@@ -1,5 +1,6 @@
-"""Which argmax-invariant processors the fused ``batch_invariant`` tail runs in its one Rust
-pass (``rust/src/sampling/fused.rs``, issue 41), and their per-row values.
+"""Which argmax-invariant processors the fused tails run in their one Rust pass (issue 41), and
+their per-row values: ``batch_invariant``'s (``rust/src/sampling/fused.rs``) and ``exact``'s
+(``rust/src/sampling/exact.rs``: min-p only, ``EXACT``).
 
 The fused pass does temperature, min-p, top-n-sigma, epsilon, eta, top-k / top-p and the
 draw per row, the row read from memory once. It stands in for the processors' own ``apply``
@@ -12,7 +13,7 @@ and the path of engines that call them one by one (vLLM's own loop).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import torch
@@ -54,10 +55,18 @@ def _views(procs: Iterable[Any], logits: torch.Tensor) -> list[Any] | None:
     return out
 
 
-def fused_plan(procs: LogitsProcessors, logits: torch.Tensor) -> dict[str, torch.Tensor] | None:
+#: The steps the fused ``exact`` pass (``exact.rs``) runs: min-p alone, whose fused form is
+#: bitwise the processor's; the truncations' float64 statistics are not torch's float32 ones.
+EXACT = frozenset({MinPLogitsProcessor})
+
+
+def fused_plan(
+    procs: LogitsProcessors, logits: torch.Tensor, only: Collection[type] | None = None
+) -> dict[str, torch.Tensor] | None:
     """The fused steps' per-row values (keyword → float32 ``[B]`` on the logits' device, read
     from the tables' device views: no sync) for ``logits``, or ``None`` where the fused pass
-    cannot stand in for the argmax-invariant processors."""
+    cannot stand in for the argmax-invariant processors (``only``: the fused steps allowed,
+    e.g. ``EXACT``; every one of ``FUSED`` when ``None``)."""
     views = _views(procs.argmax_invariant, logits)
     if views is None:
         return None
@@ -68,7 +77,7 @@ def fused_plan(procs: LogitsProcessors, logits: torch.Tensor) -> dict[str, torch
         pipe = v._pipe
         if not any(pipe.count(t) for t in v.TABLES):
             continue  # idle: its apply would do nothing
-        spec = FUSED.get(type(v))
+        spec = FUSED.get(type(v)) if only is None or type(v) in only else None
         at = _ORDER.index(type(v)) if spec is not None else -1
         if spec is None or at <= last:
             return None

@@ -27,6 +27,7 @@ import torch
 from ._core import (
     exponential_draws,
     unsafe_exponential_race,
+    unsafe_fused_exponential,
     unsafe_fused_gumbel,
     unsafe_gumbel_race,
     unsafe_mask_top_k_top_p,
@@ -42,11 +43,14 @@ SAMPLING_MODES = ("exact", "batch_invariant", "sort")
 class TailStats:
     """Rows through the sort-free kept set; rows it handed to the sort path (``exact``); rows
     it masked by a float64 top-p decision the sort might have made otherwise
-    (``batch_invariant``: within the margin, or a run of ties at the boundary, all kept)."""
+    (``batch_invariant``: within the margin, or a run of ties at the boundary, all kept); rows
+    the fused ``exact`` pass drew from torch's softmax (too close to call without it, or
+    sorted)."""
 
     rows_masked: int = 0
     rows_sorted: int = 0
     rows_uncertain: int = 0
+    rows_softmax: int = 0
 
 
 TAIL_STATS = TailStats()
@@ -170,13 +174,12 @@ def check_torch_stream() -> None:
         )
 
 
-def random_sample_exact(
-    probs: torch.Tensor, generators: dict[int, torch.Generator], need: Sequence[bool]
-) -> torch.Tensor:
-    """vLLM 0.25.1's ``random_sample(probs, generators)`` on float32 CPU probabilities,
-    token for token, and the generators left where torch's draws would leave them. ``need``:
-    rows whose token is wanted (the others only advance the streams; their token is 0)."""
-    rows, vocab = probs.shape
+def _streams(
+    generators: Mapping[int, torch.Generator], rows: int
+) -> tuple[torch.Generator | None, list[torch.Generator], list[tuple[int, int]]]:
+    """The streams vLLM's ``random_sample`` draws from: torch's default generator (``None``
+    when every row has its own), the distinct seeded generators, and ``(row, index into
+    them)`` in the dict's order (a generator may serve two rows)."""
     default = torch.default_generator if len(generators) != rows else None
     unique: dict[int, int] = {}
     gens: list[torch.Generator] = []
@@ -186,6 +189,29 @@ def random_sample_exact(
             unique[id(g)] = len(gens)
             gens.append(g)
         seeded.append((row, unique[id(g)]))
+    return default, gens, seeded
+
+
+def _write_back(
+    default: torch.Generator | None,
+    default_state: bytes | None,
+    gens: list[torch.Generator],
+    states: list[bytes],
+) -> None:
+    if default is not None and default_state is not None:
+        _set_state(default, default_state)
+    for g, s in zip(gens, states, strict=True):
+        _set_state(g, s)
+
+
+def random_sample_exact(
+    probs: torch.Tensor, generators: dict[int, torch.Generator], need: Sequence[bool]
+) -> torch.Tensor:
+    """vLLM 0.25.1's ``random_sample(probs, generators)`` on float32 CPU probabilities,
+    token for token, and the generators left where torch's draws would leave them. ``need``:
+    rows whose token is wanted (the others only advance the streams; their token is 0)."""
+    rows, vocab = probs.shape
+    default, gens, seeded = _streams(generators, rows)
     stride = probs.stride(0) if rows > 1 else vocab
     tokens, default_state, states = unsafe_exponential_race(
         probs.data_ptr(),
@@ -197,10 +223,58 @@ def random_sample_exact(
         seeded,
         [_state_bytes(g) for g in gens],
     )
-    if default is not None and default_state is not None:
-        _set_state(default, default_state)
-    for g, s in zip(gens, states, strict=True):
-        _set_state(g, s)
+    _write_back(default, default_state, gens, states)
+    return torch.tensor(tokens, dtype=torch.int64)
+
+
+def fused_exponential_(
+    logits: torch.Tensor,
+    temperature: Sequence[float] | None,
+    steps: Mapping[str, Sequence[float] | torch.Tensor],
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    generators: dict[int, torch.Generator],
+    need: Sequence[bool],
+    margin: float | None = None,
+) -> torch.Tensor:
+    """The fused ``exact`` tail on float32 CPU ``logits`` (``exact.rs``), in place: divide by
+    ``temperature`` (per row, 1 for greedy rows), min-p (``steps["log_min_p"]``, from
+    ``_fused.fused_plan``), top-k / top-p (strict, as ``mask_top_k_top_p_``), then
+    ``random_sample_exact``'s tokens and generator states, with the softmax of torch only for
+    the rows whose race is too close to call without it (``TAIL_STATS.rows_softmax``) and the
+    rows only the sort can mask. The processed logits are the separate steps', bitwise.
+    ``margin``: how certain the race must be (tests only: a huge one sends every row to
+    torch's softmax)."""
+    rows, vocab = logits.shape
+    default, gens, seeded = _streams(generators, rows)
+    stride = logits.stride(0) if rows > 1 else vocab
+    tokens, default_state, states, needs_sort, left = unsafe_fused_exponential(
+        logits.data_ptr(),
+        rows,
+        vocab,
+        stride,
+        list(need),
+        None if default is None else _state_bytes(default),
+        seeded,
+        [_state_bytes(g) for g in gens],
+        temperature=None if temperature is None else list(temperature),
+        log_min_p=_floats(steps.get("log_min_p")),
+        top_k=None if top_k is None else top_k.tolist(),
+        top_p=None if top_p is None else top_p.tolist(),
+        margin=margin,
+    )
+    _write_back(default, default_state, gens, states)
+    if top_k is not None or top_p is not None:
+        TAIL_STATS.rows_masked += rows - len(needs_sort)
+    if needs_sort:
+        TAIL_STATS.rows_sorted += len(needs_sort)
+        _sort_rows(logits, needs_sort, top_k, top_p)
+    TAIL_STATS.rows_softmax += len(left)
+    for row, state in left:
+        g = torch.Generator()
+        _set_state(g, state)
+        probs = logits[row : row + 1].softmax(dim=-1)
+        tokens[row] = int(random_sample_exact(probs, {0: g}, [True])[0])
     return torch.tensor(tokens, dtype=torch.int64)
 
 

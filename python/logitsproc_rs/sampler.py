@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._fused import fused_plan
+from ._fused import EXACT, fused_plan
 from ._logits_check import check_sampler_logits
 
 # The tail's public names come from here (``_tail`` is internal): the sampling modes, the
@@ -32,6 +32,7 @@ from ._tail import (  # apply_top_k_top_p: also imported from here (vLLM's sampl
     apply_top_k_top_p,
     check_mode,
     check_torch_stream,
+    fused_exponential_,
     fused_gumbel_,
     gumbel_race,
     mask_top_k_top_p_,
@@ -288,6 +289,10 @@ class Sampler:
                 plan = fused_plan(self.logitsprocs, logits)
                 if plan is not None:
                     return self._sample_fused(logits, md, plan, greedy)
+        elif self.sampling == "exact" and _host_f32(logits):
+            plan = fused_plan(self.logitsprocs, logits, EXACT)
+            if plan is not None:
+                return self._sample_fused_exact(logits, md, plan, greedy)
         logits = self.random_logits(logits, md)
         sampled = self.draw(logits, md)
         if greedy is not None:
@@ -329,6 +334,35 @@ class Sampler:
                 md.positions,
                 self._random_rows(md, rows),
             )
+        if greedy is not None:
+            sampled = torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)
+        return SamplerOutput(sampled, logits)
+
+    def _sample_fused_exact(
+        self,
+        logits: torch.Tensor,
+        md: SamplingMetadata,
+        plan: dict[str, torch.Tensor],
+        greedy: torch.Tensor | None,
+    ) -> SamplerOutput:
+        """``exact`` in one Rust pass per row on float32 CPU logits (``_tail.
+        fused_exponential_``): the processed logits, tokens and generator states of
+        ``random_logits`` then ``draw``, torch's softmax only for the rows too close to call
+        without it."""
+        assert md.temperature is not None
+        temp = md.temperature
+        if not md.all_random:
+            temp = torch.where(temp < _SAMPLING_EPS, 1.0, temp)
+        rows = logits.shape[0]
+        sampled = fused_exponential_(
+            logits,
+            temp.tolist(),
+            plan,
+            md.top_k,
+            md.top_p,
+            md.generators,
+            self._random_rows(md, rows),
+        )
         if greedy is not None:
             sampled = torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)
         return SamplerOutput(sampled, logits)

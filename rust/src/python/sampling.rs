@@ -7,12 +7,13 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::buffer::logits_rows;
+use crate::sampling::exact::exact_fused;
 use crate::sampling::for_each_row_mut;
 use crate::sampling::fused::{fused_row, FusedScratch, RowParams};
 use crate::sampling::kept::{mask_row, RowOutcome, Scratch};
 use crate::sampling::mt19937::Mt19937;
 use crate::sampling::noise::{gumbel, gumbel_race_row, row_key, token_bits};
-use crate::sampling::race::{exponential_race as race, RaceScratch, Streams};
+use crate::sampling::race::{exponential_race as race, RaceScratch, StreamOf, Streams};
 
 /// `Err` unless a per-row argument (`None`: not given) has one entry per row.
 fn per_row<T>(v: Option<&[T]>, rows: usize, name: &str) -> PyResult<()> {
@@ -110,20 +111,7 @@ pub fn unsafe_exponential_race<'py>(
     states: Vec<Vec<u8>>,
 ) -> PyResult<RaceOutcome<'py>> {
     per_row(Some(&need), rows, "need")?;
-    if let Some(&(r, g)) = seeded
-        .iter()
-        .find(|&&(r, g)| r >= rows || g >= states.len())
-    {
-        return Err(PyValueError::new_err(format!(
-            "seeded row {r} (generator {g}) outside {rows} rows / {} generators",
-            states.len()
-        )));
-    }
-    let mut default = default_state.as_deref().map(generator).transpose()?;
-    let mut gens = states
-        .iter()
-        .map(|s| generator(s))
-        .collect::<PyResult<Vec<_>>>()?;
+    let (mut default, mut gens) = generators(rows, &default_state, &seeded, &states)?;
     // SAFETY: the Python caller checked the tensor (see the module docs).
     let probs: &[f32] = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
     let tokens = py.detach(|| {
@@ -142,16 +130,136 @@ pub fn unsafe_exponential_race<'py>(
             &mut RaceScratch::default(),
         )
     });
-    let default_out = match (&default_state, &default) {
+    let (default_out, outs) = states_after(py, &default_state, &default, &states, &gens);
+    Ok((tokens, default_out, outs))
+}
+
+/// The default generator (from `default_state`, `None` when every row has its own) and the
+/// seeded ones (`states`), `Err` where `seeded` names a row or generator that is not there.
+fn generators(
+    rows: usize,
+    default_state: &Option<Vec<u8>>,
+    seeded: &[(usize, usize)],
+    states: &[Vec<u8>],
+) -> PyResult<(Option<Mt19937>, Vec<Mt19937>)> {
+    if let Some(&(r, g)) = seeded
+        .iter()
+        .find(|&&(r, g)| r >= rows || g >= states.len())
+    {
+        return Err(PyValueError::new_err(format!(
+            "seeded row {r} (generator {g}) outside {rows} rows / {} generators",
+            states.len()
+        )));
+    }
+    let default = default_state.as_deref().map(generator).transpose()?;
+    let gens = states
+        .iter()
+        .map(|s| generator(s))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok((default, gens))
+}
+
+/// The generators' states as torch's bytes (each over its own old bytes).
+fn states_after<'py>(
+    py: Python<'py>,
+    default_state: &Option<Vec<u8>>,
+    default: &Option<Mt19937>,
+    states: &[Vec<u8>],
+    gens: &[Mt19937],
+) -> (Option<Bound<'py, PyBytes>>, Vec<Bound<'py, PyBytes>>) {
+    let default_out = match (default_state, default) {
         (Some(old), Some(g)) => Some(state_bytes(py, old, g)),
         _ => None,
     };
     let outs = states
         .iter()
-        .zip(&gens)
+        .zip(gens)
         .map(|(old, g)| state_bytes(py, old, g))
         .collect();
-    Ok((tokens, default_out, outs))
+    (default_out, outs)
+}
+
+/// [`RaceOutcome`], the rows only the sort can mask and the rows to draw with torch's
+/// softmax, each with its stream's state before its draws.
+type FusedRaceOutcome<'py> = (
+    Vec<i64>,
+    Option<Bound<'py, PyBytes>>,
+    Vec<Bound<'py, PyBytes>>,
+    Vec<usize>,
+    Vec<(usize, Bound<'py, PyBytes>)>,
+);
+
+/// The fused `exact` tail (`crate::sampling::exact`) over every row, in place: temperature
+/// (divisors), min-p (`ln min_p`), top-k, top-p (strict; each `None` when no row sets it,
+/// else one entry per row, neutral where unset), then vLLM 0.25.1's race for the `need`ed
+/// rows on the streams of `unsafe_exponential_race`. Returns its tokens and states, the rows
+/// left for the sort (not masked by top-k / top-p, not drawn) and the rows to draw with
+/// torch's softmax from the state given (those, and the rows too close to call). `margin`:
+/// the certainty the race needs (tests only).
+#[pyfunction]
+#[pyo3(signature = (
+    ptr, rows, vocab, row_stride, need, default_state, seeded, states, temperature=None,
+    log_min_p=None, top_k=None, top_p=None, margin=None
+))]
+pub fn unsafe_fused_exponential<'py>(
+    py: Python<'py>,
+    ptr: usize,
+    rows: usize,
+    vocab: usize,
+    row_stride: usize,
+    need: Vec<bool>,
+    default_state: Option<Vec<u8>>,
+    seeded: Vec<(usize, usize)>,
+    states: Vec<Vec<u8>>,
+    temperature: Option<Vec<f32>>,
+    log_min_p: Option<Vec<f32>>,
+    top_k: Option<Vec<i64>>,
+    top_p: Option<Vec<f32>>,
+    margin: Option<f64>,
+) -> PyResult<FusedRaceOutcome<'py>> {
+    per_row(Some(&need), rows, "need")?;
+    for (name, v) in [
+        ("temperature", &temperature),
+        ("log_min_p", &log_min_p),
+        ("top_p", &top_p),
+    ] {
+        per_row(v.as_deref(), rows, name)?;
+    }
+    per_row(top_k.as_deref(), rows, "top_k")?;
+    let (mut default, mut gens) = generators(rows, &default_state, &seeded, &states)?;
+    let at = |v: &Option<Vec<f32>>, r: usize, neutral: f32| v.as_ref().map_or(neutral, |v| v[r]);
+    // SAFETY: the Python caller checked the tensor (see the module docs).
+    let data = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
+    let out = py.detach(|| {
+        let params = |r: usize| RowParams {
+            temperature: at(&temperature, r, 1.0),
+            log_min_p: at(&log_min_p, r, f32::NEG_INFINITY),
+            top_k: row_top_k(&top_k, r),
+            top_p: top_p.as_ref().map(|p| p[r]),
+            ..RowParams::default()
+        };
+        let streams = Streams {
+            default: default.as_mut(),
+            seeded: &seeded,
+            generators: &mut gens,
+        };
+        exact_fused(
+            data, rows, vocab, row_stride, params, &need, streams, margin,
+        )
+    });
+    let left = out
+        .left
+        .iter()
+        .map(|l| {
+            let old = match l.stream {
+                StreamOf::Default => default_state.as_deref().unwrap_or_default(),
+                StreamOf::Seeded(g) => &states[g],
+            };
+            (l.row, state_bytes(py, old, &l.state))
+        })
+        .collect();
+    let (default_out, outs) = states_after(py, &default_state, &default, &states, &gens);
+    Ok((out.tokens, default_out, outs, out.needs_sort, left))
 }
 
 /// The batch-invariant Gumbel race over each needed row's finite entries, keyed by

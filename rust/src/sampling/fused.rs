@@ -78,7 +78,7 @@ pub struct RowResult {
 }
 
 /// The max of a row (NaN when it holds a NaN, as torch's `amax`) and whether it holds `+inf`.
-fn row_max(row: &[f32]) -> (f32, bool) {
+pub(crate) fn row_max(row: &[f32]) -> (f32, bool) {
     const LANES: usize = 16;
     let mut maxes = [f32::NEG_INFINITY; LANES];
     let mut nan = false;
@@ -168,6 +168,22 @@ pub fn fused_row(
     key: Option<u32>,
     s: &mut FusedScratch,
 ) -> RowResult {
+    let outcome = apply_steps(row, prm, false, s);
+    let token = match (key, outcome) {
+        (Some(key), RowOutcome::Masked | RowOutcome::MaskedUncertain) => gumbel_race_row(row, key),
+        _ => None,
+    };
+    RowResult { token, outcome }
+}
+
+/// Applies the row's steps in place, top-k / top-p last ([`mask_row`] with `strict`: a row
+/// whose top-p only the sort can decide is left as the other steps made it, `NeedsSort`).
+pub fn apply_steps(
+    row: &mut [f32],
+    prm: &RowParams,
+    strict: bool,
+    s: &mut FusedScratch,
+) -> RowOutcome {
     let (max, mut bad) = divide_and_max(row, prm.temperature);
     // A row holding NaN or +inf, or of all -inf: every statistic is NaN and the separate
     // processors leave it alone.
@@ -203,12 +219,7 @@ pub fn fused_row(
         let cutoff = eps.min(eps.sqrt() * (-entropy).exp());
         mask_probability_below(row, &s.exps, sum, max, cutoff);
     }
-    let outcome = mask_row(row, prm.top_k, prm.top_p, false, &mut s.kept);
-    let token = match (key, outcome) {
-        (Some(key), RowOutcome::Masked | RowOutcome::MaskedUncertain) => gumbel_race_row(row, key),
-        _ => None,
-    };
-    RowResult { token, outcome }
+    mask_row(row, prm.top_k, prm.top_p, strict, &mut s.kept)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! [`mt19937`]) and a batch-invariant Gumbel race on counter-based noise ([`noise`]). Pure
 //! Rust over slices; the bindings pass the tensors' memory in.
 
+pub mod exact;
 pub mod fast_math;
 pub mod fused;
 pub mod kept;

@@ -34,6 +34,21 @@ fn race_row_plain(probs: &[f32], words: &[u32]) -> usize {
 /// Entries tested together before any full draw.
 const CHUNK: usize = 16;
 
+/// The first test of a chunk: `pass[j]` for the entries whose uniform's top 21 bits (its first
+/// word) do not already rule them out (`u >= hi * 2^32` and `q >= u`), given `reach_hi`, the
+/// largest such value (per unit of weight) that can still reach the running best. Whether any
+/// passed.
+#[inline(always)]
+fn chunk_may_reach(ps: &[f32], ws: &[u32], reach_hi: f32, pass: &mut [bool; CHUNK]) -> bool {
+    let mut any = false;
+    for ((ok, &p), w) in pass.iter_mut().zip(ps).zip(ws.chunks_exact(2)) {
+        let hi = (temper(w[0]) & 0x1f_ffff) as i32 as f32;
+        *ok = (p > 0.0) & (hi <= p * reach_hi);
+        any |= *ok;
+    }
+    any
+}
+
 /// The race over one row whose stream words (`2 * probs.len()`, untempered) are `words`;
 /// compiled for AVX2 where the CPU has it (the same results: integer tests and float32
 /// comparisons, no fused multiply-add).
@@ -78,13 +93,7 @@ fn race(probs: &[f32], words: &[u32]) -> usize {
     let mut pass = [false; CHUNK];
     for (c, (ps, ws)) in probs.chunks(CHUNK).zip(words.chunks(2 * CHUNK)).enumerate() {
         let reach_hi = (reach * (1.0 / 4_294_967_296.0) * (1.0 + 1e-5)) as f32 + 1.0;
-        let mut any = false;
-        for ((ok, &p), w) in pass.iter_mut().zip(ps).zip(ws.chunks_exact(2)) {
-            let hi = (temper(w[0]) & 0x1f_ffff) as i32 as f32;
-            *ok = (p > 0.0) & (hi <= p * reach_hi);
-            any |= *ok;
-        }
-        if !any {
+        if !chunk_may_reach(ps, ws, reach_hi, &mut pass) {
             continue;
         }
         for (j, &p) in ps.iter().enumerate() {
@@ -116,6 +125,53 @@ pub struct Streams<'a> {
     pub generators: &'a mut [Mt19937],
 }
 
+/// The stream a row's draws came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamOf {
+    Default,
+    /// An index into [`Streams::generators`].
+    Seeded(usize),
+}
+
+/// Walks the streams as torch draws them for `rows` rows of `vocab` entries: for each row in
+/// `need`, its `2 * vocab` raw words are filled into `words` and `visit(row, stream, state
+/// before the words, words)` is called; the other rows' words are skipped.
+pub fn walk_streams(
+    rows: usize,
+    vocab: usize,
+    need: &[bool],
+    streams: Streams<'_>,
+    words: &mut Vec<u32>,
+    mut visit: impl FnMut(usize, StreamOf, &Mt19937, &[u32]),
+) {
+    let mut own = vec![false; rows];
+    for &(r, _) in streams.seeded {
+        own[r] = true;
+    }
+    words.resize(2 * vocab, 0);
+    let mut draw = |r: usize, stream: StreamOf, gen: &mut Mt19937| {
+        if need[r] {
+            let before = gen.clone();
+            gen.fill_raw(words);
+            visit(r, stream, &before, words);
+        } else {
+            gen.skip(2 * vocab as u64);
+        }
+    };
+    if let Some(default) = streams.default {
+        for (r, &own) in own.iter().enumerate() {
+            if own {
+                default.skip(2 * vocab as u64);
+            } else {
+                draw(r, StreamOf::Default, default);
+            }
+        }
+    }
+    for &(r, g) in streams.seeded {
+        draw(r, StreamOf::Seeded(g), &mut streams.generators[g]);
+    }
+}
+
 /// vLLM 0.25.1's `random_sample` over `rows` rows of `probs` (stride `row_stride`), the
 /// streams advanced as torch would; `need[r] == false` rows only advance them (their token is
 /// 0). Returns one token per row.
@@ -129,34 +185,97 @@ pub fn exponential_race(
     scratch: &mut RaceScratch,
 ) -> Vec<i64> {
     let mut tokens = vec![0i64; rows];
-    let mut own = vec![None; rows];
-    for &(r, g) in streams.seeded {
-        own[r] = Some(g);
+    walk_streams(
+        rows,
+        vocab,
+        need,
+        streams,
+        &mut scratch.words,
+        |r, _, _, words| {
+            let row = &probs[r * row_stride..r * row_stride + vocab];
+            tokens[r] = race_row(row, words) as i64;
+        },
+    );
+    tokens
+}
+
+/// How far apart (relative) the best and second-best `weight / q` of [`race_certified`] must
+/// be for the winner to be torch's whatever its float32 softmax's rounding: torch's `probs / q`
+/// differs from `weight / q / sum` by its exp's error (a few ulps, as ours), the division by
+/// the sum and the one by `q` (one rounding each), far below this.
+pub const CERTAIN_REL: f64 = 1e-5;
+
+/// The race of vLLM's `argmax(softmax(x) / q)` on a row's unnormalized weights `e^(x - max)`
+/// (float32, from our exp, not torch's softmax): `Some(token)` where the winner's `weight / q`
+/// beats every other entry's by more than `margin` (relative; [`CERTAIN_REL`]), which torch's
+/// rounding cannot overturn; `None` where the row is too close to call, or holds a NaN or a
+/// uniform of 0 (torch's own softmax and [`race_row`] must decide it). Pruning as
+/// [`race_row`], with twice the margin as slack so that a passed-over entry is certainly
+/// beaten.
+pub fn race_certified(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        unsafe fn wide(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
+            certified(weights, words, margin)
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { wide(weights, words, margin) };
+        }
     }
-    let words = &mut scratch.words;
-    words.resize(2 * vocab, 0);
-    if let Some(default) = streams.default {
-        for r in 0..rows {
-            if need[r] && own[r].is_none() {
-                default.fill_raw(words);
-                let row = &probs[r * row_stride..r * row_stride + vocab];
-                tokens[r] = race_row(row, words) as i64;
-            } else {
-                default.skip(2 * vocab as u64);
+    certified(weights, words, margin)
+}
+
+#[inline(always)]
+fn certified(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
+    debug_assert_eq!(words.len(), 2 * weights.len());
+    let zero_lo = words.chunks_exact(2).fold(false, |z, w| z | (w[1] == 0));
+    let nan = weights.iter().fold(false, |n, p| n | p.is_nan());
+    let top = weights
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &p| if p > m { p } else { m });
+    if zero_lo || nan || top <= 0.0 || !top.is_finite() {
+        return None;
+    }
+    let top_i = weights.iter().position(|&p| p == top).unwrap_or(0);
+    let q_of = |i: usize| uniform53(temper(words[2 * i]), temper(words[2 * i + 1]));
+    let score = |p: f32, u: u64| p as f64 / exponential_f32(u) as f64;
+    let mut best = score(top, q_of(top_i));
+    let mut best_i = top_i;
+    let mut second = 0.0f64;
+    let slack = 1.0 + 2.0 * margin;
+    const TO_UNIT: f64 = 1.0 / (1u64 << 53) as f64;
+    let mut reach = slack / best / TO_UNIT;
+    let mut pass = [false; CHUNK];
+    for (c, (ps, ws)) in weights
+        .chunks(CHUNK)
+        .zip(words.chunks(2 * CHUNK))
+        .enumerate()
+    {
+        let reach_hi = (reach * (1.0 / 4_294_967_296.0) * (1.0 + 1e-5)) as f32 + 1.0;
+        if !chunk_may_reach(ps, ws, reach_hi, &mut pass) {
+            continue;
+        }
+        for (j, &p) in ps.iter().enumerate() {
+            let i = c * CHUNK + j;
+            if !pass[j] || i == top_i {
+                continue;
+            }
+            let u = q_of(i);
+            if u as f64 > p as f64 * reach {
+                continue;
+            }
+            let r = score(p, u);
+            if r > best {
+                (second, best, best_i) = (best, r, i);
+                reach = slack / best / TO_UNIT;
+            } else if r > second {
+                second = r;
             }
         }
     }
-    for &(r, g) in streams.seeded {
-        let gen = &mut streams.generators[g];
-        if need[r] {
-            gen.fill_raw(words);
-            let row = &probs[r * row_stride..r * row_stride + vocab];
-            tokens[r] = race_row(row, words) as i64;
-        } else {
-            gen.skip(2 * vocab as u64);
-        }
-    }
-    tokens
+    (second * (1.0 + margin) < best).then_some(best_i)
 }
 
 #[cfg(test)]
