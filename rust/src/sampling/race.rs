@@ -34,19 +34,58 @@ fn race_row_plain(probs: &[f32], words: &[u32]) -> usize {
 /// Entries tested together before any full draw.
 const CHUNK: usize = 16;
 
-/// The first test of a chunk: `pass[j]` for the entries whose uniform's top 21 bits (its first
-/// word) do not already rule them out (`u >= hi * 2^32` and `q >= u`), given `reach_hi`, the
-/// largest such value (per unit of weight) that can still reach the running best. Whether any
-/// passed.
+/// The first test of a chunk, as a bit mask (bit `j`: entry `j` passes): the entries whose
+/// uniform's top 21 bits (its first word) do not already rule them out (`u >= hi * 2^32` and
+/// `q >= u`), given `reach_hi`, the largest such value (per unit of weight) that can still
+/// reach the running best.
 #[inline(always)]
-fn chunk_may_reach(ps: &[f32], ws: &[u32], reach_hi: f32, pass: &mut [bool; CHUNK]) -> bool {
-    let mut any = false;
-    for ((ok, &p), w) in pass.iter_mut().zip(ps).zip(ws.chunks_exact(2)) {
+fn chunk_may_reach(ps: &[f32], ws: &[u32], reach_hi: f32) -> u32 {
+    let mut mask = 0u32;
+    for (j, (&p, w)) in ps.iter().zip(ws.chunks_exact(2)).enumerate() {
         let hi = (temper(w[0]) & 0x1f_ffff) as i32 as f32;
-        *ok = (p > 0.0) & (hi <= p * reach_hi);
-        any |= *ok;
+        mask |= (((p > 0.0) & (hi <= p * reach_hi)) as u32) << j;
     }
-    any
+    mask
+}
+
+/// The largest entry, the first index holding it, and whether any entry is NaN: one pass in
+/// lanes (each lane keeps its first largest; the lowest index among the lanes holding the
+/// largest is the row's first).
+#[inline(always)]
+fn top_and_nan(xs: &[f32]) -> (f32, usize, bool) {
+    const L: usize = 8;
+    let mut top = [f32::NEG_INFINITY; L];
+    let mut at = [0u32; L];
+    let mut nan = false;
+    let chunks = xs.chunks_exact(L);
+    let rest = chunks.remainder();
+    for (c, x) in chunks.enumerate() {
+        let base = (c * L) as u32;
+        for l in 0..L {
+            let better = x[l] > top[l];
+            top[l] = if better { x[l] } else { top[l] };
+            at[l] = if better { base + l as u32 } else { at[l] };
+            nan |= x[l].is_nan();
+        }
+    }
+    let m = top.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let mut best = (m, usize::MAX);
+    for l in 0..L {
+        if top[l] == m && (at[l] as usize) < best.1 {
+            best.1 = at[l] as usize;
+        }
+    }
+    if best.1 == usize::MAX {
+        best.1 = 0;
+    }
+    let first_rest = xs.len() - rest.len();
+    for (j, &x) in rest.iter().enumerate() {
+        nan |= x.is_nan();
+        if x > best.0 {
+            best = (x, first_rest + j);
+        }
+    }
+    (best.0, best.1, nan)
 }
 
 /// The race over one row whose stream words (`2 * probs.len()`, untempered) are `words`;
@@ -73,14 +112,10 @@ fn race(probs: &[f32], words: &[u32]) -> usize {
     // A uniform of 0 (both words 0 after tempering; tempering maps only 0 to 0) or a NaN
     // probability: the plain form decides (torch's NaN rule).
     let zero_lo = words.chunks_exact(2).fold(false, |z, w| z | (w[1] == 0));
-    let nan = probs.iter().fold(false, |n, p| n | p.is_nan());
-    let top = probs
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &p| if p > m { p } else { m });
+    let (top, top_i, nan) = top_and_nan(probs);
     if zero_lo || nan || top <= 0.0 {
         return race_row_plain(probs, words);
     }
-    let top_i = probs.iter().position(|&p| p == top).unwrap_or(0);
     let q_of = |i: usize| uniform53(temper(words[2 * i]), temper(words[2 * i + 1]));
     let mut best = top / exponential_f32(q_of(top_i));
     let mut best_i = top_i;
@@ -90,15 +125,14 @@ fn race(probs: &[f32], words: &[u32]) -> usize {
     const SLACK: f64 = 1.0 + 1e-6;
     const TO_UNIT: f64 = 1.0 / (1u64 << 53) as f64;
     let mut reach = SLACK / best as f64 / TO_UNIT; // in units of the 53-bit integer
-    let mut pass = [false; CHUNK];
     for (c, (ps, ws)) in probs.chunks(CHUNK).zip(words.chunks(2 * CHUNK)).enumerate() {
         let reach_hi = (reach * (1.0 / 4_294_967_296.0) * (1.0 + 1e-5)) as f32 + 1.0;
-        if !chunk_may_reach(ps, ws, reach_hi, &mut pass) {
-            continue;
-        }
-        for (j, &p) in ps.iter().enumerate() {
-            let i = c * CHUNK + j;
-            if !pass[j] || i == top_i {
+        let mut pass = chunk_may_reach(ps, ws, reach_hi);
+        while pass != 0 {
+            let j = pass.trailing_zeros() as usize;
+            pass &= pass - 1;
+            let (i, p) = (c * CHUNK + j, ps[j]);
+            if i == top_i {
                 continue;
             }
             let u = q_of(i);
@@ -231,14 +265,10 @@ pub fn race_certified(weights: &[f32], words: &[u32], margin: f64) -> Option<usi
 fn certified(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
     debug_assert_eq!(words.len(), 2 * weights.len());
     let zero_lo = words.chunks_exact(2).fold(false, |z, w| z | (w[1] == 0));
-    let nan = weights.iter().fold(false, |n, p| n | p.is_nan());
-    let top = weights
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &p| if p > m { p } else { m });
+    let (top, top_i, nan) = top_and_nan(weights);
     if zero_lo || nan || top <= 0.0 || !top.is_finite() {
         return None;
     }
-    let top_i = weights.iter().position(|&p| p == top).unwrap_or(0);
     let q_of = |i: usize| uniform53(temper(words[2 * i]), temper(words[2 * i + 1]));
     let score = |p: f32, u: u64| p as f64 / exponential_f32(u) as f64;
     let mut best = score(top, q_of(top_i));
@@ -247,19 +277,18 @@ fn certified(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
     let slack = 1.0 + 2.0 * margin;
     const TO_UNIT: f64 = 1.0 / (1u64 << 53) as f64;
     let mut reach = slack / best / TO_UNIT;
-    let mut pass = [false; CHUNK];
     for (c, (ps, ws)) in weights
         .chunks(CHUNK)
         .zip(words.chunks(2 * CHUNK))
         .enumerate()
     {
         let reach_hi = (reach * (1.0 / 4_294_967_296.0) * (1.0 + 1e-5)) as f32 + 1.0;
-        if !chunk_may_reach(ps, ws, reach_hi, &mut pass) {
-            continue;
-        }
-        for (j, &p) in ps.iter().enumerate() {
-            let i = c * CHUNK + j;
-            if !pass[j] || i == top_i {
+        let mut pass = chunk_may_reach(ps, ws, reach_hi);
+        while pass != 0 {
+            let j = pass.trailing_zeros() as usize;
+            pass &= pass - 1;
+            let (i, p) = (c * CHUNK + j, ps[j]);
+            if i == top_i {
                 continue;
             }
             let u = q_of(i);
@@ -281,6 +310,25 @@ fn certified(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_and_nan_finds_the_first_largest() {
+        let mut seed = 1u64;
+        for case in 0..500 {
+            let v = case % 40 + 1;
+            let xs: Vec<f32> = (0..v)
+                .map(|_| {
+                    seed = seed.wrapping_mul(6364136223846793005).wrapping_add(7);
+                    ((seed >> 60) as f32) - 8.0 // few values: ties across lanes
+                })
+                .collect();
+            let top = xs.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let first = xs.iter().position(|&x| x == top).unwrap();
+            assert_eq!(top_and_nan(&xs), (top, first, false), "case {case}");
+        }
+        assert!(top_and_nan(&[1.0, f32::NAN, 0.0]).2);
+        assert_eq!(top_and_nan(&[f32::NEG_INFINITY; 9]).0, f32::NEG_INFINITY);
+    }
 
     #[test]
     fn pruned_race_equals_the_plain_one() {
