@@ -38,8 +38,20 @@ const CHUNK: usize = 16;
 /// uniform's top 21 bits (its first word) do not already rule them out (`u >= hi * 2^32` and
 /// `q >= u`), given `reach_hi`, the largest such value (per unit of weight) that can still
 /// reach the running best.
+/// `AVX2`: the caller runs with AVX2 enabled (whole chunks then take [`chunk_may_reach_avx2`],
+/// the same test in eight lanes).
 #[inline(always)]
-fn chunk_may_reach(ps: &[f32], ws: &[u32], reach_hi: f32) -> u32 {
+fn chunk_may_reach<const AVX2: bool>(ps: &[f32], ws: &[u32], reach_hi: f32) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if AVX2 {
+        if let (Ok(ps), Ok(ws)) = (
+            <&[f32; CHUNK]>::try_from(ps),
+            <&[u32; 2 * CHUNK]>::try_from(ws),
+        ) {
+            // SAFETY: AVX2 is enabled in the caller (`AVX2`), and the CPU has it.
+            return unsafe { chunk_may_reach_avx2(ps, ws, reach_hi) };
+        }
+    }
     let mut mask = 0u32;
     for (j, (&p, w)) in ps.iter().zip(ws.chunks_exact(2)).enumerate() {
         let hi = (temper(w[0]) & 0x1f_ffff) as i32 as f32;
@@ -48,44 +60,72 @@ fn chunk_may_reach(ps: &[f32], ws: &[u32], reach_hi: f32) -> u32 {
     mask
 }
 
-/// The largest entry, the first index holding it, and whether any entry is NaN: one pass in
-/// lanes (each lane keeps its first largest; the lowest index among the lanes holding the
-/// largest is the row's first).
+/// [`chunk_may_reach`] on a whole chunk in AVX2 lanes, bit for bit the scalar test: the first
+/// words of eight pairs gathered by a shuffle, tempered, their 21 bits converted exactly, the
+/// same float32 product and comparisons.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn chunk_may_reach_avx2(ps: &[f32; CHUNK], ws: &[u32; 2 * CHUNK], reach_hi: f32) -> u32 {
+    use std::arch::x86_64::*;
+    let reach = _mm256_set1_ps(reach_hi);
+    let zero = _mm256_setzero_ps();
+    let mut mask = 0u32;
+    for half in 0..CHUNK / 8 {
+        // SAFETY: 16 words (eight pairs) from 16 * half, 8 weights from 8 * half: in bounds;
+        // the loads are unaligned ones.
+        let (a, b, p) = unsafe {
+            let w = ws.as_ptr().add(16 * half) as *const __m256i;
+            let p = _mm256_loadu_ps(ps.as_ptr().add(8 * half));
+            (_mm256_loadu_si256(w), _mm256_loadu_si256(w.add(1)), p)
+        };
+        // Per 128-bit lane, the even words of a then b: pairs [0 1 4 5 | 2 3 6 7], then the
+        // 64-bit quarters put in order.
+        let firsts =
+            _mm256_shuffle_ps::<0b10_00_10_00>(_mm256_castsi256_ps(a), _mm256_castsi256_ps(b));
+        let mut y = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_castps_si256(firsts));
+        y = _mm256_xor_si256(y, _mm256_srli_epi32::<11>(y));
+        let b_mask = _mm256_set1_epi32(0x9d2c_5680_u32 as i32);
+        y = _mm256_xor_si256(y, _mm256_and_si256(_mm256_slli_epi32::<7>(y), b_mask));
+        let c_mask = _mm256_set1_epi32(0xefc6_0000_u32 as i32);
+        y = _mm256_xor_si256(y, _mm256_and_si256(_mm256_slli_epi32::<15>(y), c_mask));
+        y = _mm256_xor_si256(y, _mm256_srli_epi32::<18>(y));
+        let hi = _mm256_cvtepi32_ps(_mm256_and_si256(y, _mm256_set1_epi32(0x1f_ffff)));
+        let positive = _mm256_cmp_ps::<_CMP_GT_OQ>(p, zero);
+        let within = _mm256_cmp_ps::<_CMP_LE_OQ>(hi, _mm256_mul_ps(p, reach));
+        mask |= (_mm256_movemask_ps(_mm256_and_ps(positive, within)) as u32) << (8 * half);
+    }
+    mask
+}
+
+/// The largest entry, the first index holding it, and whether any entry is NaN (a NaN is not
+/// the largest): the max and the NaN test in lanes, then the first chunk that holds the max.
 #[inline(always)]
 fn top_and_nan(xs: &[f32]) -> (f32, usize, bool) {
-    const L: usize = 8;
+    const L: usize = 16;
     let mut top = [f32::NEG_INFINITY; L];
-    let mut at = [0u32; L];
     let mut nan = false;
     let chunks = xs.chunks_exact(L);
     let rest = chunks.remainder();
-    for (c, x) in chunks.enumerate() {
-        let base = (c * L) as u32;
+    for c in chunks {
         for l in 0..L {
-            let better = x[l] > top[l];
-            top[l] = if better { x[l] } else { top[l] };
-            at[l] = if better { base + l as u32 } else { at[l] };
-            nan |= x[l].is_nan();
+            top[l] = if c[l] > top[l] { c[l] } else { top[l] };
+            nan |= c[l].is_nan();
         }
     }
-    let m = top.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    let mut best = (m, usize::MAX);
-    for l in 0..L {
-        if top[l] == m && (at[l] as usize) < best.1 {
-            best.1 = at[l] as usize;
-        }
-    }
-    if best.1 == usize::MAX {
-        best.1 = 0;
-    }
-    let first_rest = xs.len() - rest.len();
-    for (j, &x) in rest.iter().enumerate() {
+    let mut m = top
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    for &x in rest {
+        m = if x > m { x } else { m };
         nan |= x.is_nan();
-        if x > best.0 {
-            best = (x, first_rest + j);
-        }
     }
-    (best.0, best.1, nan)
+    let first = xs
+        .chunks(L)
+        .enumerate()
+        .find(|(_, c)| c.iter().fold(false, |hit, &x| hit | (x == m)))
+        .and_then(|(k, c)| c.iter().position(|&x| x == m).map(|j| k * L + j))
+        .unwrap_or(0);
+    (m, first, nan)
 }
 
 /// The race over one row whose stream words (`2 * probs.len()`, untempered) are `words`;
@@ -96,18 +136,18 @@ pub fn race_row(probs: &[f32], words: &[u32]) -> usize {
     {
         #[target_feature(enable = "avx2")]
         unsafe fn wide(probs: &[f32], words: &[u32]) -> usize {
-            race(probs, words)
+            race::<true>(probs, words)
         }
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
             return unsafe { wide(probs, words) };
         }
     }
-    race(probs, words)
+    race::<false>(probs, words)
 }
 
 #[inline(always)]
-fn race(probs: &[f32], words: &[u32]) -> usize {
+fn race<const AVX2: bool>(probs: &[f32], words: &[u32]) -> usize {
     debug_assert_eq!(words.len(), 2 * probs.len());
     // A uniform of 0 (both words 0 after tempering; tempering maps only 0 to 0) or a NaN
     // probability: the plain form decides (torch's NaN rule).
@@ -127,7 +167,7 @@ fn race(probs: &[f32], words: &[u32]) -> usize {
     let mut reach = SLACK / best as f64 / TO_UNIT; // in units of the 53-bit integer
     for (c, (ps, ws)) in probs.chunks(CHUNK).zip(words.chunks(2 * CHUNK)).enumerate() {
         let reach_hi = (reach * (1.0 / 4_294_967_296.0) * (1.0 + 1e-5)) as f32 + 1.0;
-        let mut pass = chunk_may_reach(ps, ws, reach_hi);
+        let mut pass = chunk_may_reach::<AVX2>(ps, ws, reach_hi);
         while pass != 0 {
             let j = pass.trailing_zeros() as usize;
             pass &= pass - 1;
@@ -251,18 +291,18 @@ pub fn race_certified(weights: &[f32], words: &[u32], margin: f64) -> Option<usi
     {
         #[target_feature(enable = "avx2")]
         unsafe fn wide(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
-            certified(weights, words, margin)
+            certified::<true>(weights, words, margin)
         }
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
             return unsafe { wide(weights, words, margin) };
         }
     }
-    certified(weights, words, margin)
+    certified::<false>(weights, words, margin)
 }
 
 #[inline(always)]
-fn certified(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
+fn certified<const AVX2: bool>(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
     debug_assert_eq!(words.len(), 2 * weights.len());
     let zero_lo = words.chunks_exact(2).fold(false, |z, w| z | (w[1] == 0));
     let (top, top_i, nan) = top_and_nan(weights);
@@ -283,7 +323,7 @@ fn certified(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
         .enumerate()
     {
         let reach_hi = (reach * (1.0 / 4_294_967_296.0) * (1.0 + 1e-5)) as f32 + 1.0;
-        let mut pass = chunk_may_reach(ps, ws, reach_hi);
+        let mut pass = chunk_may_reach::<AVX2>(ps, ws, reach_hi);
         while pass != 0 {
             let j = pass.trailing_zeros() as usize;
             pass &= pass - 1;
@@ -310,6 +350,35 @@ fn certified(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunk_test_in_lanes_is_the_scalar_one() {
+        let mut gen = Mt19937::from_seed(4);
+        let mut seed = 2u64;
+        let mut passed = 0;
+        for case in 0..2000 {
+            let mut words = [0u32; 2 * CHUNK];
+            gen.fill_raw(&mut words);
+            let ps: [f32; CHUNK] = std::array::from_fn(|j| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(3);
+                match (seed >> 58) % 4 {
+                    0 => 0.0,
+                    1 => f32::NAN,
+                    _ => (seed >> 40) as f32 / (1u64 << 24) as f32 * (j as f32 + 1.0),
+                }
+            });
+            let reach_hi = [1.0f32, 3e5, 2e6, 1e9][case % 4];
+            let scalar = chunk_may_reach::<false>(&ps, &words, reach_hi);
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU has AVX2 (checked just above).
+                let lanes = unsafe { chunk_may_reach_avx2(&ps, &words, reach_hi) };
+                assert_eq!(lanes, scalar, "case {case}");
+            }
+            passed += scalar.count_ones();
+        }
+        assert!(passed > 2000, "{passed}: the test must pass entries too");
+    }
 
     #[test]
     fn top_and_nan_finds_the_first_largest() {
