@@ -8,7 +8,7 @@
 //! takes torch's softmax of it and replays the race from that state ([`super::race::race_row`]).
 
 use super::for_each_row_mut;
-use super::fused::{apply_steps, row_max, FusedScratch, RowParams};
+use super::fused::{apply_steps, FusedScratch, RowParams};
 use super::kept::RowOutcome;
 use super::mt19937::Mt19937;
 use super::race::{race_certified, walk_streams, StreamOf, Streams, CERTAIN_REL};
@@ -59,7 +59,7 @@ pub fn exact_fused(
     let margin = margin.unwrap_or(CERTAIN_REL);
     let mut tokens = vec![0i64; rows];
     let mut left = Vec::new();
-    let (mut words, mut weights) = (Vec::new(), Vec::new());
+    let mut words = Vec::new();
     walk_streams(
         rows,
         vocab,
@@ -70,7 +70,7 @@ pub fn exact_fused(
             let row = &data[r * row_stride..r * row_stride + vocab];
             let token = match outcomes[r] {
                 RowOutcome::NeedsSort => None,
-                _ => certified_token(row, words, margin, &mut weights),
+                _ => race_certified(row, words, margin),
             };
             match token {
                 Some(t) => tokens[r] = t as i64,
@@ -92,24 +92,6 @@ pub fn exact_fused(
     }
 }
 
-/// The race's token on a masked row where it is certain (`None`: NaN, `+inf` or all `-inf`
-/// rows, whose softmax is NaN, and rows too close to call).
-fn certified_token(
-    row: &[f32],
-    words: &[u32],
-    margin: f64,
-    weights: &mut Vec<f32>,
-) -> Option<usize> {
-    let (max, inf) = row_max(row);
-    if inf || !max.is_finite() {
-        return None;
-    }
-    weights.clear();
-    weights.extend_from_slice(row);
-    super::fast_math::exp_shifted(weights, max);
-    race_certified(weights, words, margin)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,7 +104,7 @@ mod tests {
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
-    /// The certified race on weights gives the plain race's token on the exact probabilities
+    /// The certified race on logits gives the plain race's token on the exact probabilities
     /// (float64 softmax rounded to float32) wherever it answers, and answers nearly always.
     #[test]
     fn certified_tokens_are_the_race_on_probabilities() {
@@ -139,9 +121,8 @@ mod tests {
             let probs: Vec<f32> = exps.iter().map(|&e| (e / sum) as f32).collect();
             let mut words = vec![0u32; 2 * v];
             gen.fill_raw(&mut words);
-            let mut weights = Vec::new();
             cases += 1;
-            if let Some(t) = certified_token(&row, &words, CERTAIN_REL, &mut weights) {
+            if let Some(t) = race_certified(&row, &words, CERTAIN_REL) {
                 answered += 1;
                 assert_eq!(t, race_row(&probs, &words), "case {case}");
             }
@@ -154,14 +135,13 @@ mod tests {
         let mut gen = Mt19937::from_seed(1);
         let mut words = vec![0u32; 8];
         gen.fill_raw(&mut words);
-        let mut w = Vec::new();
         let inf = f32::INFINITY;
         for row in [
             [0.0, inf, 1.0, 2.0],
             [f32::NEG_INFINITY; 4],
             [0.0, f32::NAN, 1.0, 2.0],
         ] {
-            assert_eq!(certified_token(&row, &words, CERTAIN_REL, &mut w), None);
+            assert_eq!(race_certified(&row, &words, CERTAIN_REL), None);
         }
     }
 

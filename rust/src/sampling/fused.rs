@@ -78,7 +78,7 @@ pub struct RowResult {
 }
 
 /// The max of a row (NaN when it holds a NaN, as torch's `amax`) and whether it holds `+inf`.
-pub(crate) fn row_max(row: &[f32]) -> (f32, bool) {
+fn row_max(row: &[f32]) -> (f32, bool) {
     const LANES: usize = 16;
     let mut maxes = [f32::NEG_INFINITY; LANES];
     let mut nan = false;

@@ -5,6 +5,7 @@
 //! 0 never wins, and one whose uniform is too large for its probability to reach the running
 //! best is passed over after two words of the stream (no logarithm).
 
+use super::fast_math::exp_nonpositive;
 use super::mt19937::{exponential_f32, temper, uniform53, Mt19937};
 
 /// Reused per call: the raw stream words of one row.
@@ -37,46 +38,83 @@ const CHUNK: usize = 16;
 /// The first test of a chunk, as a bit mask (bit `j`: entry `j` passes): the entries whose
 /// uniform's top 21 bits (its first word) do not already rule them out (`u >= hi * 2^32` and
 /// `q >= u`), given `reach_hi`, the largest such value (per unit of weight) that can still
-/// reach the running best.
-/// `AVX2`: the caller runs with AVX2 enabled (whole chunks then take [`chunk_may_reach_avx2`],
-/// the same test in eight lanes).
+/// reach the running best. `xs` are the weights themselves, or (`FROM_LOGITS`) logits whose
+/// weights `e^(x - max)` are bounded above by [`weight_bound`], so that no exponential is
+/// computed for an entry the test rules out. `AVX2`: the caller runs with AVX2 enabled (whole
+/// chunks then take [`chunk_may_reach_avx2`], the same test in eight lanes).
 #[inline(always)]
-fn chunk_may_reach<const AVX2: bool>(ps: &[f32], ws: &[u32], reach_hi: f32) -> u32 {
+fn chunk_may_reach<const AVX2: bool, const FROM_LOGITS: bool>(
+    xs: &[f32],
+    ws: &[u32],
+    reach_hi: f32,
+    max: f32,
+) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if AVX2 {
-        if let (Ok(ps), Ok(ws)) = (
-            <&[f32; CHUNK]>::try_from(ps),
+        if let (Ok(xs), Ok(ws)) = (
+            <&[f32; CHUNK]>::try_from(xs),
             <&[u32; 2 * CHUNK]>::try_from(ws),
         ) {
             // SAFETY: AVX2 is enabled in the caller (`AVX2`), and the CPU has it.
-            return unsafe { chunk_may_reach_avx2(ps, ws, reach_hi) };
+            return unsafe { chunk_may_reach_avx2::<FROM_LOGITS>(xs, ws, reach_hi, max) };
         }
     }
     let mut mask = 0u32;
-    for (j, (&p, w)) in ps.iter().zip(ws.chunks_exact(2)).enumerate() {
+    for (j, (&x, w)) in xs.iter().zip(ws.chunks_exact(2)).enumerate() {
+        let p = if FROM_LOGITS { weight_bound(x, max) } else { x };
         let hi = (temper(w[0]) & 0x1f_ffff) as i32 as f32;
         mask |= (((p > 0.0) & (hi <= p * reach_hi)) as u32) << j;
     }
     mask
 }
 
+/// An upper bound of `e^(x - max)` for `x <= max` (never below it, within 0.2% of it or
+/// of 2^-126): `2^t` for `t = (x - max) log2(e)` bounded by its chord between the integers
+/// around `t`, `2^floor(t) (1 + frac(t))`, which is the float32 whose bits are `(t + 127)
+/// 2^23` (the exponent and mantissa fields read as one number), raised by 0.1% for the
+/// roundings of `t`.
+#[inline(always)]
+fn weight_bound(x: f32, max: f32) -> f32 {
+    let t = ((x - max) * std::f32::consts::LOG2_E).max(-126.0);
+    f32::from_bits(((t + 127.0) * 8_388_608.0) as i32 as u32) * 1.001
+}
+
 /// [`chunk_may_reach`] on a whole chunk in AVX2 lanes, bit for bit the scalar test: the first
 /// words of eight pairs gathered by a shuffle, tempered, their 21 bits converted exactly, the
-/// same float32 product and comparisons.
+/// same float32 operations (the bound's float-to-int conversion truncates, as `as i32` does
+/// in its range).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn chunk_may_reach_avx2(ps: &[f32; CHUNK], ws: &[u32; 2 * CHUNK], reach_hi: f32) -> u32 {
+unsafe fn chunk_may_reach_avx2<const FROM_LOGITS: bool>(
+    xs: &[f32; CHUNK],
+    ws: &[u32; 2 * CHUNK],
+    reach_hi: f32,
+    max: f32,
+) -> u32 {
     use std::arch::x86_64::*;
     let reach = _mm256_set1_ps(reach_hi);
     let zero = _mm256_setzero_ps();
     let mut mask = 0u32;
     for half in 0..CHUNK / 8 {
-        // SAFETY: 16 words (eight pairs) from 16 * half, 8 weights from 8 * half: in bounds;
+        // SAFETY: 16 words (eight pairs) from 16 * half, 8 entries from 8 * half: in bounds;
         // the loads are unaligned ones.
-        let (a, b, p) = unsafe {
+        let (a, b, x) = unsafe {
             let w = ws.as_ptr().add(16 * half) as *const __m256i;
-            let p = _mm256_loadu_ps(ps.as_ptr().add(8 * half));
-            (_mm256_loadu_si256(w), _mm256_loadu_si256(w.add(1)), p)
+            let x = _mm256_loadu_ps(xs.as_ptr().add(8 * half));
+            (_mm256_loadu_si256(w), _mm256_loadu_si256(w.add(1)), x)
+        };
+        let p = if FROM_LOGITS {
+            let d = _mm256_sub_ps(x, _mm256_set1_ps(max));
+            let t = _mm256_mul_ps(d, _mm256_set1_ps(std::f32::consts::LOG2_E));
+            let t = _mm256_max_ps(t, _mm256_set1_ps(-126.0));
+            let bits = _mm256_mul_ps(
+                _mm256_add_ps(t, _mm256_set1_ps(127.0)),
+                _mm256_set1_ps(8_388_608.0),
+            );
+            let bound = _mm256_castsi256_ps(_mm256_cvttps_epi32(bits));
+            _mm256_mul_ps(bound, _mm256_set1_ps(1.001))
+        } else {
+            x
         };
         // Per 128-bit lane, the even words of a then b: pairs [0 1 4 5 | 2 3 6 7], then the
         // 64-bit quarters put in order.
@@ -167,7 +205,7 @@ fn race<const AVX2: bool>(probs: &[f32], words: &[u32]) -> usize {
     let mut reach = SLACK / best as f64 / TO_UNIT; // in units of the 53-bit integer
     for (c, (ps, ws)) in probs.chunks(CHUNK).zip(words.chunks(2 * CHUNK)).enumerate() {
         let reach_hi = (reach * (1.0 / 4_294_967_296.0) * (1.0 + 1e-5)) as f32 + 1.0;
-        let mut pass = chunk_may_reach::<AVX2>(ps, ws, reach_hi);
+        let mut pass = chunk_may_reach::<AVX2, false>(ps, ws, reach_hi, 0.0);
         while pass != 0 {
             let j = pass.trailing_zeros() as usize;
             pass &= pass - 1;
@@ -279,56 +317,55 @@ pub fn exponential_race(
 /// the sum and the one by `q` (one rounding each), far below this.
 pub const CERTAIN_REL: f64 = 1e-5;
 
-/// The race of vLLM's `argmax(softmax(x) / q)` on a row's unnormalized weights `e^(x - max)`
-/// (float32, from our exp, not torch's softmax): `Some(token)` where the winner's `weight / q`
-/// beats every other entry's by more than `margin` (relative; [`CERTAIN_REL`]), which torch's
-/// rounding cannot overturn; `None` where the row is too close to call, or holds a NaN or a
-/// uniform of 0 (torch's own softmax and [`race_row`] must decide it). Pruning as
+/// The race of vLLM's `argmax(softmax(x) / q)` on a row of logits, from our float32 weights
+/// `e^(x - max)` (computed only where an entry can still win), not torch's softmax:
+/// `Some(token)` where the winner's `weight / q` beats every other entry's by more than
+/// `margin` (relative; [`CERTAIN_REL`]), which torch's rounding cannot overturn; `None` where
+/// the row is too close to call, where its softmax is NaN (a NaN, `+inf`, or no finite entry),
+/// or where a uniform is 0 (torch's own softmax and [`race_row`] must decide it). Pruning as
 /// [`race_row`], with twice the margin as slack so that a passed-over entry is certainly
 /// beaten.
-pub fn race_certified(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
+pub fn race_certified(row: &[f32], words: &[u32], margin: f64) -> Option<usize> {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2")]
-        unsafe fn wide(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
-            certified::<true>(weights, words, margin)
+        unsafe fn wide(row: &[f32], words: &[u32], margin: f64) -> Option<usize> {
+            certified::<true>(row, words, margin)
         }
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
-            return unsafe { wide(weights, words, margin) };
+            return unsafe { wide(row, words, margin) };
         }
     }
-    certified::<false>(weights, words, margin)
+    certified::<false>(row, words, margin)
 }
 
 #[inline(always)]
-fn certified<const AVX2: bool>(weights: &[f32], words: &[u32], margin: f64) -> Option<usize> {
-    debug_assert_eq!(words.len(), 2 * weights.len());
+fn certified<const AVX2: bool>(row: &[f32], words: &[u32], margin: f64) -> Option<usize> {
+    debug_assert_eq!(words.len(), 2 * row.len());
     let zero_lo = words.chunks_exact(2).fold(false, |z, w| z | (w[1] == 0));
-    let (top, top_i, nan) = top_and_nan(weights);
-    if zero_lo || nan || top <= 0.0 || !top.is_finite() {
+    let (max, top_i, nan) = top_and_nan(row);
+    if zero_lo || nan || !max.is_finite() {
         return None;
     }
     let q_of = |i: usize| uniform53(temper(words[2 * i]), temper(words[2 * i + 1]));
     let score = |p: f32, u: u64| p as f64 / exponential_f32(u) as f64;
-    let mut best = score(top, q_of(top_i));
+    // The max's weight is e^0 = 1.
+    let mut best = score(1.0, q_of(top_i));
     let mut best_i = top_i;
     let mut second = 0.0f64;
     let slack = 1.0 + 2.0 * margin;
     const TO_UNIT: f64 = 1.0 / (1u64 << 53) as f64;
     let mut reach = slack / best / TO_UNIT;
-    for (c, (ps, ws)) in weights
-        .chunks(CHUNK)
-        .zip(words.chunks(2 * CHUNK))
-        .enumerate()
-    {
+    for (c, (xs, ws)) in row.chunks(CHUNK).zip(words.chunks(2 * CHUNK)).enumerate() {
         let reach_hi = (reach * (1.0 / 4_294_967_296.0) * (1.0 + 1e-5)) as f32 + 1.0;
-        let mut pass = chunk_may_reach::<AVX2>(ps, ws, reach_hi);
+        let mut pass = chunk_may_reach::<AVX2, true>(xs, ws, reach_hi, max);
         while pass != 0 {
             let j = pass.trailing_zeros() as usize;
             pass &= pass - 1;
-            let (i, p) = (c * CHUNK + j, ps[j]);
-            if i == top_i {
+            let i = c * CHUNK + j;
+            let p = exp_nonpositive(xs[j] - max);
+            if i == top_i || p == 0.0 {
                 continue;
             }
             let u = q_of(i);
@@ -368,16 +405,40 @@ mod tests {
                 }
             });
             let reach_hi = [1.0f32, 3e5, 2e6, 1e9][case % 4];
-            let scalar = chunk_may_reach::<false>(&ps, &words, reach_hi);
+            // As logits: a max among them (or above them), some -inf.
+            let logits: [f32; CHUNK] = std::array::from_fn(|j| match j % 5 {
+                0 => f32::NEG_INFINITY,
+                _ => (ps[j] - 8.0) * 10.0,
+            });
+            let max = logits.iter().fold(8.0f32, |m, &x| m.max(x));
+            let scalar = chunk_may_reach::<false, false>(&ps, &words, reach_hi, 0.0);
+            let scalar_logits = chunk_may_reach::<false, true>(&logits, &words, reach_hi, max);
             #[cfg(target_arch = "x86_64")]
             if std::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU has AVX2 (checked just above).
-                let lanes = unsafe { chunk_may_reach_avx2(&ps, &words, reach_hi) };
+                let (lanes, lanes_logits) = unsafe {
+                    (
+                        chunk_may_reach_avx2::<false>(&ps, &words, reach_hi, 0.0),
+                        chunk_may_reach_avx2::<true>(&logits, &words, reach_hi, max),
+                    )
+                };
                 assert_eq!(lanes, scalar, "case {case}");
+                assert_eq!(lanes_logits, scalar_logits, "case {case}");
             }
             passed += scalar.count_ones();
         }
         assert!(passed > 2000, "{passed}: the test must pass entries too");
+    }
+
+    #[test]
+    fn weight_bound_is_above_the_weight_and_close() {
+        for i in 0..400_000 {
+            let d = -(i as f32) * 100.0 / 400_000.0;
+            let (w, b) = (exp_nonpositive(d), weight_bound(d, 0.0));
+            assert!(b >= w, "{d}: {b} < {w}");
+            assert!(b <= (w * 1.07).max(2e-38), "{d}: {b} vs {w}");
+        }
+        assert!(weight_bound(f32::NEG_INFINITY, 3.0) > 0.0);
     }
 
     #[test]
