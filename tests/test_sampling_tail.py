@@ -79,6 +79,29 @@ def test_strict_kept_sets_equal_the_sort(vocab: int, sigma: float) -> None:
                 assert tail.TAIL_STATS.rows_sorted == before  # top-k alone never needs it
 
 
+def test_flat_rows_are_decided_from_their_sorted_values() -> None:
+    """Rows only torch's float32 arithmetic on the sorted row can decide (flat rows, the
+    boundary within the margin) are masked from their values sorted in Rust and vLLM's torch
+    steps on them, not torch's sort: the same kept sets, bitwise. Rows with a run of equal
+    values across the boundary still go to torch's sort."""
+    gen = torch.Generator().manual_seed(5)
+    for vocab in (32_000, 151_936):
+        x = torch.randn(32, vocab, generator=gen) * 0.2
+        x[30:] = (x[30:] * 4).round()  # few distinct values: ties at any boundary
+        x[3, ::4] = NEG_INF
+        k = torch.full((32,), vocab)
+        k[4] = vocab // 2
+        p = torch.rand(32, generator=gen) * 0.8 + 0.1
+        want = apply_top_k_top_p(x.clone(), k, p, int(k.max()))
+        before = (tail.TAIL_STATS.rows_sorted, tail.TAIL_STATS.rows_torch_sorted)
+        got = tail.mask_top_k_top_p_(x.clone(), k, p)
+        assert torch.equal(got, want)
+        sorted_rows = tail.TAIL_STATS.rows_sorted - before[0]
+        torch_sorted = tail.TAIL_STATS.rows_torch_sorted - before[1]
+        assert sorted_rows >= 8  # the case under test: the float64 decision could not stand
+        assert 2 <= torch_sorted < sorted_rows  # the tied rows, and only a few others
+
+
 def test_torch_cumsums_stay_well_inside_the_margin() -> None:
     """The float64 decision stands for torch's only if torch's float32 cumulative sums are
     within the margin of the exact ones: measured here on flat rows at the largest vocabulary

@@ -32,6 +32,7 @@ __all__ = [
     "unsafe_fused_gumbel",
     "unsafe_gumbel_race",
     "unsafe_mask_top_k_top_p",
+    "unsafe_sorted_values",
     "update_fingerprint",
 ]
 
@@ -174,6 +175,11 @@ def unsafe_fused_gumbel(
 ) -> tuple[list[int], list[int], list[int]]:
     """The fused batch-invariant tail in place: (tokens, rows left for the sort, rows decided
     uncertainly)."""
+
+def unsafe_sorted_values(
+    ptr: int, rows: int, vocab: int, row_stride: int, which: list[int], out_ptr: int
+) -> None:
+    """Rows ``which`` of the logits, each's values in ascending order, into out_ptr."""
 
 def unsafe_gumbel_race(
     ptr: int,

@@ -31,6 +31,7 @@ from ._core import (
     unsafe_fused_gumbel,
     unsafe_gumbel_race,
     unsafe_mask_top_k_top_p,
+    unsafe_sorted_values,
 )
 from .errors import InputError
 
@@ -45,12 +46,14 @@ class TailStats:
     it masked by a float64 top-p decision the sort might have made otherwise
     (``batch_invariant``: within the margin, or a run of ties at the boundary, all kept); rows
     the fused ``exact`` pass drew from torch's softmax (too close to call without it, or
-    sorted)."""
+    sorted); of the rows handed to the sort, those torch's sort decided (the others: their
+    values sorted in Rust, ``_mask_from_sorted_values``)."""
 
     rows_masked: int = 0
     rows_sorted: int = 0
     rows_uncertain: int = 0
     rows_softmax: int = 0
+    rows_torch_sorted: int = 0
 
 
 TAIL_STATS = TailStats()
@@ -98,17 +101,69 @@ def _host_f32(t: torch.Tensor) -> bool:
     )
 
 
+def _top_k_off_as_vocab(ks: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Top-k off as the sort-free path reads it (k <= 0, or above the vocabulary) written as
+    ``vocab``: vLLM's code takes only 1..V, where V is off."""
+    return ks.masked_fill((ks <= 0) | (ks > vocab), vocab)
+
+
+def _mask_from_sorted_values(
+    logits: torch.Tensor, rows: list[int], k: torch.Tensor | None, p: torch.Tensor
+) -> list[int]:
+    """vLLM's top-k / top-p kept sets of float32 CPU ``rows`` without torch's sort: each row's
+    values sorted in Rust (``sorted.rs``, no indices), then vLLM's own torch arithmetic on
+    them (the k-th value, ``softmax``, ``cumsum``, ``<= 1 - p``): the same float32 numbers as
+    on its sorted row, so the same masked prefix, which is every value below the first kept
+    one. Returns the rows left for torch's sort: a NaN in the row, or a run of equal values
+    across the boundary (which of them torch's unstable sort masks is its own)."""
+    vocab = logits.shape[1]
+    idx = torch.tensor(rows, dtype=torch.long)
+    nan = logits.index_select(0, idx).isnan().any(dim=-1).tolist()
+    left = [r for r, n in zip(rows, nan, strict=True) if n]
+    ok = [r for r, n in zip(rows, nan, strict=True) if not n]
+    if not ok:
+        return left
+    idx = torch.tensor(ok, dtype=torch.long)
+    s = torch.empty(len(ok), vocab, dtype=torch.float32)
+    stride = logits.stride(0) if logits.shape[0] > 1 else vocab
+    unsafe_sorted_values(logits.data_ptr(), logits.shape[0], vocab, stride, ok, s.data_ptr())
+    if k is not None:
+        ks = _top_k_off_as_vocab(k.index_select(0, idx), vocab)
+        kth = s.gather(1, (vocab - ks).unsqueeze(1))
+        s.masked_fill_(s < kth, float("-inf"))
+    probs_sum = s.softmax(dim=-1).cumsum_(dim=-1)
+    mask = probs_sum <= 1 - p.index_select(0, idx).unsqueeze(1)
+    mask[:, -1] = False
+    b = mask.sum(dim=-1, keepdim=True)  # the cumulative sums never fall: a prefix
+    cut = s.gather(1, b)
+    before = s.gather(1, (b - 1).clamp_(min=0))
+    tie = ((b > 0) & (before == cut) & (cut > float("-inf"))).view(-1).tolist()
+    decided = [j for j, t in enumerate(tie) if not t]
+    left += [ok[j] for j, t in enumerate(tie) if t]
+    if decided:
+        at = torch.tensor(decided, dtype=torch.long)
+        rows_at = idx.index_select(0, at)
+        sub = logits.index_select(0, rows_at)
+        sub.masked_fill_(sub < cut.index_select(0, at), float("-inf"))
+        logits.index_copy_(0, rows_at, sub)
+    return left
+
+
 def _sort_rows(
     logits: torch.Tensor, rows: list[int], k: torch.Tensor | None, p: torch.Tensor | None
 ) -> None:
+    """vLLM's top-k / top-p on ``rows``, in place: float32 CPU rows with top-p from their
+    sorted values (``_mask_from_sorted_values``), the rest by vLLM's sort path."""
+    if p is not None and _host_f32(logits):
+        rows = _mask_from_sorted_values(logits, rows, k, p)
+        TAIL_STATS.rows_torch_sorted += len(rows)
+        if not rows:
+            return
     idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
     sub = logits.index_select(0, idx)
     ks = None if k is None else k.index_select(0, idx)
     if ks is not None:
-        # Off as the sort-free path reads it (k <= 0, or above the vocabulary): vLLM's code
-        # takes only 1..V, where V is off.
-        vocab = logits.shape[1]
-        ks = ks.masked_fill((ks <= 0) | (ks > vocab), vocab)
+        ks = _top_k_off_as_vocab(ks, logits.shape[1])
     ps = None if p is None else p.index_select(0, idx)
     out = apply_top_k_top_p(sub, ks, ps, None if ks is None else int(ks.max()))
     logits.index_copy_(0, idx, out)

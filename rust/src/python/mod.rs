@@ -22,6 +22,7 @@ mod _core {
     use super::sampling::{
         exponential_draws, gumbel_noise, top_p_margin, unsafe_exponential_race,
         unsafe_fused_exponential, unsafe_fused_gumbel, unsafe_gumbel_race, unsafe_mask_top_k_top_p,
+        unsafe_sorted_values,
     };
 
     use pyo3::prelude::*;

@@ -14,6 +14,7 @@ use crate::sampling::kept::{mask_row, RowOutcome, Scratch};
 use crate::sampling::mt19937::Mt19937;
 use crate::sampling::noise::{gumbel, gumbel_race_row, row_key, token_bits};
 use crate::sampling::race::{exponential_race as race, RaceScratch, StreamOf, Streams};
+use crate::sampling::sorted::sort_values;
 
 /// `Err` unless a per-row argument (`None`: not given) has one entry per row.
 fn per_row<T>(v: Option<&[T]>, rows: usize, name: &str) -> PyResult<()> {
@@ -382,6 +383,49 @@ pub fn unsafe_fused_gumbel(
         rows_with(RowOutcome::NeedsSort),
         rows_with(RowOutcome::MaskedUncertain),
     ))
+}
+
+/// The values of rows `which` of the logits at `ptr` (`rows` x `vocab`, stride `row_stride`),
+/// each in ascending order (`crate::sampling::sorted`), into the contiguous float32 tensor at
+/// `out_ptr` (`which.len()` x `vocab`, checked by the caller). NaN-free rows only.
+#[pyfunction]
+pub fn unsafe_sorted_values(
+    py: Python<'_>,
+    ptr: usize,
+    rows: usize,
+    vocab: usize,
+    row_stride: usize,
+    which: Vec<usize>,
+    out_ptr: usize,
+) -> PyResult<()> {
+    if let Some(&r) = which.iter().find(|&&r| r >= rows) {
+        return Err(PyValueError::new_err(format!(
+            "row {r} outside {rows} rows"
+        )));
+    }
+    // SAFETY: the Python caller checked both tensors (see the module docs); they do not
+    // overlap (the output is a new tensor).
+    let (src, out) = unsafe {
+        (
+            &*logits_rows::<f32>(ptr, rows, vocab, row_stride)?,
+            logits_rows::<f32>(out_ptr, which.len(), vocab, vocab)?,
+        )
+    };
+    py.detach(|| {
+        for_each_row_mut(
+            out,
+            which.len(),
+            vocab,
+            vocab,
+            which.len() * vocab,
+            |dst, j, s: &mut (Vec<f32>, Vec<u32>)| {
+                let at = which[j] * row_stride;
+                sort_values(&src[at..at + vocab], &mut s.0, &mut s.1);
+                dst.copy_from_slice(&s.0);
+            },
+        )
+    });
+    Ok(())
 }
 
 /// The noise of the batch-invariant race for `tokens` at (`seed`, `position`): the 32 bits and

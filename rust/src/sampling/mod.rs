@@ -10,6 +10,7 @@ pub mod kept;
 pub mod mt19937;
 pub mod noise;
 pub mod race;
+pub mod sorted;
 
 /// The threads a call may use: `LOGITSPROC_SAMPLING_THREADS` when set (read once; the
 /// benchmarks set 1 to compare one core with one core), else the machine's cores.
