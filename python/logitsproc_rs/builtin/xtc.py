@@ -132,7 +132,13 @@ class XTCLogitsProcessor(TruncationView):
         rows = logits.shape[0]
         probability = pipe.dense("xtc.probability", rows, rowspace)
         threshold = pipe.dense("xtc.threshold", rows, rowspace)
-        gens = self._gens
-        row_map = pipe.host_row_map() if rowspace and gens.serial.any() else None
-        u = draw_uniforms(rows, logits.device, gens.seeded_rows(rows, row_map))
+        u = self.uniforms(logits, rowspace)
         return xtc_mask_(logits, probability, threshold, u.unsqueeze(1))
+
+    def uniforms(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
+        """This step's ``u`` of each row of ``logits`` (``[rows]`` float32 on their device),
+        consuming the draws of the step: ``_apply``'s and the fused pass's (``_fused.py``)."""
+        rows = logits.shape[0]
+        gens = self._gens
+        row_map = self._pipe.host_row_map() if rowspace and gens.serial.any() else None
+        return draw_uniforms(rows, logits.device, gens.seeded_rows(rows, row_map))
