@@ -5,10 +5,10 @@ As ``test_triton_sampling.py``: the checks run in one subprocess (this file as a
 interpreter on before triton is imported) and report per check:
 
 * ``vs_cpu_fused``: seeded random batches (V from 7 to 2,500; each of temperature, min-p,
-  top-n-sigma, typical-p, epsilon, eta, XTC, top-k, top-p alone and all combined; ties, ``-inf`` entries, a
-  row of all ``-inf``, a row with one finite value) through the kernel and through the CPU
-  fused pass (``tail.fused_gumbel_``, ``rust/src/sampling/fused.rs``). Every row is
-  classified (``classify``): ``same`` (the same processed logits, bit for bit, and token),
+  top-n-sigma, typical-p, epsilon, eta, XTC (firing on some rows, not on others), top-k,
+  top-p alone and all combined; ties, ``-inf`` entries, a row of all ``-inf``, a row with one
+  finite value) through the kernel and through the CPU fused pass (``tail.fused_gumbel_``,
+  ``rust/src/sampling/fused.rs``). Every row is classified (``classify``): ``same`` (the same processed logits, bit for bit, and token),
   ``p1_zero_prob`` (a ``p == 1`` row of a batch with top-p: the CPU pass masks entries whose
   float32 probability is 0, more than 80 below the max; this kernel keeps them; the token is
   the same), ``boundary`` (the kept sets differ by entries of one value, at a threshold: the

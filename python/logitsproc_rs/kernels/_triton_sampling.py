@@ -980,8 +980,9 @@ def fused_gumbel_triton_(
     """:func:`sample_fused_triton` called as the ``Sampler`` calls the CPU pass
     (``tail.fused_gumbel_``): ``temperature`` per row (1 for greedy rows), ``steps`` the
     per-row values of ``_fused.fused_plan`` (``log_min_p``, ``top_n_sigma``, ``typical_p``,
-    ``epsilon``, ``eta``, ``xtc_probability``, ``xtc_threshold``, ``xtc_u``), the metadata's ``top_k`` / ``top_p``, the rows' seeds and positions. Every row
-    is drawn (the caller keeps its greedy rows' own tokens)."""
+    ``epsilon``, ``eta``, ``xtc_probability``, ``xtc_threshold``, ``xtc_u``), the metadata's
+    ``top_k`` / ``top_p``, the rows' seeds and positions. Every row is drawn (the caller keeps
+    its greedy rows' own tokens)."""
     dev = logits.device
 
     def per_row(name: str) -> torch.Tensor | None:
