@@ -8,17 +8,18 @@ interpreter on before triton is imported) and report per check:
   top-n-sigma, typical-p, epsilon, eta, XTC (firing on some rows, not on others), top-k,
   top-p alone and all combined; ties, ``-inf`` entries, a row of all ``-inf``, a row with one
   finite value) through the kernel and through the CPU fused pass (``tail.fused_gumbel_``,
-  ``rust/src/sampling/fused.rs``). Every row is classified (``classify``): ``same`` (the same processed logits, bit for bit, and token),
-  ``p1_zero_prob`` (a ``p == 1`` row of a batch with top-p: the CPU pass masks entries whose
-  float32 probability is 0, more than 80 below the max; this kernel keeps them; the token is
-  the same), ``boundary`` (the kept sets differ by entries of one value, at a threshold: the
-  float rounding the module docs allow) or ``other`` (a failure).
+  ``rust/src/sampling/fused.rs``). Every row is classified (``classify``): ``same`` (the same
+  processed logits, bit for bit, and token), ``p1_zero_prob`` (a ``p == 1`` row of a batch
+  with top-p: the CPU pass masks entries whose float32 probability is 0, more than 80 below
+  the max; this kernel keeps them; the token is the same), ``boundary`` (the kept sets differ
+  by entries of one value, at a threshold: the float rounding the module docs allow) or
+  ``other`` (a failure).
 * ``vs_separate``: the processors one by one (``build_logitsprocs`` with the truncations and
   XTC, ``apply_temperature`` then ``apply_each``: torch's float32 statistics, XTC's own
-  draws, seeded rows and not, the same ``u`` the plan drew) followed by the
-  existing Triton draw (``sample_batch_invariant_triton``), against the kernel fed the same
-  rows' values through ``_fused.fused_plan`` and ``fused_gumbel_triton_`` (as the
-  ``Sampler`` would call it), over steps of random requests; classified the same way.
+  draws, seeded rows and not, the same ``u`` the plan drew) followed by the existing Triton
+  draw (``sample_batch_invariant_triton``), against the kernel fed the same rows' values
+  through ``_fused.fused_plan`` and ``fused_gumbel_triton_`` (as the ``Sampler`` would call
+  it), over steps of random requests; classified the same way.
 * ``soak`` (``-m soak`` only): ``vs_cpu_fused`` at V up to 151,936, every step on.
 * ``edges``: steps that keep only the max and its ties, flat rows (sigma 0), top-k 0.
 * ``batch_invariance``: one request's row alone and at row 3 of 6 among other requests: the
