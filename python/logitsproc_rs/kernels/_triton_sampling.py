@@ -70,30 +70,44 @@ one masking / sampling pass; every pass reads the row once, only the last writes
 
 **The fused tail** (:func:`sample_fused_triton`, issue 41's CUDA half): the steps of the CPU
 fused pass (``rust/src/sampling/fused.rs``) in one launch, one program per row, in its order:
-temperature, min-p, top-n-sigma, epsilon, eta, top-k / top-p, the draw above. No pass writes
-but the last; every other pass reads the row and recomputes the steps decided so far on the
-fly (each deterministic, so every pass sees the same processed row). Against the CPU pass:
+temperature, min-p, top-n-sigma, typical-p, epsilon, eta, XTC, top-k / top-p, the draw above.
+No pass writes but the last; every other pass reads the row and recomputes the steps decided
+so far on the fly (each deterministic, so every pass sees the same processed row). Against
+the CPU pass:
 
 * temperature (IEEE division: libdevice's ``div_rn`` on CUDA, not an approximate divide) and
-  min-p (``x < max + ln(min_p)``, float32): bitwise.
-* top-n-sigma, epsilon, eta: ``fused.rs``'s float64 statistics (count and mean, then the
-  squared deviations; ``sum e``; ``sum e (x - max)`` and the entropy) and comparisons; the
-  sums are tree-ordered here (a few float64 ulps apart) and ``e = exp(x - max)`` is float32
-  (numpy's or libdevice's ``expf`` against the core's polynomial, about 1 ulp apart): an
-  entry may be decided differently only within ``fused.rs``'s ``BOUNDARY_REL`` (1e-4,
-  relative) of its threshold.
+  min-p (``x < max + ln(min_p)``, float32): bitwise. XTC's ``u < xtc_probability``: float32,
+  bitwise.
+* top-n-sigma, typical-p, epsilon, eta, XTC: ``fused.rs``'s float64 statistics (count and
+  mean, then the squared deviations; ``sum e``; ``sum e (x - max)`` and the entropy; the
+  typicality scores ``|-log p - H|`` and their mass; XTC's ``e >= threshold * sum e``, the
+  count and the least of them) and comparisons; the sums are tree-ordered here (a few
+  float64 ulps apart) and ``e = exp(x - max)`` is float32 (numpy's or libdevice's ``expf``
+  against the core's polynomial, about 1 ulp apart): an entry may be decided differently
+  only within ``fused.rs``'s ``BOUNDARY_REL`` (relative) of its threshold.
+* typical-p's threshold: the score (float64, its bits as a ``uint64`` key, ordered as the
+  scores since they are ``>= 0``) at which the mass in ascending score order first reaches
+  ``typical_p``, found by the same digit search as top-p over 64 bits: the largest key ``C``
+  with ``mass(key < C) < typical_p * sum e``; kept: ``key <= C`` (the whole tied group at
+  the threshold; never reached by rounding: every entry). Typical-p may drop the row's max,
+  and XTC does when it fires: a pass after each finds the max the later steps shift by and
+  keep (epsilon and eta never mask it; top-k / top-p read it).
 * top-k exact; top-p as the kernel above, against the CPU pass's non-strict float64 decision
   (which also keeps whole tied runs): apart only within ``exp`` rounding of ``1 - p``, and on
   ``p == 1`` rows of a batch with top-p (item 3): the CPU pass masks the entries whose float32
   probability is 0 (more than 87 below the max), this kernel leaves them. Such an entry never
   wins the draw (the noise spans less than 20), so the token is the same.
-* a row holding NaN or ``+inf``, or no finite value, gets no truncation (as ``fused.rs``);
-  top-k / top-p and the draw are then item 4's (an all ``-inf`` row samples token 0).
+* a row holding NaN or ``+inf``, or no finite value, gets no truncation and no XTC (as
+  ``fused.rs``); top-k / top-p and the draw are then item 4's (an all ``-inf`` row samples
+  token 0).
 
-Passes per row: the max; top-n-sigma 2, epsilon 1, eta 1, each only on rows that set it (a
-row whose value is neutral skips the pass); then the top-k and top-p searches and the last
-pass, which writes only the entries that changed. A row with temperature alone, or nothing,
-reads its row once (the draw), as :func:`sample_batch_invariant_triton` without top-k / top-p.
+Passes per row: the max; top-n-sigma 2; typical-p 1 (the entropy), ``64 / DIGIT_BITS`` (the
+threshold) and 1 (the max it leaves); epsilon 1; eta 1; XTC 2 (the sum, then the count and
+the least) and 1 more when it masks (the max it leaves): each only on rows that set it (a row
+whose value is neutral, or whose XTC draw does not fire, skips the passes); then the top-k and
+top-p searches and the last pass, which writes only the entries that changed. A row with
+temperature alone, or nothing, reads its row once (the draw), as
+:func:`sample_batch_invariant_triton` without top-k / top-p.
 """
 
 from __future__ import annotations
