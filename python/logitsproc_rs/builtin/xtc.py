@@ -18,7 +18,8 @@ the same draws whatever else is in the batch. The other rows share one batched d
 torch's global generator of that device (skipped when every row is seeded). No host sync:
 which rows are seeded is the core's (its table keeps each seeded request's seed under a serial
 that moves with it, on every front-end; ``XTCGenerators`` holds the generators by serial), the
-draws and the mask are device ops.
+draws and the mask are device ops. The fused ``batch_invariant`` pass (``_fused.py``) takes a
+step's ``u`` through ``XTCLogitsProcessor.uniforms`` too: the same draws either way.
 
 It changes the argmax, yet runs in the argmax-invariant phase, on purpose (as typical-p): that
 phase is what only randomly sampled rows see (a greedy row takes its token from the snapshot
