@@ -13,7 +13,9 @@ against the separate processors it stands in for (``Sampler.random_logits`` then
   typical-p, epsilon, eta), top-k and top-p (chi-square), and the logits it leaves are the
   separate steps';
 - a processor the pass does not run (the kept top-k / top-p here) sends the batch down the
-  separate path, with XTC's generators untouched by the plan given up.
+  separate path, with XTC's generators untouched by the plan given up;
+- rows built with an entry exactly at a threshold (top-n-sigma, epsilon, typical-p, XTC)
+  differ only where ``fused.rs``'s boundary rule allows.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from logitsproc_rs.builtin.eta_cutoff import eta_mask_
 from logitsproc_rs.builtin.min_p import min_p_mask_
 from logitsproc_rs.builtin.top_n_sigma import top_n_sigma_mask_
 from logitsproc_rs.builtin.typical_p import typical_p_mask_
+from logitsproc_rs.builtin.xtc import xtc_mask_
 from logitsproc_rs.params import _SAMPLING_EPS
 from logitsproc_rs.sampler import apply_top_k_top_p
 
@@ -386,5 +389,69 @@ def test_truncation_boundary_rule(step: str) -> None:
         got = _fused_mask(x, step, value)
         changed = ((got > NEG_INF) != (want > NEG_INF))[0].numpy()
         assert not (changed & ~near).any(), (step, value, np.nonzero(changed & ~near))
+        differ += int(changed.any())
+    assert differ < 200  # most rows agree even at the boundary
+
+
+def _typical_scores(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float64 probabilities, typicality scores and the size of what each score is computed
+    from (``|log p| + H``) of one row."""
+    log_p = xs - xs.max() - np.log(np.exp(xs - xs.max()).sum())
+    p = np.exp(log_p)
+    h = -(p * log_p).sum()
+    return p, np.abs(-log_p - h), np.abs(log_p) + h
+
+
+def test_typical_p_boundary_rule() -> None:
+    """Rows whose typical_p is exactly the mass at one entry in ascending score order (float64):
+    every entry the fused pass and ``typical_p_mask_`` decide differently has its score
+    within ``BOUNDARY_REL`` of the threshold score (relative to ``|log p| + H``) or its
+    cumulative mass, or the one before it, within ``BOUNDARY_REL`` of ``typical_p``."""
+    rng = np.random.default_rng(23)
+    differ = 0
+    for _ in range(200):
+        x = torch.from_numpy(rng.normal(0, 2, 500).astype(np.float32)).unsqueeze(0)
+        p, score, size = _typical_scores(x[0].double().numpy())
+        order = np.argsort(score, kind="stable")
+        cum = np.cumsum(p[order])
+        j = int(rng.integers(0, 499))
+        value = float(np.float32(cum[j]))
+        if value >= 1.0:
+            continue
+        threshold = score[order][int(np.searchsorted(cum, value))]
+        want = typical_p_mask_(x.clone(), torch.tensor([[value]]))
+        got = _fused_mask(x, "typical_p", value)
+        near_score = np.abs(score - threshold) <= 1e-4 * size
+        near_mass = np.zeros(500, dtype=bool)
+        before = np.concatenate([[0.0], cum[:-1]])
+        near_mass[order] = (np.abs(cum - value) <= 1e-4 * value) | (
+            np.abs(before - value) <= 1e-4 * value
+        )
+        changed = ((got > NEG_INF) != (want > NEG_INF))[0].numpy()
+        assert not (changed & ~(near_score | near_mass)).any(), np.nonzero(changed)
+        differ += int(changed.any())
+    assert differ < 200  # most rows agree even at the boundary
+
+
+def test_xtc_boundary_rule() -> None:
+    """Rows whose xtc_threshold is exactly one entry's probability (float64), XTC firing:
+    the fused pass and ``xtc_mask_`` differ only in rows with an entry within
+    ``BOUNDARY_REL`` of the threshold, and there only on entries that (nearly) qualify."""
+    rng = np.random.default_rng(29)
+    differ = 0
+    for _ in range(200):
+        x = torch.from_numpy(rng.normal(0, 2, 500).astype(np.float32)).unsqueeze(0)
+        p, _, _ = _typical_scores(x[0].double().numpy())
+        top = np.sort(p)[::-1]
+        value = float(np.float32(top[int(rng.integers(1, 6))]))
+        one = torch.ones(1, 1)
+        want = xtc_mask_(x.clone(), one, torch.tensor([[value]]), torch.zeros(1, 1))
+        got = x.clone()
+        steps = {"xtc_probability": [1.0], "xtc_threshold": [value], "xtc_u": [0.0]}
+        tail.fused_gumbel_(got, None, steps, None, None, [0], [0], [False])
+        changed = ((got > NEG_INF) != (want > NEG_INF))[0].numpy()
+        near_row = bool((np.abs(p - value) <= 1e-4 * value).any())
+        qualifying = p >= value * (1 - 1e-4)
+        assert not changed.any() or (near_row and not (changed & ~qualifying).any())
         differ += int(changed.any())
     assert differ < 200  # most rows agree even at the boundary

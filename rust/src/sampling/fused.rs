@@ -12,10 +12,11 @@
 //!   torch reduces in float32, and compare each entry with the float64 threshold. The kept
 //!   set is the separate processors' except for entries within [`BOUNDARY_REL`] (relative) of
 //!   the threshold, where float32 rounding decides either way: for typical-p, entries whose
-//!   score is that close to the threshold score, or every entry of the score the cumulative
-//!   mass reaches `typical_p` at when that mass is that close to `typical_p`; for XTC,
-//!   entries whose probability is that close to `xtc_threshold` or to the least qualifying
-//!   probability.
+//!   score is that close to the threshold score (relative to `|log p| + H`, the size of what
+//!   a score is computed from), or whose cumulative mass in ascending score order, or the
+//!   one before it, is that close to `typical_p`; for XTC, in a row with an entry that close
+//!   to `xtc_threshold`, the qualifying set may differ by that entry, and with it which
+//!   qualifying entries are masked (the least of them, and whether two qualify).
 //! - typical-p finds its threshold score by a selection weighted by the probability mass
 //!   (three-way partitions around a pivot score), not by sorting the row.
 //! - XTC's draw `u` is the caller's (the XTC view's own draws, so seeded streams advance as
@@ -31,8 +32,8 @@ use super::noise::gumbel_race_row;
 /// truncation's threshold for float32 rounding to decide it: top-n-sigma compares a logit with
 /// `max - n * sigma` (relative to `|max| + n * sigma`), epsilon and eta a probability with
 /// their cutoff (relative to the cutoff), typical-p a score with the threshold score (relative
-/// to it) and the mass reached with `typical_p`, XTC a probability with `xtc_threshold` or the
-/// least qualifying probability (relative to it).
+/// to `|log p| + H`) and a cumulative mass with `typical_p` (relative to it), XTC a probability
+/// with `xtc_threshold` (relative to it).
 pub const BOUNDARY_REL: f64 = 1e-4;
 
 /// One row's steps; each neutral value turns its step off.
