@@ -20,6 +20,8 @@ against the separate processors it stands in for (``Sampler.random_logits`` then
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -53,6 +55,7 @@ from logitsproc_rs.builtin.typical_p import typical_p_mask_
 from logitsproc_rs.builtin.xtc import xtc_mask_
 from logitsproc_rs.params import _SAMPLING_EPS
 from logitsproc_rs.sampler import apply_top_k_top_p
+from logitsproc_rs.state import LogitsProcessors
 
 NEG_INF = float("-inf")
 CFG = EngineConfig(max_num_seqs=24, vocab_size=3_000)
@@ -90,7 +93,7 @@ def fused_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls = [0]
     run = Sampler._sample_fused
 
-    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def counted(self: Sampler, *args: Any, **kwargs: Any) -> Any:
         calls[0] += 1
         return run(self, *args, **kwargs)
 
@@ -104,7 +107,7 @@ def xtc_draws(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
     drawn: list[torch.Tensor] = []
     draw = xtc_module.draw_uniforms
 
-    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+    def recorded(*args: Any, **kwargs: Any) -> torch.Tensor:
         u = draw(*args, **kwargs)
         drawn.append(u.clone())
         return u
@@ -113,7 +116,7 @@ def xtc_draws(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
     return drawn
 
 
-def _xtc_streams(procs) -> dict[int, torch.Tensor]:  # type: ignore[no-untyped-def]
+def _xtc_streams(procs: LogitsProcessors) -> dict[int, torch.Tensor]:
     """The state of each seeded request's XTC generator, by serial."""
     for p in procs.argmax_invariant:
         for v in p.parts if isinstance(p, CombinedView) else [p]:
@@ -122,7 +125,7 @@ def _xtc_streams(procs) -> dict[int, torch.Tensor]:  # type: ignore[no-untyped-d
     raise AssertionError("no XTC view")
 
 
-def _assert_same_streams(a, b) -> None:  # type: ignore[no-untyped-def]
+def _assert_same_streams(a: LogitsProcessors, b: LogitsProcessors) -> None:
     sa, sb = _xtc_streams(a), _xtc_streams(b)
     assert sa.keys() == sb.keys()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
