@@ -69,7 +69,8 @@ def _views(procs: Iterable[Any], logits: torch.Tensor) -> list[Any] | None:
 def fused_plan(procs: LogitsProcessors, logits: torch.Tensor) -> dict[str, torch.Tensor] | None:
     """The fused steps' per-row values (keyword → float32 ``[B]`` on the logits' device, read
     from the tables' device views: no sync) for ``logits``, or ``None`` where the fused pass
-    cannot stand in for the argmax-invariant processors."""
+    cannot stand in for the argmax-invariant processors. With XTC active, a plan holds the
+    step's ``u``, drawn here as XTC's ``apply`` would draw it: one plan per step, run."""
     views = _views(procs.argmax_invariant, logits)
     if views is None:
         return None
