@@ -326,8 +326,9 @@ def check_batch_invariance(device: str) -> dict[str, int]:
 
 
 def check_edges(device: str) -> dict[str, int]:
-    """Steps that keep only the max (and its ties), flat rows (sigma 0), top-k 0 (off, as
-    ``V``): against the CPU pass, each row the same."""
+    """Steps that keep only the max (and its ties), flat rows (sigma 0; every typicality
+    score 0, typical-p keeps them all; every entry qualifies for XTC at one probability, XTC
+    masks none), top-k 0 (off, as ``V``): against the CPU pass, each row the same."""
     rng = np.random.default_rng(99)
     vocab = 50
     x = torch.from_numpy(rng.normal(0, 2, (8, vocab)).astype(np.float32))
@@ -340,6 +341,10 @@ def check_edges(device: str) -> dict[str, int]:
         "top_n_sigma": [0.0, 1.0, 0.0, 0.01, 0.0, 3.0, 0.0, 0.0],
         "epsilon": [0.0, 0.0, 0.5, 0.0, 0.9, 0.5, 0.0, 0.0],
         "eta": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.9, 0.0],
+        "typical_p": [1.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+        "xtc_probability": [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0],
+        "xtc_threshold": [0.01] * 8,
+        "xtc_u": [0.0] * 8,
         "top_k": [vocab] * 7 + [3],
         "top_p": [1.0] * 7 + [0.5],
     }
