@@ -5,19 +5,21 @@ As ``test_triton_sampling.py``: the checks run in one subprocess (this file as a
 interpreter on before triton is imported) and report per check:
 
 * ``vs_cpu_fused``: seeded random batches (V from 7 to 2,500; each of temperature, min-p,
-  top-n-sigma, epsilon, eta, top-k, top-p alone and all combined; ties, ``-inf`` entries, a
-  row of all ``-inf``, a row with one finite value) through the kernel and through the CPU
-  fused pass (``tail.fused_gumbel_``, ``rust/src/sampling/fused.rs``). Every row is
-  classified (``classify``): ``same`` (the same processed logits, bit for bit, and token),
-  ``p1_zero_prob`` (a ``p == 1`` row of a batch with top-p: the CPU pass masks entries whose
-  float32 probability is 0, more than 80 below the max; this kernel keeps them; the token is
-  the same), ``boundary`` (the kept sets differ by entries of one value, at a threshold: the
-  float rounding the module docs allow) or ``other`` (a failure).
-* ``vs_separate``: the processors one by one (``build_logitsprocs`` with the truncations,
-  ``apply_temperature`` then ``apply_each``: torch's float32 statistics) followed by the
-  existing Triton draw (``sample_batch_invariant_triton``), against the kernel fed the same
-  rows' values through ``_fused.fused_plan`` and ``fused_gumbel_triton_`` (as the
-  ``Sampler`` would call it), over steps of random requests; classified the same way.
+  top-n-sigma, typical-p, epsilon, eta, XTC (firing on some rows, not on others), top-k,
+  top-p alone and all combined; ties, ``-inf`` entries, a row of all ``-inf``, a row with one
+  finite value) through the kernel and through the CPU fused pass (``tail.fused_gumbel_``,
+  ``rust/src/sampling/fused.rs``). Every row is classified (``classify``): ``same`` (the same
+  processed logits, bit for bit, and token), ``p1_zero_prob`` (a ``p == 1`` row of a batch
+  with top-p: the CPU pass masks entries whose float32 probability is 0, more than 80 below
+  the max; this kernel keeps them; the token is the same), ``boundary`` (the kept sets differ
+  by entries of one value, at a threshold: the float rounding the module docs allow) or
+  ``other`` (a failure).
+* ``vs_separate``: the processors one by one (``build_logitsprocs`` with the truncations and
+  XTC, ``apply_temperature`` then ``apply_each``: torch's float32 statistics, XTC's own
+  draws, seeded rows and not, the same ``u`` the plan drew) followed by the existing Triton
+  draw (``sample_batch_invariant_triton``), against the kernel fed the same rows' values
+  through ``_fused.fused_plan`` and ``fused_gumbel_triton_`` (as the ``Sampler`` would call
+  it), over steps of random requests; classified the same way.
 * ``soak`` (``-m soak`` only): ``vs_cpu_fused`` at V up to 151,936, every step on.
 * ``edges``: steps that keep only the max and its ties, flat rows (sigma 0), top-k 0.
 * ``batch_invariance``: one request's row alone and at row 3 of 6 among other requests: the
@@ -48,7 +50,21 @@ import torch
 HERE = Path(__file__).resolve()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 NEG_INF = float("-inf")
-STEPS = ("temperature", "log_min_p", "top_n_sigma", "epsilon", "eta", "top_k", "top_p")
+STEPS = (
+    "temperature",
+    "log_min_p",
+    "top_n_sigma",
+    "typical_p",
+    "epsilon",
+    "eta",
+    "xtc",
+    "top_k",
+    "top_p",
+)
+#: A step's keywords of ``sample_fused_triton`` (the step's own name where not listed).
+KEYS = {"xtc": ("xtc_probability", "xtc_threshold", "xtc_u")}
+#: The per-row steps of the CPU pass and ``fused_plan`` (not temperature, top-k, top-p).
+PLAN_KEYS = ("log_min_p", "top_n_sigma", "typical_p", "epsilon", "eta", *KEYS["xtc"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,17 +76,23 @@ def _log_min_p(m: float) -> float:
 
 
 def random_values(rng: np.random.Generator, rows: int, vocab: int, on: set[str]) -> dict:
-    """Per step in ``on``, one value per row (a quarter of the rows neutral)."""
+    """Per keyword of the steps in ``on``, one value per row (a quarter of the rows neutral;
+    XTC's ``u`` uniform, so it fires on some rows and not on others)."""
     pick = {
         "temperature": [1.0, 0.3, 0.7, 1.6],
         "log_min_p": [NEG_INF, _log_min_p(0.02), _log_min_p(0.1), _log_min_p(0.3)],
         "top_n_sigma": [0.0, 0.5, 1.5, 3.0],
+        "typical_p": [1.0, 0.3, 0.7, 0.95],
         "epsilon": [0.0, 1e-4, 3e-3, 0.02],
         "eta": [0.0, 1e-4, 3e-3, 0.02],
+        "xtc_probability": [0.0, 0.5, 1.0, 1.0],
+        "xtc_threshold": [0.01, 0.05, 0.1, 0.3],
+        "xtc_u": [float(u) for u in np.float32(rng.random(4))],
         "top_k": [vocab, 1, 5, max(2, vocab // 3)],  # off: V, the Sampler's convention
         "top_p": [1.0, 0.3, 0.8, 0.95],
     }
-    return {s: [pick[s][int(rng.integers(0, 4))] for _ in range(rows)] for s in on}
+    keys = [k for s in on for k in KEYS.get(s, (s,))]
+    return {k: [pick[k][int(rng.integers(0, 4))] for _ in range(rows)] for k in keys}
 
 
 def random_rows(rng: np.random.Generator, rows: int, vocab: int) -> torch.Tensor:
@@ -106,8 +128,12 @@ def run_triton(x: torch.Tensor, vals: dict, seeds: list[int], positions: list[in
         temperature=t("temperature", f32),
         log_min_p=t("log_min_p", f32),
         top_n_sigma=t("top_n_sigma", f32),
+        typical_p=t("typical_p", f32),
         epsilon=t("epsilon", f32),
         eta=t("eta", f32),
+        xtc_probability=t("xtc_probability", f32),
+        xtc_threshold=t("xtc_threshold", f32),
+        xtc_u=t("xtc_u", f32),
         top_k=t("top_k", torch.int64),
         top_p=t("top_p", f32),
     )
@@ -117,7 +143,7 @@ def run_cpu_fused(x: torch.Tensor, vals: dict, seeds: list[int], positions: list
     from logitsproc_rs import _tail as tail
 
     rows = x.shape[0]
-    steps = {s: vals[s] for s in ("log_min_p", "top_n_sigma", "epsilon", "eta") if s in vals}
+    steps = {s: vals[s] for s in PLAN_KEYS if s in vals}
     k = torch.tensor(vals["top_k"]) if "top_k" in vals else None
     p = torch.tensor(vals["top_p"], dtype=torch.float32) if "top_p" in vals else None
     temp = vals.get("temperature")
@@ -202,6 +228,8 @@ def check_vs_separate(device: str) -> dict[str, int]:
         EpsilonCutoffLogitsProcessor,
         EtaCutoffLogitsProcessor,
         TopNSigmaLogitsProcessor,
+        TypicalPLogitsProcessor,
+        XTCLogitsProcessor,
     )
     from logitsproc_rs.kernels._triton_sampling import (
         fused_gumbel_triton_,
@@ -211,10 +239,18 @@ def check_vs_separate(device: str) -> dict[str, int]:
 
     vocab = 600
     cfg = EngineConfig(max_num_seqs=8, vocab_size=vocab)
-    truncations = [TopNSigmaLogitsProcessor, EpsilonCutoffLogitsProcessor, EtaCutoffLogitsProcessor]
-    procs = build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=truncations)
+    opt_in = [
+        TopNSigmaLogitsProcessor,
+        TypicalPLogitsProcessor,
+        EpsilonCutoffLogitsProcessor,
+        EtaCutoffLogitsProcessor,
+        XTCLogitsProcessor,
+    ]
+    # Two pipelines fed alike: the plan takes XTC's draws of a step from one, the separate
+    # path's apply from the other.
+    fused, procs = (build_logitsprocs(cfg, "cpu", False, custom_logitsprocs=opt_in) for _ in "ab")
     rng = np.random.default_rng(7)
-    out = dict.fromkeys(KINDS, 0) | {"rows": 0, "steps": 0}
+    out = dict.fromkeys(KINDS, 0) | {"rows": 0, "steps": 0, "xtc_rows": 0}
     rows = 6
     for step in range(6):
         params = [
@@ -226,22 +262,30 @@ def check_vs_separate(device: str) -> dict[str, int]:
                 top_n_sigma=float(rng.choice([0.0, 1.0, 2.5])),
                 epsilon_cutoff=float(rng.choice([0.0, 3e-4, 0.01])),
                 eta_cutoff=float(rng.choice([0.0, 3e-4, 0.01])),
-                seed=int(rng.integers(0, 1_000)),
+                typical_p=float(rng.choice([1.0, 0.9, 0.5])),
+                xtc_probability=float(rng.choice([0.0, 0.5, 1.0])),
+                xtc_threshold=float(rng.choice([0.02, 0.1])),
+                seed=int(rng.integers(0, 1_000)) if rng.random() < 0.6 else None,
             )
             for _ in range(rows)
         ]
         added = [(r, params[r], [1], []) for r in range(rows)]
-        procs.update_state(BatchUpdate(rows, [], added, []))
+        for p in (fused, procs):
+            p.update_state(BatchUpdate(rows, [], added, []))
         x = torch.from_numpy(rng.normal(0, 3, (rows, vocab)).astype(np.float32))
         positions = list(range(step, step + rows))
-        md = SamplingMetadata.from_params(params, vocab, "cpu", None, positions, None)
+        md = SamplingMetadata.from_params(params, vocab, "cpu", None, positions, [3] * rows)
         assert md.temperature is not None and md.seeds is not None
         seeds = [0 if s is None else int(s) for s in md.seeds]
-        plan = fused_plan(procs, x)
+        start = torch.get_rng_state()  # the unseeded rows' u: the same global draws
+        plan = fused_plan(fused, x)
         assert plan is not None
+        torch.set_rng_state(start)
         # The separate path: temperature, each processor, then the existing Triton draw.
         sep = apply_temperature(x.clone(), md.temperature, md.all_random)
         sep = procs.apply_each(procs.argmax_invariant, sep)
+        if "xtc_u" in plan:
+            out["xtc_rows"] += int((plan["xtc_u"] < plan["xtc_probability"]).sum())
         sep_tok = sample_batch_invariant_triton(
             sep, md.top_k, md.top_p, torch.tensor(seeds), torch.tensor(positions)
         )
@@ -261,13 +305,14 @@ def check_batch_invariance(device: str) -> dict[str, int]:
     vocab = 900
     me = torch.from_numpy(rng.normal(0, 3, vocab).astype(np.float32))
     mine = {"temperature": 0.8, "log_min_p": _log_min_p(0.01), "top_n_sigma": 2.0,
-            "epsilon": 1e-4, "eta": 1e-3, "top_k": 300, "top_p": 0.9}  # fmt: skip
+            "typical_p": 0.95, "epsilon": 1e-4, "eta": 1e-3, "xtc_probability": 1.0,
+            "xtc_threshold": 0.05, "xtc_u": 0.5, "top_k": 300, "top_p": 0.9}  # fmt: skip
     tokens, rows_out = [], []
     for size, at in ((1, 0), (6, 3)):
         x = random_rows(rng, size, vocab) if size > 1 else me.unsqueeze(0).clone()
         x[at] = me
         vals = random_values(rng, size, vocab, set(STEPS))
-        for s in STEPS:
+        for s in mine:
             vals[s][at] = mine[s]
         seeds = [int(s) for s in rng.integers(0, 2**40, size)]
         positions = [int(q) for q in rng.integers(0, 99, size)]
@@ -281,8 +326,9 @@ def check_batch_invariance(device: str) -> dict[str, int]:
 
 
 def check_edges(device: str) -> dict[str, int]:
-    """Steps that keep only the max (and its ties), flat rows (sigma 0), top-k 0 (off, as
-    ``V``): against the CPU pass, each row the same."""
+    """Steps that keep only the max (and its ties), flat rows (sigma 0; every typicality
+    score 0, typical-p keeps them all; every entry qualifies for XTC at one probability, XTC
+    masks none), top-k 0 (off, as ``V``): against the CPU pass, each row the same."""
     rng = np.random.default_rng(99)
     vocab = 50
     x = torch.from_numpy(rng.normal(0, 2, (8, vocab)).astype(np.float32))
@@ -295,6 +341,10 @@ def check_edges(device: str) -> dict[str, int]:
         "top_n_sigma": [0.0, 1.0, 0.0, 0.01, 0.0, 3.0, 0.0, 0.0],
         "epsilon": [0.0, 0.0, 0.5, 0.0, 0.9, 0.5, 0.0, 0.0],
         "eta": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.9, 0.0],
+        "typical_p": [1.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+        "xtc_probability": [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0],
+        "xtc_threshold": [0.01] * 8,
+        "xtc_u": [0.0] * 8,
         "top_k": [vocab] * 7 + [3],
         "top_p": [1.0] * 7 + [0.5],
     }
@@ -384,8 +434,8 @@ def _stats(results: dict[str, Any], name: str) -> dict[str, Any]:
 
 def test_fused_kernel_against_the_cpu_fused_pass(interpreted) -> None:
     s = _stats(interpreted, "vs_cpu_fused")
-    assert s["rows"] == 6 * 23 and s["other"] == 0, s
-    assert s["no_finite"] == 23, s
+    assert s["rows"] == 6 * 28 and s["other"] == 0, s
+    assert s["no_finite"] == 28, s
     # The documented p == 1 difference occurs (the rows exercise it), on a minority of rows.
     assert 0 < s["p1_zero_prob"] <= s["rows"] // 5, s
     assert s["boundary"] <= 2, s  # float rounding at a threshold: (almost) never on these rows
@@ -396,6 +446,7 @@ def test_fused_kernel_against_the_separate_processors(interpreted) -> None:
     s = _stats(interpreted, "vs_separate")
     assert s["rows"] == 36 and s["other"] == 0, s
     assert s["boundary"] <= 2, s
+    assert s["xtc_rows"] >= 5, s  # XTC fired on some rows
 
 
 def test_fused_kernel_edges(interpreted) -> None:
@@ -444,11 +495,24 @@ def test_fused_kernel_compiles_for_cuda_without_a_gpu(every_step: bool) -> None:
     target = GPUTarget("cuda", 90, 32)
     opts = {"num_warps": 8, "enable_fp_fusion": False}
     sig = {"x_ptr": "*fp32", "stride": "i32"}
-    for name in ("t_ptr", "minp_ptr", "sigma_ptr", "eps_ptr", "eta_ptr"):
+    for name in ("t_ptr", "minp_ptr", "sigma_ptr", "typ_ptr", "eps_ptr", "eta_ptr"):
+        sig[name] = "*fp32"
+    for name in ("xtc_prob_ptr", "xtc_thr_ptr", "xtc_u_ptr"):
         sig[name] = "*fp32"
     sig.update({"k_ptr": "*i64", "p_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64"})
     sig.update({"out_ptr": "*i64", "V": "i32"})
-    flags = ("HAS_T", "HAS_MINP", "HAS_SIGMA", "HAS_EPS", "HAS_ETA", "HAS_EXP", "HAS_K", "HAS_P")
+    flags = (
+        "HAS_T",
+        "HAS_MINP",
+        "HAS_SIGMA",
+        "HAS_TYP",
+        "HAS_EPS",
+        "HAS_ETA",
+        "HAS_EXP",
+        "HAS_XTC",
+        "HAS_K",
+        "HAS_P",
+    )
     consts: dict[str, Any] = dict.fromkeys(flags, every_step)
     consts |= {"LIBDEVICE": True, "DIGIT": ts.digit_bits(torch.device("cuda")), "BLOCK": 1024}
     sig.update(dict.fromkeys(consts, "constexpr"))

@@ -168,8 +168,12 @@ def unsafe_fused_gumbel(
     temperature: list[float] | None = None,
     log_min_p: list[float] | None = None,
     top_n_sigma: list[float] | None = None,
+    typical_p: list[float] | None = None,
     epsilon: list[float] | None = None,
     eta: list[float] | None = None,
+    xtc_probability: list[float] | None = None,
+    xtc_threshold: list[float] | None = None,
+    xtc_u: list[float] | None = None,
     top_k: list[int] | None = None,
     top_p: list[float] | None = None,
 ) -> tuple[list[int], list[int], list[int]]:

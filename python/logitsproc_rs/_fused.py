@@ -1,14 +1,17 @@
-"""Which argmax-invariant processors the fused tails run in their one Rust pass (issue 41), and
-their per-row values: ``batch_invariant``'s (``rust/src/sampling/fused.rs``) and ``exact``'s
-(``rust/src/sampling/exact.rs``: min-p only, ``EXACT``).
+"""Which argmax-invariant processors the fused tails run in their one pass (issue 41), and their
+per-row values: ``batch_invariant``'s (Rust on the CPU, ``rust/src/sampling/fused.rs``; Triton
+on CUDA) and ``exact``'s (Rust on the CPU, ``rust/src/sampling/exact.rs``: min-p only,
+``EXACT``).
 
-The fused pass does temperature, min-p, top-n-sigma, epsilon, eta, top-k / top-p and the
-draw per row, the row read from memory once. It stands in for the processors' own ``apply``
-only where it gives their logits: every argmax-invariant processor is a built-in view, the
-active ones are among those four, in the pass's order. Anything else (a custom processor, an
-active typical-p, XTC or kept top-k / top-p) makes ``fused_plan`` return ``None`` and the
-``Sampler`` runs the processors one by one, as before. The processors stay the reference,
-and the path of engines that call them one by one (vLLM's own loop).
+The fused pass does temperature, min-p, top-n-sigma, typical-p, epsilon, eta, XTC, top-k /
+top-p and the draw per row, the row read from memory once. It stands in for the processors'
+own ``apply`` only where it gives their logits: every argmax-invariant processor is a built-in
+view, the active ones are among those of ``FUSED``, in the pass's order. Anything else (a
+custom processor, the kept top-k / top-p) makes ``fused_plan`` return ``None`` and the
+``Sampler`` runs the processors one by one. XTC's draws are the XTC view's own
+(``XTCLogitsProcessor.uniforms``), taken once the plan stands, so its generators advance as
+on the separate path. The processors stay the reference, and the path of engines that call
+them one by one (vLLM's own loop).
 """
 
 from __future__ import annotations
@@ -24,15 +27,24 @@ from .builtin.epsilon_cutoff import EpsilonCutoffLogitsProcessor
 from .builtin.eta_cutoff import EtaCutoffLogitsProcessor
 from .builtin.min_p import MinPLogitsProcessor
 from .builtin.top_n_sigma import TopNSigmaLogitsProcessor
+from .builtin.typical_p import TypicalPLogitsProcessor
+from .builtin.xtc import XTCLogitsProcessor
 from .state import LogitsProcessors
 
-#: Fused view → (keyword of ``unsafe_fused_gumbel``, buffer of its per-row value).
-FUSED: dict[type, tuple[str, str]] = {
-    MinPLogitsProcessor: ("log_min_p", "min_p.log_min_p"),
-    TopNSigmaLogitsProcessor: ("top_n_sigma", "top_n_sigma.value"),
-    EpsilonCutoffLogitsProcessor: ("epsilon", "epsilon_cutoff.value"),
-    EtaCutoffLogitsProcessor: ("eta", "eta_cutoff.value"),
+#: Fused view → its (keyword of ``unsafe_fused_gumbel``, buffer of the per-row value) pairs.
+FUSED: dict[type, tuple[tuple[str, str], ...]] = {
+    MinPLogitsProcessor: (("log_min_p", "min_p.log_min_p"),),
+    TopNSigmaLogitsProcessor: (("top_n_sigma", "top_n_sigma.value"),),
+    TypicalPLogitsProcessor: (("typical_p", "typical_p.value"),),
+    EpsilonCutoffLogitsProcessor: (("epsilon", "epsilon_cutoff.value"),),
+    EtaCutoffLogitsProcessor: (("eta", "eta_cutoff.value"),),
+    XTCLogitsProcessor: (
+        ("xtc_probability", "xtc.probability"),
+        ("xtc_threshold", "xtc.threshold"),
+    ),
 }
+#: The keyword of XTC's per-row draw ``u``.
+XTC_U = "xtc_u"
 # Their order is the sampler's (``BUILTINS``), which ``fused.rs`` applies them in.
 _ORDER = [c for c in BUILTINS if c in FUSED]
 
@@ -66,13 +78,15 @@ def fused_plan(
     """The fused steps' per-row values (keyword → float32 ``[B]`` on the logits' device, read
     from the tables' device views: no sync) for ``logits``, or ``None`` where the fused pass
     cannot stand in for the argmax-invariant processors (``only``: the fused steps allowed,
-    e.g. ``EXACT``; every one of ``FUSED`` when ``None``)."""
+    e.g. ``EXACT``; every one of ``FUSED`` when ``None``). With XTC active, a plan holds the
+    step's ``u``, drawn here as XTC's ``apply`` would draw it: one plan per step, run."""
     views = _views(procs.argmax_invariant, logits)
     if views is None:
         return None
     rows = logits.shape[0]
     plan: dict[str, torch.Tensor] = {}
     last = -1
+    xtc: XTCLogitsProcessor | None = None
     for v in views:
         pipe = v._pipe
         if not any(pipe.count(t) for t in v.TABLES):
@@ -82,6 +96,10 @@ def fused_plan(
         if spec is None or at <= last:
             return None
         last = at
-        key, buffer = spec
-        plan[key] = pipe.dense(buffer, rows, False).view(-1)
+        for key, buffer in spec:
+            plan[key] = pipe.dense(buffer, rows, False).view(-1)
+        if isinstance(v, XTCLogitsProcessor):
+            xtc = v
+    if xtc is not None:  # drawn only now: a plan given up draws nothing
+        plan[XTC_U] = xtc.uniforms(logits, False)
     return plan

@@ -9,7 +9,7 @@
   noise ``g = G(seed, position, token)`` (``noise.rs``): a request's token depends on its own
   logits, seed and position only, never on its batch, its row or the batch size. On the CPU
   the ``Sampler`` runs it fused (``fused_gumbel_``, ``fused.rs``): temperature, min-p, the
-  truncations, top-k / top-p and the race in one Rust pass per row.
+  truncations, XTC, top-k / top-p and the race in one Rust pass per row.
 
 Top-p's boundary is decided in float64; where torch's float32 cumulative sums could decide it
 otherwise (the boundary within ``TOP_P_MARGIN`` of ``1 - p``) or where torch's unstable sort
@@ -365,11 +365,12 @@ def fused_gumbel_(
 ) -> torch.Tensor:
     """The fused ``batch_invariant`` tail on float32 CPU ``logits`` (``fused.rs``), in place:
     divide by ``temperature`` (per row, 1 for greedy rows), the ``steps`` of ``_fused.
-    fused_plan`` (min-p, top-n-sigma, epsilon, eta), top-k / top-p (non-strict, as
-    ``mask_top_k_top_p_(strict=False)``), then ``gumbel_race``'s token for the rows in
-    ``need`` (0 for the others). Rows only the sort can decide go through it, then the race.
-    The processed logits left in ``logits`` are the separate steps' (``fused.rs`` states
-    where float32 rounding at a truncation's threshold may differ)."""
+    fused_plan`` (min-p, top-n-sigma, typical-p, epsilon, eta, XTC: keyword → per-row
+    values), top-k / top-p (non-strict, as ``mask_top_k_top_p_(strict=False)``), then
+    ``gumbel_race``'s token for the rows in ``need`` (0 for the others). Rows only the sort
+    can decide go through it, then the race. The processed logits left in ``logits`` are the
+    separate steps' (``fused.rs`` states where float32 rounding at a truncation's threshold
+    may differ)."""
     rows, vocab = logits.shape
     stride = logits.stride(0) if rows > 1 else vocab
     tokens, left, uncertain = unsafe_fused_gumbel(
@@ -385,8 +386,12 @@ def fused_gumbel_(
         top_p=None if top_p is None else top_p.tolist(),
         log_min_p=_floats(steps.get("log_min_p")),
         top_n_sigma=_floats(steps.get("top_n_sigma")),
+        typical_p=_floats(steps.get("typical_p")),
         epsilon=_floats(steps.get("epsilon")),
         eta=_floats(steps.get("eta")),
+        xtc_probability=_floats(steps.get("xtc_probability")),
+        xtc_threshold=_floats(steps.get("xtc_threshold")),
+        xtc_u=_floats(steps.get("xtc_u")),
     )
     if top_k is not None or top_p is not None:
         TAIL_STATS.rows_masked += rows - len(left)

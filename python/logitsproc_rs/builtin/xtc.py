@@ -18,7 +18,8 @@ the same draws whatever else is in the batch. The other rows share one batched d
 torch's global generator of that device (skipped when every row is seeded). No host sync:
 which rows are seeded is the core's (its table keeps each seeded request's seed under a serial
 that moves with it, on every front-end; ``XTCGenerators`` holds the generators by serial), the
-draws and the mask are device ops.
+draws and the mask are device ops. The fused ``batch_invariant`` pass (``_fused.py``) takes a
+step's ``u`` through ``XTCLogitsProcessor.uniforms`` too: the same draws either way.
 
 It changes the argmax, yet runs in the argmax-invariant phase, on purpose (as typical-p): that
 phase is what only randomly sampled rows see (a greedy row takes its token from the snapshot
@@ -132,7 +133,13 @@ class XTCLogitsProcessor(TruncationView):
         rows = logits.shape[0]
         probability = pipe.dense("xtc.probability", rows, rowspace)
         threshold = pipe.dense("xtc.threshold", rows, rowspace)
-        gens = self._gens
-        row_map = pipe.host_row_map() if rowspace and gens.serial.any() else None
-        u = draw_uniforms(rows, logits.device, gens.seeded_rows(rows, row_map))
+        u = self.uniforms(logits, rowspace)
         return xtc_mask_(logits, probability, threshold, u.unsqueeze(1))
+
+    def uniforms(self, logits: torch.Tensor, rowspace: bool) -> torch.Tensor:
+        """This step's ``u`` of each row of ``logits`` (``[rows]`` float32 on their device),
+        consuming the draws of the step: ``_apply``'s and the fused pass's (``_fused.py``)."""
+        rows = logits.shape[0]
+        gens = self._gens
+        row_map = self._pipe.host_row_map() if rowspace and gens.serial.any() else None
+        return draw_uniforms(rows, logits.device, gens.seeded_rows(rows, row_map))

@@ -70,30 +70,44 @@ one masking / sampling pass; every pass reads the row once, only the last writes
 
 **The fused tail** (:func:`sample_fused_triton`, issue 41's CUDA half): the steps of the CPU
 fused pass (``rust/src/sampling/fused.rs``) in one launch, one program per row, in its order:
-temperature, min-p, top-n-sigma, epsilon, eta, top-k / top-p, the draw above. No pass writes
-but the last; every other pass reads the row and recomputes the steps decided so far on the
-fly (each deterministic, so every pass sees the same processed row). Against the CPU pass:
+temperature, min-p, top-n-sigma, typical-p, epsilon, eta, XTC, top-k / top-p, the draw above.
+No pass writes but the last; every other pass reads the row and recomputes the steps decided
+so far on the fly (each deterministic, so every pass sees the same processed row). Against
+the CPU pass:
 
 * temperature (IEEE division: libdevice's ``div_rn`` on CUDA, not an approximate divide) and
-  min-p (``x < max + ln(min_p)``, float32): bitwise.
-* top-n-sigma, epsilon, eta: ``fused.rs``'s float64 statistics (count and mean, then the
-  squared deviations; ``sum e``; ``sum e (x - max)`` and the entropy) and comparisons; the
-  sums are tree-ordered here (a few float64 ulps apart) and ``e = exp(x - max)`` is float32
-  (numpy's or libdevice's ``expf`` against the core's polynomial, about 1 ulp apart): an
-  entry may be decided differently only within ``fused.rs``'s ``BOUNDARY_REL`` (1e-4,
-  relative) of its threshold.
+  min-p (``x < max + ln(min_p)``, float32): bitwise. XTC's ``u < xtc_probability``: float32,
+  bitwise.
+* top-n-sigma, typical-p, epsilon, eta, XTC: ``fused.rs``'s float64 statistics (count and
+  mean, then the squared deviations; ``sum e``; ``sum e (x - max)`` and the entropy; the
+  typicality scores ``|-log p - H|`` and their mass; XTC's ``e >= threshold * sum e``, the
+  count and the least of them) and comparisons; the sums are tree-ordered here (a few
+  float64 ulps apart) and ``e = exp(x - max)`` is float32 (numpy's or libdevice's ``expf``
+  against the core's polynomial, about 1 ulp apart): an entry may be decided differently
+  only within ``fused.rs``'s ``BOUNDARY_REL`` (relative) of its threshold.
+* typical-p's threshold: the score (float64, its bits as a ``uint64`` key, ordered as the
+  scores since they are ``>= 0``) at which the mass in ascending score order first reaches
+  ``typical_p``, found by the same digit search as top-p over 64 bits: the largest key ``C``
+  with ``mass(key < C) < typical_p * sum e``; kept: ``key <= C`` (the whole tied group at
+  the threshold; never reached by rounding: every entry). Typical-p may drop the row's max,
+  and XTC does when it fires: a pass after each finds the max the later steps shift by and
+  keep (epsilon and eta never mask it; top-k / top-p read it).
 * top-k exact; top-p as the kernel above, against the CPU pass's non-strict float64 decision
   (which also keeps whole tied runs): apart only within ``exp`` rounding of ``1 - p``, and on
   ``p == 1`` rows of a batch with top-p (item 3): the CPU pass masks the entries whose float32
   probability is 0 (more than 87 below the max), this kernel leaves them. Such an entry never
   wins the draw (the noise spans less than 20), so the token is the same.
-* a row holding NaN or ``+inf``, or no finite value, gets no truncation (as ``fused.rs``);
-  top-k / top-p and the draw are then item 4's (an all ``-inf`` row samples token 0).
+* a row holding NaN or ``+inf``, or no finite value, gets no truncation and no XTC (as
+  ``fused.rs``); top-k / top-p and the draw are then item 4's (an all ``-inf`` row samples
+  token 0).
 
-Passes per row: the max; top-n-sigma 2, epsilon 1, eta 1, each only on rows that set it (a
-row whose value is neutral skips the pass); then the top-k and top-p searches and the last
-pass, which writes only the entries that changed. A row with temperature alone, or nothing,
-reads its row once (the draw), as :func:`sample_batch_invariant_triton` without top-k / top-p.
+Passes per row: the max; top-n-sigma 2; typical-p 1 (the entropy), ``64 / DIGIT_BITS`` (the
+threshold) and 1 (the max it leaves); epsilon 1; eta 1; XTC 2 (the sum, then the count and
+the least) and 1 more when it masks (the max it leaves): each only on rows that set it (a row
+whose value is neutral, or whose XTC draw does not fire, skips the passes); then the top-k and
+top-p searches and the last pass, which writes only the entries that changed. A row with
+temperature alone, or nothing, reads its row once (the draw), as
+:func:`sample_batch_invariant_triton` without top-k / top-p.
 """
 
 from __future__ import annotations
@@ -462,23 +476,40 @@ def _div(x, t, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
+def _typicality_key(x, mx, ln_z, entropy):
+    """typical-p's score ``|-(x - mx - ln z) - H|`` (float64, as ``fused.rs``) as a uint64 key
+    with the scores' order (a score is >= 0: its bits are ordered as it is)."""
+    log_p = (x - mx).to(tl.float64) - ln_z
+    return tl.abs(-log_p - entropy).to(tl.uint64, bitcast=True)
+
+
+@triton.jit
 def _processed(
     raw,
     inside,
     t,
     mx,
+    mx1,
     minp_thr,
     sig_thr,
+    typ_lnz,
+    typ_h,
+    typ_cut,
     eps_below,
     eta_below,
+    xtc_least,
     HAS_T: tl.constexpr,
     HAS_MINP: tl.constexpr,
     HAS_SIGMA: tl.constexpr,
+    HAS_TYP: tl.constexpr,
     HAS_EXP: tl.constexpr,
+    HAS_XTC: tl.constexpr,
     LIBDEVICE: tl.constexpr,
 ):
     """One tile of the row as the steps leave it (``-inf`` where a step masks), each step's
-    threshold as far as it is known (an unknown one is neutral: it masks nothing)."""
+    threshold as far as it is known (an unknown one is neutral: it masks nothing). ``mx``:
+    the max after temperature (min-p, top-n-sigma and typical-p's scores); ``mx1``: the max
+    typical-p leaves (epsilon, eta and XTC)."""
     x = raw
     if HAS_T:
         x = _div(x, t, LIBDEVICE)
@@ -487,13 +518,23 @@ def _processed(
         x = tl.where(x < minp_thr, float("-inf"), x)
     if HAS_SIGMA:
         x = tl.where(x.to(tl.float64) < sig_thr, float("-inf"), x)
-    if HAS_EXP:
-        # epsilon then eta: both compare e = exp(x - max) with their cutoff * sum, never the
-        # max; an entry epsilon masked is masked whatever eta says.
-        # (a row without a max, all -inf or not needing it, has neutral cutoffs: shift by 0)
-        e = _exp(x - tl.where(mx > float("-inf"), mx, 0.0), LIBDEVICE).to(tl.float64)
-        low = ((e < eps_below) | (e < eta_below)) & (x < mx)
-        x = tl.where(low, float("-inf"), x)
+    if HAS_TYP:
+        # Every score above the threshold's key (neutral: the largest key, nothing above).
+        atypical = _typicality_key(x, mx, typ_lnz, typ_h) > typ_cut
+        x = tl.where(atypical & (x > float("-inf")), float("-inf"), x)
+    if HAS_EXP or HAS_XTC:
+        # e = exp(x - max) of the row typical-p leaves (a row without a max, all -inf or not
+        # needing it, has neutral cutoffs: shift by 0).
+        e = _exp(x - tl.where(mx1 > float("-inf"), mx1, 0.0), LIBDEVICE).to(tl.float64)
+        if HAS_EXP:
+            # epsilon then eta: both compare e with their cutoff * sum, never the max; an
+            # entry epsilon masked is masked whatever eta says.
+            low = ((e < eps_below) | (e < eta_below)) & (x < mx1)
+            x = tl.where(low, float("-inf"), x)
+        if HAS_XTC:
+            # XTC once it fires: the qualifying entries more likely than the least of them
+            # (neutral: +inf, nothing above).
+            x = tl.where((e > xtc_least) & (x > float("-inf")), float("-inf"), x)
     return x
 
 
@@ -504,8 +545,12 @@ def _fused_kernel(
     t_ptr,
     minp_ptr,
     sigma_ptr,
+    typ_ptr,
     eps_ptr,
     eta_ptr,
+    xtc_prob_ptr,
+    xtc_thr_ptr,
+    xtc_u_ptr,
     k_ptr,
     p_ptr,
     seed_ptr,
@@ -515,9 +560,11 @@ def _fused_kernel(
     HAS_T: tl.constexpr,
     HAS_MINP: tl.constexpr,
     HAS_SIGMA: tl.constexpr,
+    HAS_TYP: tl.constexpr,
     HAS_EPS: tl.constexpr,
     HAS_ETA: tl.constexpr,
     HAS_EXP: tl.constexpr,
+    HAS_XTC: tl.constexpr,
     HAS_K: tl.constexpr,
     HAS_P: tl.constexpr,
     LIBDEVICE: tl.constexpr,
@@ -528,6 +575,7 @@ def _fused_kernel(
     base = x_ptr + row.to(tl.int64) * stride
     lanes = tl.arange(0, BLOCK)
     digits = tl.arange(0, 1 << DIGIT).to(tl.uint32)
+    digits64 = digits.to(tl.uint64)
     zero_key = (row * 0).to(tl.uint32)
     ninf = float("-inf")
 
@@ -537,32 +585,48 @@ def _fused_kernel(
     # Neutral thresholds (mask nothing) until a step's own is known.
     minp_thr = tl.full([], ninf, tl.float32)
     sig_thr = tl.zeros([], tl.float64) + ninf
+    typ_lnz = tl.zeros([], tl.float64)
+    typ_h = tl.zeros([], tl.float64)
+    typ_cut = (zero_key.to(tl.uint64) + 0xFFFFFFFF) << 32 | 0xFFFFFFFF
     eps_below = tl.zeros([], tl.float64)
     eta_below = tl.zeros([], tl.float64)
+    xtc_least = tl.zeros([], tl.float64) + float("inf")
 
-    # Pass 1: the max after temperature (the max of every later step: none masks it), and
-    # whether the row holds NaN (then, as +inf or no finite value, no truncation applies).
     # The row's values (neutral where the batch has none).
     lmp = tl.full([], ninf, tl.float32)
     n_sigma = tl.zeros([], tl.float32)
+    typ = tl.full([], 1.0, tl.float32)
     eps = tl.zeros([], tl.float32)
     eta = tl.zeros([], tl.float32)
+    xtc_prob = tl.zeros([], tl.float32)
+    xtc_thr = tl.full([], 1.0, tl.float32)
+    xtc_u = tl.full([], 1.0, tl.float32)
     k = (row * 0).to(tl.int64)
     p = tl.full([], 1.0, tl.float32)
     if HAS_MINP:
         lmp = tl.load(minp_ptr + row)
     if HAS_SIGMA:
         n_sigma = tl.load(sigma_ptr + row)
+    if HAS_TYP:
+        typ = tl.load(typ_ptr + row)
     if HAS_EPS:
         eps = tl.load(eps_ptr + row)
     if HAS_ETA:
         eta = tl.load(eta_ptr + row)
+    if HAS_XTC:
+        xtc_prob = tl.load(xtc_prob_ptr + row)
+        xtc_thr = tl.load(xtc_thr_ptr + row)
+        xtc_u = tl.load(xtc_u_ptr + row)
     if HAS_K:
         k = tl.load(k_ptr + row)
     if HAS_P:
         p = tl.load(p_ptr + row)
-    trunc = (lmp > ninf) | (n_sigma > 0.0) | (eps > 0.0) | (eta > 0.0)
+    xtc_fires = xtc_u < xtc_prob  # float32, as torch's ``u < probability``
+    trunc = (lmp > ninf) | (n_sigma > 0.0) | (typ < 1.0) | (eps > 0.0) | (eta > 0.0) | xtc_fires
     needs_max = trunc | ((k > 0) & (k < V)) | (p < 1.0)
+
+    # Pass 1: the max after temperature (min-p and top-n-sigma keep it), and whether the row
+    # holds NaN (then, as +inf or no finite value, no truncation applies).
     mx = tl.full([], ninf, tl.float32)
     nan = row * 0
     if needs_max:  # a row with temperature alone (or nothing) goes straight to the draw
@@ -570,8 +634,9 @@ def _fused_kernel(
             offs = start + lanes
             inside = offs < V
             raw = tl.load(base + offs, mask=inside, other=ninf)
-            x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
-                           HAS_T, False, False, False, LIBDEVICE)  # fmt: skip
+            x = _processed(raw, inside, t, mx, mx, minp_thr, sig_thr, typ_lnz, typ_h, typ_cut,
+                           eps_below, eta_below, xtc_least,
+                           HAS_T, False, False, False, False, False, LIBDEVICE)  # fmt: skip
             mx = tl.maximum(mx, tl.max(x, 0))
             nan += tl.sum((x != x).to(tl.int32), 0)
     ok = trunc & (nan == 0) & (mx < float("inf")) & (mx > ninf)
@@ -588,8 +653,9 @@ def _fused_kernel(
                 offs = start + lanes
                 inside = offs < V
                 raw = tl.load(base + offs, mask=inside, other=ninf)
-                x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
-                               HAS_T, HAS_MINP, False, False, LIBDEVICE)  # fmt: skip
+                x = _processed(raw, inside, t, mx, mx, minp_thr, sig_thr, typ_lnz, typ_h,
+                               typ_cut, eps_below, eta_below, xtc_least,
+                               HAS_T, HAS_MINP, False, False, False, False, LIBDEVICE)  # fmt: skip
                 fin = x > ninf
                 cnt += tl.sum(fin.to(tl.float64), 0)
                 s1 += tl.sum(tl.where(fin, x.to(tl.float64), 0.0), 0)
@@ -599,12 +665,69 @@ def _fused_kernel(
                 offs = start + lanes
                 inside = offs < V
                 raw = tl.load(base + offs, mask=inside, other=ninf)
-                x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
-                               HAS_T, HAS_MINP, False, False, LIBDEVICE)  # fmt: skip
+                x = _processed(raw, inside, t, mx, mx, minp_thr, sig_thr, typ_lnz, typ_h,
+                               typ_cut, eps_below, eta_below, xtc_least,
+                               HAS_T, HAS_MINP, False, False, False, False, LIBDEVICE)  # fmt: skip
                 d = tl.where(x > ninf, x.to(tl.float64) - mean, 0.0)
                 sq += tl.sum(d * d, 0)
             std = _sqrt(sq / cnt, LIBDEVICE)
             sig_thr = mx.to(tl.float64) - n_sigma.to(tl.float64) * std
+
+    # The max typical-p leaves (epsilon, eta and XTC shift by it and never mask it).
+    mx1 = mx
+    if HAS_TYP:  # noqa: SIM102 (a constexpr: the step is compiled out)
+        if ok & (typ < 1.0):
+            # The entropy: -sum p (x - lse) with lse = max + ln(z), as eta's.
+            z = tl.zeros([], tl.float64)
+            w = tl.zeros([], tl.float64)
+            for start in range(0, V, BLOCK):
+                offs = start + lanes
+                inside = offs < V
+                raw = tl.load(base + offs, mask=inside, other=ninf)
+                x = _processed(raw, inside, t, mx, mx, minp_thr, sig_thr, typ_lnz, typ_h,
+                               typ_cut, eps_below, eta_below, xtc_least,
+                               HAS_T, HAS_MINP, HAS_SIGMA, False, False, False,
+                               LIBDEVICE)  # fmt: skip
+                fin = x > ninf
+                e = tl.where(fin, _exp(x - mx, LIBDEVICE), 0.0).to(tl.float64)
+                z += tl.sum(e, 0)
+                w += tl.sum(e * tl.where(fin, x - mx, 0.0).to(tl.float64), 0)
+            typ_lnz = _log(z, LIBDEVICE)
+            typ_h = typ_lnz - w / z
+            # The threshold: the largest score key C with mass(key < C) < typical_p * z, i.e.
+            # the score where the mass in ascending score order first reaches typical_p
+            # (every entry scoring at most it kept; never reached: every key kept).
+            need = typ.to(tl.float64) * z
+            cut = zero_key.to(tl.uint64)
+            for j in tl.static_range(64 // DIGIT):
+                cand = cut + (digits64 << (64 - DIGIT * (j + 1)))
+                mass = tl.zeros([1 << DIGIT], tl.float64)
+                for start in range(0, V, BLOCK):
+                    offs = start + lanes
+                    inside = offs < V
+                    raw = tl.load(base + offs, mask=inside, other=ninf)
+                    x = _processed(raw, inside, t, mx, mx, minp_thr, sig_thr, typ_lnz, typ_h,
+                                   typ_cut, eps_below, eta_below, xtc_least,
+                                   HAS_T, HAS_MINP, HAS_SIGMA, False, False, False,
+                                   LIBDEVICE)  # fmt: skip
+                    fin = x > ninf
+                    e64 = tl.where(fin, _exp(x - mx, LIBDEVICE), 0.0).to(tl.float64)
+                    key = _typicality_key(x, mx, typ_lnz, typ_h)
+                    below = (key[:, None] < cand[None, :]) & fin[:, None]
+                    mass += tl.sum(tl.where(below, e64[:, None], 0.0), 0)
+                cut += tl.max(tl.where(mass < need, digits64, 0), 0) << (64 - DIGIT * (j + 1))
+            typ_cut = cut
+            # Typical-p may drop the max: the max of what it keeps.
+            mx1 = tl.full([], ninf, tl.float32)
+            for start in range(0, V, BLOCK):
+                offs = start + lanes
+                inside = offs < V
+                raw = tl.load(base + offs, mask=inside, other=ninf)
+                x = _processed(raw, inside, t, mx, mx, minp_thr, sig_thr, typ_lnz, typ_h,
+                               typ_cut, eps_below, eta_below, xtc_least,
+                               HAS_T, HAS_MINP, HAS_SIGMA, HAS_TYP, False, False,
+                               LIBDEVICE)  # fmt: skip
+                mx1 = tl.maximum(mx1, tl.max(x, 0))
 
     if HAS_EPS:  # noqa: SIM102 (a constexpr: the step is compiled out)
         if ok & (eps > 0.0):
@@ -613,9 +736,11 @@ def _fused_kernel(
                 offs = start + lanes
                 inside = offs < V
                 raw = tl.load(base + offs, mask=inside, other=ninf)
-                x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
-                               HAS_T, HAS_MINP, HAS_SIGMA, False, LIBDEVICE)  # fmt: skip
-                z += tl.sum(_exp(x - mx, LIBDEVICE).to(tl.float64), 0)
+                x = _processed(raw, inside, t, mx, mx1, minp_thr, sig_thr, typ_lnz, typ_h,
+                               typ_cut, eps_below, eta_below, xtc_least,
+                               HAS_T, HAS_MINP, HAS_SIGMA, HAS_TYP, False, False,
+                               LIBDEVICE)  # fmt: skip
+                z += tl.sum(_exp(x - mx1, LIBDEVICE).to(tl.float64), 0)
             eps_below = eps.to(tl.float64) * z
 
     if HAS_ETA:  # noqa: SIM102 (a constexpr: the step is compiled out)
@@ -626,20 +751,65 @@ def _fused_kernel(
                 offs = start + lanes
                 inside = offs < V
                 raw = tl.load(base + offs, mask=inside, other=ninf)
-                x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
-                               HAS_T, HAS_MINP, HAS_SIGMA, HAS_EPS, LIBDEVICE)  # fmt: skip
+                x = _processed(raw, inside, t, mx, mx1, minp_thr, sig_thr, typ_lnz, typ_h,
+                               typ_cut, eps_below, eta_below, xtc_least,
+                               HAS_T, HAS_MINP, HAS_SIGMA, HAS_TYP, HAS_EPS, False,
+                               LIBDEVICE)  # fmt: skip
                 fin = x > ninf
-                e = tl.where(fin, _exp(x - mx, LIBDEVICE), 0.0).to(tl.float64)
+                e = tl.where(fin, _exp(x - mx1, LIBDEVICE), 0.0).to(tl.float64)
                 z += tl.sum(e, 0)
-                w += tl.sum(e * tl.where(fin, x - mx, 0.0).to(tl.float64), 0)
+                w += tl.sum(e * tl.where(fin, x - mx1, 0.0).to(tl.float64), 0)
             # The categorical's entropy, -sum p (x - lse) with lse = max + ln(z).
             entropy = _log(z, LIBDEVICE) - w / z
             e64 = eta.to(tl.float64)
             cutoff = tl.minimum(e64, _sqrt(e64, LIBDEVICE) * _exp(-entropy, LIBDEVICE))
             eta_below = cutoff * z
 
+    # The max XTC leaves (top-k / top-p read it; the max is kept by every step before).
+    mx2 = mx1
+    if HAS_XTC:  # noqa: SIM102 (a constexpr: the step is compiled out)
+        if ok & xtc_fires:
+            z = tl.zeros([], tl.float64)
+            for start in range(0, V, BLOCK):
+                offs = start + lanes
+                inside = offs < V
+                raw = tl.load(base + offs, mask=inside, other=ninf)
+                x = _processed(raw, inside, t, mx, mx1, minp_thr, sig_thr, typ_lnz, typ_h,
+                               typ_cut, eps_below, eta_below, xtc_least,
+                               HAS_T, HAS_MINP, HAS_SIGMA, HAS_TYP, HAS_EXP, False,
+                               LIBDEVICE)  # fmt: skip
+                z += tl.sum(_exp(x - mx1, LIBDEVICE).to(tl.float64), 0)
+            # Qualifying: e >= threshold * z; how many, and the least of them.
+            at_least = xtc_thr.to(tl.float64) * z
+            n_q = row * 0
+            least = tl.zeros([], tl.float64) + float("inf")
+            for start in range(0, V, BLOCK):
+                offs = start + lanes
+                inside = offs < V
+                raw = tl.load(base + offs, mask=inside, other=ninf)
+                x = _processed(raw, inside, t, mx, mx1, minp_thr, sig_thr, typ_lnz, typ_h,
+                               typ_cut, eps_below, eta_below, xtc_least,
+                               HAS_T, HAS_MINP, HAS_SIGMA, HAS_TYP, HAS_EXP, False,
+                               LIBDEVICE)  # fmt: skip
+                e = tl.where(x > ninf, _exp(x - mx1, LIBDEVICE), 0.0).to(tl.float64)
+                q = e >= at_least
+                n_q += tl.sum(q.to(tl.int32), 0)
+                least = tl.minimum(least, tl.min(tl.where(q, e, float("inf")), 0))
+            if n_q >= 2:
+                xtc_least = least
+                mx2 = tl.full([], ninf, tl.float32)
+                for start in range(0, V, BLOCK):
+                    offs = start + lanes
+                    inside = offs < V
+                    raw = tl.load(base + offs, mask=inside, other=ninf)
+                    x = _processed(raw, inside, t, mx, mx1, minp_thr, sig_thr, typ_lnz, typ_h,
+                                   typ_cut, eps_below, eta_below, xtc_least,
+                                   HAS_T, HAS_MINP, HAS_SIGMA, HAS_TYP, HAS_EXP, HAS_XTC,
+                                   LIBDEVICE)  # fmt: skip
+                    mx2 = tl.maximum(mx2, tl.max(x, 0))
+
     # Top-k on the truncated row: the largest key K with #{key >= K} >= k.
-    max_key = _order_key(mx)
+    max_key = _order_key(mx2)
     cut_k = zero_key
     if HAS_K:
         if k == 1:
@@ -652,8 +822,10 @@ def _fused_kernel(
                     offs = start + lanes
                     inside = offs < V
                     raw = tl.load(base + offs, mask=inside, other=ninf)
-                    x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
-                                   HAS_T, HAS_MINP, HAS_SIGMA, HAS_EXP, LIBDEVICE)  # fmt: skip
+                    x = _processed(raw, inside, t, mx, mx1, minp_thr, sig_thr, typ_lnz, typ_h,
+                                   typ_cut, eps_below, eta_below, xtc_least,
+                                   HAS_T, HAS_MINP, HAS_SIGMA, HAS_TYP, HAS_EXP, HAS_XTC,
+                                   LIBDEVICE)  # fmt: skip
                     key = _order_key(x)
                     ge = (key[:, None] >= cand[None, :]) & inside[:, None]
                     cnt_k += tl.sum(ge.to(tl.int32), 0)
@@ -662,7 +834,7 @@ def _fused_kernel(
     # Top-p on the top-k-kept row: the largest key C with mass(key < C) <= (1 - p) * Z.
     cut_p = zero_key
     if HAS_P:  # noqa: SIM102 (a constexpr: the step is compiled out)
-        if (p < 1.0) & (mx > ninf) & (cut_k < max_key):
+        if (p < 1.0) & (mx2 > ninf) & (cut_k < max_key):
             thr = (1.0 - p).to(tl.float64)
             total = tl.zeros([], tl.float64)
             for j in tl.static_range(32 // DIGIT):
@@ -672,10 +844,12 @@ def _fused_kernel(
                     offs = start + lanes
                     inside = offs < V
                     raw = tl.load(base + offs, mask=inside, other=ninf)
-                    x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
-                                   HAS_T, HAS_MINP, HAS_SIGMA, HAS_EXP, LIBDEVICE)  # fmt: skip
+                    x = _processed(raw, inside, t, mx, mx1, minp_thr, sig_thr, typ_lnz, typ_h,
+                                   typ_cut, eps_below, eta_below, xtc_least,
+                                   HAS_T, HAS_MINP, HAS_SIGMA, HAS_TYP, HAS_EXP, HAS_XTC,
+                                   LIBDEVICE)  # fmt: skip
                     key = _order_key(x)
-                    e = tl.where(inside & (key >= cut_k), _exp(x - mx, LIBDEVICE), 0.0)
+                    e = tl.where(inside & (key >= cut_k), _exp(x - mx2, LIBDEVICE), 0.0)
                     e64 = e.to(tl.float64)
                     below = key[:, None] < cand[None, :]
                     mass += tl.sum(tl.where(below, e64[:, None], 0.0), 0)
@@ -694,8 +868,10 @@ def _fused_kernel(
         offs = start + lanes
         inside = offs < V
         raw = tl.load(base + offs, mask=inside, other=ninf)
-        x = _processed(raw, inside, t, mx, minp_thr, sig_thr, eps_below, eta_below,
-                       HAS_T, HAS_MINP, HAS_SIGMA, HAS_EXP, LIBDEVICE)  # fmt: skip
+        x = _processed(raw, inside, t, mx, mx1, minp_thr, sig_thr, typ_lnz, typ_h, typ_cut,
+                       eps_below, eta_below, xtc_least,
+                       HAS_T, HAS_MINP, HAS_SIGMA, HAS_TYP, HAS_EXP, HAS_XTC,
+                       LIBDEVICE)  # fmt: skip
         x = tl.where(_order_key(x) >= cut, x, ninf)
         tl.store(base + offs, x, mask=inside & (x != raw))
         g = _gumbel(_token_bits(rkey, offs), LIBDEVICE)
@@ -722,15 +898,21 @@ def sample_fused_triton(
     temperature: torch.Tensor | None = None,
     log_min_p: torch.Tensor | None = None,
     top_n_sigma: torch.Tensor | None = None,
+    typical_p: torch.Tensor | None = None,
     epsilon: torch.Tensor | None = None,
     eta: torch.Tensor | None = None,
+    xtc_probability: torch.Tensor | None = None,
+    xtc_threshold: torch.Tensor | None = None,
+    xtc_u: torch.Tensor | None = None,
     top_k: torch.Tensor | None = None,
     top_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The fused ``batch_invariant`` tail of ``rust/src/sampling/fused.rs`` in one launch, one
     program per row, in place: divide by ``temperature`` (float32 ``[B]``; the caller passes 1
     for greedy rows), min-p (``log_min_p``, ``-inf``: off), top-n-sigma (``<= 0``: off),
-    epsilon and eta (``<= 0``: off), then top-k / top-p as :func:`mask_top_k_top_p_triton_`,
+    typical-p (``>= 1``: off), epsilon and eta (``<= 0``: off), XTC (it fires where ``xtc_u <
+    xtc_probability``; the three given together or not at all), then top-k / top-p as
+    :func:`mask_top_k_top_p_triton_`,
     then :func:`sample_batch_invariant_triton`'s draw. Each argument may be ``None`` (off for
     every row); a row whose values are neutral pays for no pass of that step. ``logits`` are
     the processed logits afterwards. Returns int64 ``[B]`` tokens (module docs, "The fused
@@ -744,6 +926,18 @@ def sample_fused_triton(
     sg = _row_param(top_n_sigma, rows, f32, dev, "top_n_sigma")
     ep = _row_param(epsilon, rows, f32, dev, "epsilon")
     et = _row_param(eta, rows, f32, dev, "eta")
+    ty = _row_param(typical_p, rows, f32, dev, "typical_p")
+    xtc = [
+        _row_param(v, rows, f32, dev, name)
+        for v, name in (
+            (xtc_probability, "xtc_probability"),
+            (xtc_threshold, "xtc_threshold"),
+            (xtc_u, "xtc_u"),
+        )
+    ]
+    has_xtc = xtc[0] is not None
+    if any((v is None) == has_xtc for v in xtc):
+        raise InputError(f"{what}: xtc_probability, xtc_threshold and xtc_u go together")
     k = _row_param(top_k, rows, i64, dev, "top_k")
     p = _row_param(top_p, rows, f32, dev, "top_p")
     s = _row_param(seeds, rows, i64, dev, "seeds")
@@ -759,8 +953,10 @@ def sample_fused_triton(
         d if t is None else t,
         d if mp is None else mp,
         d if sg is None else sg,
+        d if ty is None else ty,
         d if ep is None else ep,
         d if et is None else et,
+        *(d if v is None else v for v in xtc),
         d if k is None else k,
         d if p is None else p,
         s,
@@ -770,9 +966,11 @@ def sample_fused_triton(
         HAS_T=t is not None,
         HAS_MINP=mp is not None,
         HAS_SIGMA=sg is not None,
+        HAS_TYP=ty is not None,
         HAS_EPS=ep is not None,
         HAS_ETA=et is not None,
         HAS_EXP=ep is not None or et is not None,
+        HAS_XTC=has_xtc,
         HAS_K=k is not None,
         HAS_P=p is not None,
         LIBDEVICE=dev.type == "cuda" and libdevice is not None,
@@ -795,9 +993,10 @@ def fused_gumbel_triton_(
 ) -> torch.Tensor:
     """:func:`sample_fused_triton` called as the ``Sampler`` calls the CPU pass
     (``tail.fused_gumbel_``): ``temperature`` per row (1 for greedy rows), ``steps`` the
-    per-row values of ``_fused.fused_plan`` (``log_min_p``, ``top_n_sigma``, ``epsilon``,
-    ``eta``), the metadata's ``top_k`` / ``top_p``, the rows' seeds and positions. Every row
-    is drawn (the caller keeps its greedy rows' own tokens)."""
+    per-row values of ``_fused.fused_plan`` (``log_min_p``, ``top_n_sigma``, ``typical_p``,
+    ``epsilon``, ``eta``, ``xtc_probability``, ``xtc_threshold``, ``xtc_u``), the metadata's
+    ``top_k`` / ``top_p``, the rows' seeds and positions. Every row is drawn (the caller keeps
+    its greedy rows' own tokens)."""
     dev = logits.device
 
     def per_row(name: str) -> torch.Tensor | None:
@@ -811,8 +1010,12 @@ def fused_gumbel_triton_(
         temperature=temperature,
         log_min_p=per_row("log_min_p"),
         top_n_sigma=per_row("top_n_sigma"),
+        typical_p=per_row("typical_p"),
         epsilon=per_row("epsilon"),
         eta=per_row("eta"),
+        xtc_probability=per_row("xtc_probability"),
+        xtc_threshold=per_row("xtc_threshold"),
+        xtc_u=per_row("xtc_u"),
         top_k=top_k,
         top_p=top_p,
     )

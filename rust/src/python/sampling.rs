@@ -301,15 +301,17 @@ pub fn unsafe_gumbel_race(
 }
 
 /// The fused `batch_invariant` tail (`crate::sampling::fused`) over every row, in place:
-/// temperature (divisors), min-p (`ln min_p`), top-n-sigma, epsilon, eta, top-k, top-p (each
-/// `None` when no row sets it, else one entry per row, neutral where unset), then the Gumbel
+/// temperature (divisors), min-p (`ln min_p`), top-n-sigma, typical-p, epsilon, eta, XTC
+/// (probability, threshold and the row's uniform draw), top-k, top-p (each `None` when no row
+/// sets it, else one entry per row, neutral where unset), then the Gumbel
 /// draw of the `need`ed rows keyed by (`seeds[r]`, `positions[r]`). Returns the tokens (0 for
 /// rows not drawn), the rows left for the sort (their other steps applied, not drawn) and the
 /// rows masked by an uncertain top-p decision.
 #[pyfunction]
 #[pyo3(signature = (
     ptr, rows, vocab, row_stride, need, seeds, positions, temperature=None, log_min_p=None,
-    top_n_sigma=None, epsilon=None, eta=None, top_k=None, top_p=None
+    top_n_sigma=None, typical_p=None, epsilon=None, eta=None, xtc_probability=None,
+    xtc_threshold=None, xtc_u=None, top_k=None, top_p=None
 ))]
 pub fn unsafe_fused_gumbel(
     py: Python<'_>,
@@ -323,8 +325,12 @@ pub fn unsafe_fused_gumbel(
     temperature: Option<Vec<f32>>,
     log_min_p: Option<Vec<f32>>,
     top_n_sigma: Option<Vec<f32>>,
+    typical_p: Option<Vec<f32>>,
     epsilon: Option<Vec<f32>>,
     eta: Option<Vec<f32>>,
+    xtc_probability: Option<Vec<f32>>,
+    xtc_threshold: Option<Vec<f32>>,
+    xtc_u: Option<Vec<f32>>,
     top_k: Option<Vec<i64>>,
     top_p: Option<Vec<f32>>,
 ) -> PyResult<(Vec<i64>, Vec<usize>, Vec<usize>)> {
@@ -335,14 +341,19 @@ pub fn unsafe_fused_gumbel(
         ("temperature", &temperature),
         ("log_min_p", &log_min_p),
         ("top_n_sigma", &top_n_sigma),
+        ("typical_p", &typical_p),
         ("epsilon", &epsilon),
         ("eta", &eta),
+        ("xtc_probability", &xtc_probability),
+        ("xtc_threshold", &xtc_threshold),
+        ("xtc_u", &xtc_u),
         ("top_p", &top_p),
     ] {
         per_row(v.as_deref(), rows, name)?;
     }
     per_row(top_k.as_deref(), rows, "top_k")?;
     let at = |v: &Option<Vec<f32>>, r: usize, neutral: f32| v.as_ref().map_or(neutral, |v| v[r]);
+    let off = RowParams::default();
     // SAFETY: the Python caller checked the tensor (see the module docs).
     let data = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
     let results = py.detach(|| {
@@ -354,11 +365,15 @@ pub fn unsafe_fused_gumbel(
             rows * vocab,
             |row, r, s: &mut FusedScratch| {
                 let prm = RowParams {
-                    temperature: at(&temperature, r, 1.0),
-                    log_min_p: at(&log_min_p, r, f32::NEG_INFINITY),
-                    top_n_sigma: at(&top_n_sigma, r, 0.0),
-                    epsilon: at(&epsilon, r, 0.0),
-                    eta: at(&eta, r, 0.0),
+                    temperature: at(&temperature, r, off.temperature),
+                    log_min_p: at(&log_min_p, r, off.log_min_p),
+                    top_n_sigma: at(&top_n_sigma, r, off.top_n_sigma),
+                    typical_p: at(&typical_p, r, off.typical_p),
+                    epsilon: at(&epsilon, r, off.epsilon),
+                    eta: at(&eta, r, off.eta),
+                    xtc_probability: at(&xtc_probability, r, off.xtc_probability),
+                    xtc_threshold: at(&xtc_threshold, r, off.xtc_threshold),
+                    xtc_u: at(&xtc_u, r, off.xtc_u),
                     top_k: row_top_k(&top_k, r),
                     top_p: top_p.as_ref().map(|p| p[r]),
                 };

@@ -33,8 +33,8 @@ pub struct ExactOutcome {
 }
 
 /// The fused `exact` tail over `rows` rows of `data` (stride `row_stride`), in place:
-/// `params(r)` gives each row's steps (temperature, min-p, top-k, top-p; the truncations must
-/// be off: their fused statistics are not torch's), then the race of the `need`ed rows on
+/// `params(r)` gives each row's steps (temperature, min-p, top-k, top-p; the truncations and XTC
+/// must be off: their fused statistics are not torch's), then the race of the `need`ed rows on
 /// `streams` (the others only advance them). `margin`: [`CERTAIN_REL`] (tests widen it to
 /// send every row to the caller).
 #[allow(clippy::too_many_arguments)]

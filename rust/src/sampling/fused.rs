@@ -1,20 +1,28 @@
 //! The fused sampling tail of `batch_invariant` (issue 41): per row, in one call and with the
-//! row in cache after its first read, temperature, min-p, top-n-sigma, epsilon, eta, top-k /
-//! top-p and the counter-keyed Gumbel draw, in the `Sampler`'s order. The separate processors
-//! (`builtin/min_p.py`, the truncations, [`super::kept`]) stay the reference; this pass masks
-//! the same row in place, so the processed logits it leaves are theirs:
+//! row in cache after its first read, temperature, min-p, top-n-sigma, typical-p, epsilon,
+//! eta, XTC, top-k / top-p and the counter-keyed Gumbel draw, in the `Sampler`'s order. The
+//! separate processors (`builtin/min_p.py`, the truncations, `builtin/xtc.py`,
+//! [`super::kept`]) stay the reference; this pass masks the same row in place, so the
+//! processed logits it leaves are theirs:
 //!
 //! - temperature and min-p are the same float32 operations as torch's (`div_`, `amax`, one
 //!   float32 add and a comparison): bitwise the separate path's.
-//! - top-n-sigma, epsilon and eta take their statistics (mean and deviation, the softmax's
-//!   sum, the entropy) in float64 where torch reduces in float32, and compare each entry with
-//!   the float64 threshold. The kept set is the separate processors' except for entries within
-//!   [`BOUNDARY_REL`] (relative) of the threshold, where float32 rounding decides either way.
+//! - top-n-sigma, typical-p, epsilon, eta and XTC take their statistics (mean and deviation,
+//!   the softmax's sum, the entropy, the typicality scores and their mass) in float64 where
+//!   torch reduces in float32, and compare each entry with the float64 threshold. The kept
+//!   set is the separate processors' except for entries within [`BOUNDARY_REL`] (relative) of
+//!   the threshold, where float32 rounding decides either way: for typical-p, entries whose
+//!   score is that close to the threshold score (relative to `|log p| + H`, the size of what
+//!   a score is computed from), or whose cumulative mass in ascending score order, or the
+//!   one before it, is that close to `typical_p`; for XTC, in a row with an entry that close
+//!   to `xtc_threshold`, the qualifying set may differ by that entry, and with it which
+//!   qualifying entries are masked (the least of them, and whether two qualify).
+//! - typical-p finds its threshold score by a selection weighted by the probability mass
+//!   (three-way partitions around a pivot score), not by sorting the row.
+//! - XTC's draw `u` is the caller's (the XTC view's own draws, so seeded streams advance as
+//!   on the separate path); `u < xtc_probability` is compared in float32, as torch does.
 //! - top-k / top-p are [`super::kept::mask_row`] with `strict = false`, as the separate
 //!   `batch_invariant` path runs it.
-//!
-//! Typical-p and XTC are not fused: the caller runs the separate processors when a row sets
-//! them.
 
 use super::fast_math::exp_shifted;
 use super::kept::{mask_row, RowOutcome, Scratch};
@@ -23,7 +31,9 @@ use super::noise::gumbel_race_row;
 /// How close (relative to the size of the quantities compared) an entry must be to a
 /// truncation's threshold for float32 rounding to decide it: top-n-sigma compares a logit with
 /// `max - n * sigma` (relative to `|max| + n * sigma`), epsilon and eta a probability with
-/// their cutoff (relative to the cutoff).
+/// their cutoff (relative to the cutoff), typical-p a score with the threshold score (relative
+/// to `|log p| + H`) and a cumulative mass with `typical_p` (relative to it), XTC a probability
+/// with `xtc_threshold` (relative to it).
 pub const BOUNDARY_REL: f64 = 1e-4;
 
 /// One row's steps; each neutral value turns its step off.
@@ -38,8 +48,16 @@ pub struct RowParams {
     pub top_n_sigma: f32,
     /// Epsilon's cutoff; `<= 0`: off.
     pub epsilon: f32,
+    /// Typical-p's mass; `>= 1`: off.
+    pub typical_p: f32,
     /// Eta's cutoff; `<= 0`: off.
     pub eta: f32,
+    /// XTC's probability of firing; it fires when `xtc_u < xtc_probability` (0: off).
+    pub xtc_probability: f32,
+    /// XTC's probability threshold: the tokens at least this likely qualify.
+    pub xtc_threshold: f32,
+    /// XTC's uniform draw of this row and step, in `[0, 1)`.
+    pub xtc_u: f32,
     /// Top-k (`None`, 0 or `>= vocab`: off).
     pub top_k: Option<usize>,
     /// Top-p (`None`: off; `1` in a batch with top-p masks the zero-probability entries, as
@@ -53,8 +71,12 @@ impl Default for RowParams {
             temperature: 1.0,
             log_min_p: f32::NEG_INFINITY,
             top_n_sigma: 0.0,
+            typical_p: 1.0,
             epsilon: 0.0,
             eta: 0.0,
+            xtc_probability: 0.0,
+            xtc_threshold: 1.0,
+            xtc_u: 1.0,
             top_k: None,
             top_p: None,
         }
@@ -66,6 +88,8 @@ impl Default for RowParams {
 pub struct FusedScratch {
     kept: Scratch,
     exps: Vec<f32>,
+    /// Typical-p's `(score, probability)` of each finite entry.
+    scored: Vec<(f64, f64)>,
 }
 
 /// What one row came to: its token (`None`: not drawn: not needed, no finite entry, or left
@@ -161,6 +185,118 @@ fn mask_probability_below(row: &mut [f32], exps: &[f32], sum: f64, max: f32, cut
     }
 }
 
+/// The entropy of the row's softmax from its exponentials (`e^(x - max)`, their `sum`):
+/// Categorical's `-sum p (x - lse)`, `lse = max + ln(sum)`; `-inf` entries add 0.
+fn entropy(row: &[f32], exps: &[f32], sum: f64, max: f32) -> f64 {
+    let weighted: f64 = row
+        .iter()
+        .zip(exps)
+        .filter(|(&x, _)| x > f32::NEG_INFINITY)
+        .map(|(&x, &e)| e as f64 * (x - max) as f64)
+        .sum();
+    sum.ln() - weighted / sum
+}
+
+/// Typical-p's score of a finite entry: how far its surprisal `-log p` is from the entropy.
+fn typicality(x: f32, max: f32, ln_sum: f64, entropy: f64) -> f64 {
+    let log_p = (x - max) as f64 - ln_sum;
+    (-log_p - entropy).abs()
+}
+
+/// Splits `items` into those scoring below `pivot`, at it, and above it (in that order) and
+/// returns the ends of the first two parts.
+fn partition3(items: &mut [(f64, f64)], pivot: f64) -> (usize, usize) {
+    let (mut lt, mut i, mut gt) = (0, 0, items.len());
+    while i < gt {
+        let score = items[i].0;
+        if score < pivot {
+            items.swap(lt, i);
+            lt += 1;
+            i += 1;
+        } else if score > pivot {
+            gt -= 1;
+            items.swap(i, gt);
+        } else {
+            i += 1;
+        }
+    }
+    (lt, gt)
+}
+
+fn mass_of(items: &[(f64, f64)]) -> f64 {
+    items.iter().map(|&(_, p)| p).sum()
+}
+
+/// Typical-p's threshold score: the score of the entry at which the mass of the entries in
+/// ascending score order first reaches `mass` (HF's sort and cumulative sum), found by a
+/// weighted selection. Every entry scoring at most it is kept, so the order within equal
+/// scores does not matter. `+inf` (keep all) when rounding leaves the total below `mass`, as
+/// HF's clamp to the last entry.
+fn typical_threshold(items: &mut [(f64, f64)], mass: f64) -> f64 {
+    let (mut lo, mut hi, mut below) = (0, items.len(), 0.0f64);
+    while lo < hi {
+        let part = &mut items[lo..hi];
+        let pivot = part[part.len() / 2].0;
+        let (lt, gt) = partition3(part, pivot);
+        let m_lt = mass_of(&part[..lt]);
+        let m_eq = mass_of(&part[lt..gt]);
+        // (`lt > 0`: a mass of 0 stops at the least score, as HF's `last_ind` of 0.)
+        if lt > 0 && below + m_lt >= mass {
+            hi = lo + lt;
+        } else if below + m_lt + m_eq >= mass {
+            return pivot;
+        } else {
+            below += m_lt + m_eq;
+            lo += gt;
+        }
+    }
+    f64::INFINITY
+}
+
+/// HF's `TypicalLogitsWarper` on one row (float64 statistics): masks the entries scoring
+/// above the threshold (see [`typical_threshold`]); the most typical entry is always kept.
+fn mask_atypical(row: &mut [f32], max: f32, mass: f64, s: &mut FusedScratch) {
+    let sum = exps_and_sum(row, max, &mut s.exps);
+    let h = entropy(row, &s.exps, sum, max);
+    let ln_sum = sum.ln();
+    s.scored.clear();
+    for (&x, &e) in row.iter().zip(&s.exps) {
+        if x > f32::NEG_INFINITY {
+            s.scored
+                .push((typicality(x, max, ln_sum, h), e as f64 / sum));
+        }
+    }
+    let threshold = typical_threshold(&mut s.scored, mass);
+    for x in row.iter_mut() {
+        if *x > f32::NEG_INFINITY && typicality(*x, max, ln_sum, h) > threshold {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// XTC once it fires (`builtin/xtc.py`'s `xtc_mask_`, float64 probabilities): when at least
+/// two entries are `threshold` likely or more, masks those more likely than the least of them.
+fn mask_top_choices(row: &mut [f32], max: f32, threshold: f64, exps: &mut Vec<f32>) {
+    let sum = exps_and_sum(row, max, exps);
+    let at_least = threshold * sum;
+    let (mut count, mut least) = (0usize, f64::INFINITY);
+    for &e in exps.iter() {
+        let e = e as f64;
+        if e >= at_least {
+            count += 1;
+            least = least.min(e);
+        }
+    }
+    if count < 2 {
+        return;
+    }
+    for (x, &e) in row.iter_mut().zip(exps.iter()) {
+        if (e as f64) >= at_least && (e as f64) > least {
+            *x = f32::NEG_INFINITY;
+        }
+    }
+}
+
 /// Applies the row's steps in place and draws its token under `key` (`None`: not drawn).
 pub fn fused_row(
     row: &mut [f32],
@@ -184,7 +320,7 @@ pub fn apply_steps(
     strict: bool,
     s: &mut FusedScratch,
 ) -> RowOutcome {
-    let (max, mut bad) = divide_and_max(row, prm.temperature);
+    let (mut max, mut bad) = divide_and_max(row, prm.temperature);
     // A row holding NaN or +inf, or of all -inf: every statistic is NaN and the separate
     // processors leave it alone.
     bad |= max.is_nan() || max == f32::NEG_INFINITY;
@@ -201,23 +337,23 @@ pub fn apply_steps(
         }
         // The max is kept (`std >= 0`): `max` stands.
     }
+    if !bad && prm.typical_p < 1.0 {
+        mask_atypical(row, max, prm.typical_p as f64, s);
+        // Typical-p may drop the max: epsilon and eta keep the max of what is left.
+        max = row_max(row).0;
+    }
     if !bad && prm.epsilon > 0.0 {
         let sum = exps_and_sum(row, max, &mut s.exps);
         mask_probability_below(row, &s.exps, sum, max, prm.epsilon as f64);
     }
     if !bad && prm.eta > 0.0 {
         let sum = exps_and_sum(row, max, &mut s.exps);
-        // Categorical's entropy: -sum p (x - lse), lse = max + ln(sum); -inf entries add 0.
-        let weighted: f64 = row
-            .iter()
-            .zip(&s.exps)
-            .filter(|(&x, _)| x > f32::NEG_INFINITY)
-            .map(|(&x, &e)| e as f64 * (x - max) as f64)
-            .sum();
-        let entropy = sum.ln() - weighted / sum;
         let eps = prm.eta as f64;
-        let cutoff = eps.min(eps.sqrt() * (-entropy).exp());
+        let cutoff = eps.min(eps.sqrt() * (-entropy(row, &s.exps, sum, max)).exp());
         mask_probability_below(row, &s.exps, sum, max, cutoff);
+    }
+    if !bad && prm.xtc_u < prm.xtc_probability {
+        mask_top_choices(row, max, prm.xtc_threshold as f64, &mut s.exps);
     }
     mask_row(row, prm.top_k, prm.top_p, strict, &mut s.kept)
 }
@@ -251,15 +387,83 @@ mod tests {
                 .filter(|x| (**x as f64) < t)
                 .for_each(|x| *x = f32::NEG_INFINITY);
         }
+        if prm.typical_p < 1.0 {
+            sorted_typical_p(row, prm.typical_p as f64);
+        }
+        if prm.xtc_u < prm.xtc_probability {
+            plain_xtc(row, prm.xtc_threshold as f64);
+        }
         let mut s = Scratch::default();
         mask_row(row, prm.top_k, prm.top_p, false, &mut s);
         gumbel_race_row(row, row_key(3, 4))
+    }
+
+    /// The row's max and its softmax in float64 (from float32 exponentials, as the pass).
+    fn softmax(row: &[f32]) -> (f32, Vec<f64>) {
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let e: Vec<f64> = row.iter().map(|&x| (x - max).exp() as f64).collect();
+        let sum: f64 = e.iter().sum();
+        (max, e.iter().map(|e| e / sum).collect())
+    }
+
+    /// HF's typical-p as written: sort by score, cumulative mass, the score where it first
+    /// reaches `mass`, mask what scores above it.
+    fn sorted_typical_p(row: &mut [f32], mass: f64) {
+        let (max, p) = softmax(row);
+        let ln_sum = row
+            .iter()
+            .map(|&x| (x - max).exp() as f64)
+            .sum::<f64>()
+            .ln();
+        let log_p: Vec<f64> = row.iter().map(|&x| (x - max) as f64 - ln_sum).collect();
+        let h: f64 = -p
+            .iter()
+            .zip(&log_p)
+            .filter(|(&p, _)| p > 0.0)
+            .map(|(p, l)| p * l)
+            .sum::<f64>();
+        let score: Vec<f64> = log_p.iter().map(|l| (-l - h).abs()).collect();
+        let mut order: Vec<usize> = (0..row.len()).filter(|&i| row[i].is_finite()).collect();
+        order.sort_by(|&a, &b| score[a].total_cmp(&score[b]));
+        let mut cum = 0.0;
+        let mut threshold = f64::INFINITY;
+        for &i in &order {
+            cum += p[i];
+            if cum >= mass {
+                threshold = score[i];
+                break;
+            }
+        }
+        for (x, s) in row.iter_mut().zip(&score) {
+            if *s > threshold {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    }
+
+    /// XTC as `xtc_mask_` writes it (it fires: `u < probability`).
+    fn plain_xtc(row: &mut [f32], threshold: f64) {
+        let (_, p) = softmax(row);
+        let qualifies: Vec<bool> = p.iter().map(|&p| p >= threshold).collect();
+        let least = p
+            .iter()
+            .zip(&qualifies)
+            .filter(|(_, &q)| q)
+            .fold(f64::INFINITY, |m, (&p, _)| m.min(p));
+        if qualifies.iter().filter(|&&q| q).count() >= 2 {
+            for ((x, &p), &q) in row.iter_mut().zip(&p).zip(&qualifies) {
+                if q && p > least {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
     }
 
     #[test]
     fn fused_equals_the_steps_one_by_one() {
         let mut seed = 9u64;
         let mut s = FusedScratch::default();
+        let mut acted = [0usize; 2];
         for case in 0..300 {
             let v = [7usize, 100, 1000, 4000][case % 4];
             let row: Vec<f32> = (0..v).map(|_| rng(&mut seed) * 12.0).collect();
@@ -267,6 +471,10 @@ mod tests {
                 temperature: [1.0f32, 0.7, 1.3][case % 3],
                 log_min_p: [f32::NEG_INFINITY, 0.05f32.ln(), 0.2f32.ln()][(case / 3) % 3],
                 top_n_sigma: [0.0f32, 1.0, 2.5][(case / 9) % 3],
+                typical_p: [1.0f32, 0.9, 0.3, 0.6][(case / 7) % 4],
+                xtc_probability: [0.0f32, 0.5, 1.0][(case / 11) % 3],
+                xtc_threshold: [0.1f32, 0.02, 0.001][(case / 13) % 3],
+                xtc_u: [0.3f32, 0.7][(case / 4) % 2],
                 top_k: [None, Some(5), Some(50)][(case / 2) % 3],
                 top_p: [None, Some(0.9f32), Some(0.5)][(case / 5) % 3],
                 ..RowParams::default()
@@ -277,6 +485,45 @@ mod tests {
             let got = fused_row(&mut b, &prm, Some(row_key(3, 4)), &mut s);
             assert_eq!(a, b, "case {case}");
             assert_eq!(got.token, want, "case {case}");
+            for (step, off) in [
+                (
+                    0,
+                    RowParams {
+                        typical_p: 1.0,
+                        ..prm
+                    },
+                ),
+                (
+                    1,
+                    RowParams {
+                        xtc_probability: 0.0,
+                        ..prm
+                    },
+                ),
+            ] {
+                let mut c = row.clone();
+                separate(&mut c, &off);
+                acted[step] += usize::from(c != a);
+            }
+        }
+        // Typical-p and XTC each masked entries in some cases (the cases are not vacuous).
+        assert!(acted.iter().all(|&n| n >= 20), "{acted:?}");
+    }
+
+    #[test]
+    fn typical_threshold_is_the_score_where_the_mass_is_reached() {
+        let items = [(1.0, 0.2), (0.5, 0.3), (0.5, 0.1), (2.0, 0.4)];
+        // Ascending scores: 0.5 (mass 0.4 with its tie), 1.0 (0.6), 2.0 (1.0).
+        for (mass, want) in [
+            (0.0, 0.5),
+            (0.35, 0.5),
+            (0.4, 0.5),
+            (0.45, 1.0),
+            (0.9, 2.0),
+            (1.1, f64::INFINITY), // never reached: keep all
+        ] {
+            let mut v = items.to_vec();
+            assert_eq!(typical_threshold(&mut v, mass), want, "mass {mass}");
         }
     }
 
