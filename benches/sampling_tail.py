@@ -9,18 +9,19 @@ Paths, each from the same logits, in one run:
   when some row has no seed);
 - **torch sort**: vLLM's ``forward_native`` as our ``Sampler(sampling="sort")`` runs it (the
   sort, ``softmax``, eager ``exponential_`` with per-request generators);
-- **exact**: ``Sampler(sampling="exact")``'s tail (the ``torch sort`` tokens): with min-p or
-  nothing before top-k / top-p, the fused pass the ``Sampler`` runs (``_tail.
-  fused_exponential_``: temperature, min-p, the sort-free kept set and the exponential race on
-  torch's own streams in one Rust call, torch's softmax only for rows too close to call);
-  with a truncation, the processor, the kept set, torch's ``softmax`` and the race;
+- **exact**: ``Sampler(sampling="exact")``'s tail (the ``torch sort`` tokens): the fused pass
+  the ``Sampler`` runs (``_tail.fused_exponential_``: temperature, min-p or the truncation,
+  the sort-free kept set and the exponential race on torch's own streams in one Rust call;
+  torch's steps only for what it cannot be certain of: a truncation's boundary, a top-p
+  boundary, a close race);
 - **batch_invariant**: the fused pass the ``Sampler`` runs (``_tail.fused_gumbel_``, issue 41):
   temperature, min-p or the truncation, the sort-free kept set and the counter-keyed Gumbel
   race, one Rust call, each row read from memory once;
 - min-p: vLLM's own MinP (probabilities) on its path, our ``MinPLogitsProcessor`` on the
   others (``batch_invariant``: fused);
 - the truncations (top-n-sigma, epsilon, eta: not vLLM's): our torch processor's function
-  before vLLM's tail on its path, the sort path and ``exact``; fused in ``batch_invariant``;
+  before vLLM's tail on its path and the sort path; fused in ``exact`` and
+  ``batch_invariant``;
 - **floor**: one read of the logits at the measured copy bandwidth (bytes / (copy bandwidth /
   2): a copy reads and writes).
 
@@ -42,6 +43,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,7 @@ from report_tables import write_section
 
 from logitsproc_rs import BatchUpdate, EngineConfig, SamplingParams, build_logitsprocs
 from logitsproc_rs import _tail as tail
+from logitsproc_rs._fused import truncate_rows_
 from logitsproc_rs.builtin.epsilon_cutoff import epsilon_mask_
 from logitsproc_rs.builtin.eta_cutoff import eta_mask_
 from logitsproc_rs.builtin.top_n_sigma import top_n_sigma_mask_
@@ -159,11 +162,10 @@ def paths(vllm: Any) -> dict[str, Callable[..., torch.Tensor]]:
 
     def exact(x, k, p, mp):
         rows = x.shape[0]
-        if isinstance(mp, Truncation):  # not fused in exact: the Sampler runs the processors
-            x = tail.mask_top_k_top_p_(start(x, k, p, mp), k, p)
-            return tail.random_sample_exact(x.softmax(dim=-1), {}, [True] * rows)
-        steps = mp.fused(rows) if mp else {}
-        return tail.fused_exponential_(x, [TEMPERATURE] * rows, steps, k, p, {}, [True] * rows)
+        steps = {key: torch.tensor(v) for key, v in mp.fused(rows).items()} if mp else {}
+        truncate = partial(truncate_rows_, plan=steps)
+        everyone = [True] * rows
+        return tail.fused_exponential_(x, [TEMPERATURE] * rows, steps, k, p, {}, everyone, truncate)
 
     def invariant(x, k, p, mp):
         rows = x.shape[0]

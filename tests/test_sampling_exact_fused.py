@@ -15,22 +15,50 @@ import torch
 from logitsproc_rs import BatchUpdate, EngineConfig, SamplingParams, build_logitsprocs
 from logitsproc_rs import _tail as tail
 from logitsproc_rs import sampler as sampler_module
+from logitsproc_rs.builtin.epsilon_cutoff import EpsilonCutoffLogitsProcessor
+from logitsproc_rs.builtin.eta_cutoff import EtaCutoffLogitsProcessor
+from logitsproc_rs.builtin.top_n_sigma import TopNSigmaLogitsProcessor
 from logitsproc_rs.builtin.typical_p import TypicalPLogitsProcessor
+from logitsproc_rs.builtin.xtc import XTCLogitsProcessor
 from logitsproc_rs.sampler import Sampler, SamplingMetadata
 
 CFG = EngineConfig(max_num_seqs=24, vocab_size=3_000)
 
 
-def _params(rng: np.random.Generator, typical: bool = False) -> SamplingParams:
+OPT_IN = [
+    TopNSigmaLogitsProcessor,
+    TypicalPLogitsProcessor,
+    EpsilonCutoffLogitsProcessor,
+    EtaCutoffLogitsProcessor,
+    XTCLogitsProcessor,
+]
+
+
+def _params(rng: np.random.Generator, steps: str) -> SamplingParams:
+    """``steps``: ``"plain"`` (min-p, top-k, top-p), ``"certified"`` (and the truncations the
+    pass certifies: top-n-sigma, epsilon, eta), ``"all"`` (and typical-p, XTC)."""
     kind = int(rng.integers(0, 4))
+    extra: dict[str, float] = {}
+    if steps != "plain":
+        extra = {
+            "top_n_sigma": float(rng.choice([0.0, 0.0, 1.0, 2.5])),
+            "epsilon_cutoff": float(rng.choice([0.0, 0.0, 3e-4, 0.01])),
+            "eta_cutoff": float(rng.choice([0.0, 0.0, 3e-4, 0.01])),
+        }
+    if steps == "all":
+        extra |= {
+            "typical_p": float(rng.choice([1.0, 1.0, 0.9, 0.5])),
+            "xtc_probability": float(rng.choice([0.0, 0.0, 0.5, 1.0])),
+            "xtc_threshold": float(rng.choice([0.1, 0.01, 0.002])),
+        }
     return SamplingParams(
         temperature=0.0 if kind == 0 else float(rng.uniform(0.3, 1.5)),
         top_k=int(rng.choice([0, 0, 1, 5, 40, 2_999])),
         top_p=float(rng.choice([1.0, 1.0, 0.95, 0.5, 0.1])),
         min_p=float(rng.choice([0.0, 0.0, 0.05, 0.3])),
-        typical_p=float(rng.choice([1.0, 0.9])) if typical else 1.0,
         seed=int(rng.integers(0, 1_000)) if kind == 3 else None,
         logprobs=int(rng.choice([0, 3])) if rng.random() < 0.3 else None,
+        **extra,
     )
 
 
@@ -47,39 +75,40 @@ def _logits(rng: np.random.Generator, rows: int) -> torch.Tensor:
     return torch.from_numpy(x)
 
 
-def _churn(steps: int, seed: int, typical: bool) -> int:
+def _churn(steps: int, seed: int, kinds: str) -> tuple[int, int]:
     """Two samplers, ``sort`` and ``exact``, over the same churn; each keeps its own seeded
     generators (made once per request) and draws its unseeded rows from torch's default
     generator, both sides from the same state. Returns the steps with a randomly sampled row
-    (an all-greedy batch stops at the argmax)."""
+    (an all-greedy batch stops at the argmax) and the rows drawn."""
     rng = np.random.default_rng(seed)
     sides = {}
     for sampling in ("sort", "exact"):
-        extra = [TypicalPLogitsProcessor] if typical else []
+        extra = [] if kinds == "plain" else OPT_IN
         procs = build_logitsprocs(CFG, "cpu", False, custom_logitsprocs=extra)
         sides[sampling] = (procs, Sampler(procs, "processed_logprobs", sampling=sampling), {})
     params: list[SamplingParams] = []
     serial: list[int] = []
     made = 0
-    sampled = 0
+    sampled = drawn = 0
     for step in range(steps):
         added = []
         if len(params) < 20:
             n = int(rng.integers(1, 5))
-            for j in range(n):
-                params.append(_params(rng, typical))
+            for _ in range(n):
+                params.append(_params(rng, kinds))
                 serial.append(made)
                 made += 1
                 added.append((len(params) - 1, params[-1], [1, 2], []))
         else:
             r = int(rng.integers(0, len(params)))
-            params[r] = _params(rng, typical)
+            params[r] = _params(rng, kinds)
             serial[r] = made
             made += 1
             added.append((r, params[r], [3], []))
         update = BatchUpdate(len(params), [], added, [])
         logits = _logits(rng, len(params))
         sampled += any(p.temperature > 0 for p in params)
+        drawn += sum(p.temperature > 0 for p in params)
         start = torch.get_rng_state()
         outs, after = {}, {}
         for sampling, (procs, sampler, gens) in sides.items():
@@ -106,7 +135,7 @@ def _churn(steps: int, seed: int, typical: bool) -> int:
         assert torch.equal(after["sort"], after["exact"]), step
         for key, g in sides["sort"][2].items():
             assert torch.equal(g.get_state(), sides["exact"][2][key].get_state()), (step, key)
-    return sampled
+    return sampled, drawn
 
 
 @pytest.fixture
@@ -125,7 +154,7 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_fused_exact_equals_the_sort_over_churn(spy: list[int]) -> None:
     before = (tail.TAIL_STATS.rows_sorted, tail.TAIL_STATS.rows_softmax)
-    sampled = _churn(60, 11, False)
+    sampled, _ = _churn(60, 11, "plain")
     assert len(spy) == sampled > 50  # every step that samples went through the fused pass
     assert tail.TAIL_STATS.rows_sorted > before[0]  # flat rows: the sort decided some
     # Torch's softmax is the exception: the rows the sort masked and a rare close race.
@@ -133,11 +162,27 @@ def test_fused_exact_equals_the_sort_over_churn(spy: list[int]) -> None:
     assert tail.TAIL_STATS.rows_softmax - before[1] <= sorted_rows + 10
 
 
-def test_an_active_truncation_keeps_the_separate_path(spy: list[int]) -> None:
-    """typical-p's fused statistics are not torch's: with it active the Sampler runs the
-    processors one by one, and ``exact`` still equals the sort."""
-    sampled = _churn(12, 5, True)
-    assert len(spy) < sampled
+def test_certified_truncations_stay_in_the_pass(spy: list[int]) -> None:
+    """top-n-sigma, epsilon and eta are decided in Rust where no entry is near their threshold
+    (nearly always): few rows need torch's softmax, and ``exact`` equals the sort."""
+    before = (tail.TAIL_STATS.rows_softmax, tail.TAIL_STATS.rows_sorted)
+    sampled, drawn = _churn(40, 7, "certified")
+    assert len(spy) == sampled > 30
+    softmax = tail.TAIL_STATS.rows_softmax - before[0]
+    sorted_rows = tail.TAIL_STATS.rows_sorted - before[1]
+    # The flat and tied rows of ``_logits`` sit on thresholds on purpose; most rows do not.
+    assert softmax - sorted_rows < drawn // 4, (softmax, sorted_rows, drawn)
+
+
+def test_typical_p_and_xtc_rows_are_left_to_the_processors(spy: list[int]) -> None:
+    """typical-p and a firing XTC are not certified in Rust: their rows leave the pass after
+    min-p and go through the processors' own torch steps (XTC with the draws the plan took),
+    then top-k / top-p and torch's softmax; ``exact`` still equals the sort, the XTC streams
+    included."""
+    before = tail.TAIL_STATS.rows_softmax
+    sampled, _ = _churn(30, 5, "all")
+    assert len(spy) == sampled > 20
+    assert tail.TAIL_STATS.rows_softmax - before > 30
 
 
 def _separate(logits: torch.Tensor, temp, log_min_p, top_k, top_p, gens, need) -> torch.Tensor:
@@ -184,7 +229,7 @@ def test_rows_left_to_torch_softmax_give_the_same(margin: float | None) -> None:
         got_logits = x.clone()
         before = tail.TAIL_STATS.rows_softmax
         got = tail.fused_exponential_(
-            got_logits, temp, {"log_min_p": log_min_p}, top_k, top_p, gens_b, need, margin
+            got_logits, temp, {"log_min_p": log_min_p}, top_k, top_p, gens_b, need, margin=margin
         )
         assert torch.equal(got, want), trial
         torch.testing.assert_close(got_logits, want_logits, rtol=0, atol=0, equal_nan=True)

@@ -150,12 +150,20 @@ def unsafe_fused_exponential(
     states: list[bytes],
     temperature: list[float] | None = None,
     log_min_p: list[float] | None = None,
+    top_n_sigma: list[float] | None = None,
+    typical_p: list[float] | None = None,
+    epsilon: list[float] | None = None,
+    eta: list[float] | None = None,
+    xtc_probability: list[float] | None = None,
+    xtc_threshold: list[float] | None = None,
+    xtc_u: list[float] | None = None,
     top_k: list[int] | None = None,
     top_p: list[float] | None = None,
     margin: float | None = None,
-) -> tuple[list[int], bytes | None, list[bytes], list[int], list[tuple[int, bytes]]]:
+) -> tuple[list[int], bytes | None, list[bytes], list[int], list[int], list[tuple[int, bytes]]]:
     """The fused exact tail in place: (tokens, default state after, seeded states after, rows
-    left for the sort, rows to draw with torch's softmax and their streams' states before)."""
+    left for the sort, rows left after min-p, rows to draw with torch's softmax and their
+    streams' states before)."""
 
 def unsafe_fused_gumbel(
     ptr: int,

@@ -1,7 +1,7 @@
 """Which argmax-invariant processors the fused tails run in their one pass (issue 41), and their
 per-row values: ``batch_invariant``'s (Rust on the CPU, ``rust/src/sampling/fused.rs``; Triton
-on CUDA) and ``exact``'s (Rust on the CPU, ``rust/src/sampling/exact.rs``: min-p only,
-``EXACT``).
+on CUDA) and ``exact``'s (Rust on the CPU, ``rust/src/sampling/exact.rs``, which hands back to
+the processors' torch steps (``truncate_rows_``) the rows it cannot be certain of).
 
 The fused pass does temperature, min-p, top-n-sigma, typical-p, epsilon, eta, XTC, top-k /
 top-p and the draw per row, the row read from memory once. It stands in for the processors'
@@ -16,19 +16,20 @@ them one by one (vLLM's own loop).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from .builtin import BUILTINS
 from .builtin._combined import CombinedView
+from .builtin._truncation import TruncationView
 from .builtin.epsilon_cutoff import EpsilonCutoffLogitsProcessor
 from .builtin.eta_cutoff import EtaCutoffLogitsProcessor
 from .builtin.min_p import MinPLogitsProcessor
 from .builtin.top_n_sigma import TopNSigmaLogitsProcessor
 from .builtin.typical_p import TypicalPLogitsProcessor
-from .builtin.xtc import XTCLogitsProcessor
+from .builtin.xtc import XTCLogitsProcessor, xtc_mask_
 from .state import LogitsProcessors
 
 #: Fused view → its (keyword of ``unsafe_fused_gumbel``, buffer of the per-row value) pairs.
@@ -67,18 +68,10 @@ def _views(procs: Iterable[Any], logits: torch.Tensor) -> list[Any] | None:
     return out
 
 
-#: The steps the fused ``exact`` pass (``exact.rs``) runs: min-p alone, whose fused form is
-#: bitwise the processor's; the truncations' float64 statistics are not torch's float32 ones.
-EXACT = frozenset({MinPLogitsProcessor})
-
-
-def fused_plan(
-    procs: LogitsProcessors, logits: torch.Tensor, only: Collection[type] | None = None
-) -> dict[str, torch.Tensor] | None:
+def fused_plan(procs: LogitsProcessors, logits: torch.Tensor) -> dict[str, torch.Tensor] | None:
     """The fused steps' per-row values (keyword → float32 ``[B]`` on the logits' device, read
     from the tables' device views: no sync) for ``logits``, or ``None`` where the fused pass
-    cannot stand in for the argmax-invariant processors (``only``: the fused steps allowed,
-    e.g. ``EXACT``; every one of ``FUSED`` when ``None``). With XTC active, a plan holds the
+    cannot stand in for the argmax-invariant processors. With XTC active, a plan holds the
     step's ``u``, drawn here as XTC's ``apply`` would draw it: one plan per step, run."""
     views = _views(procs.argmax_invariant, logits)
     if views is None:
@@ -91,7 +84,7 @@ def fused_plan(
         pipe = v._pipe
         if not any(pipe.count(t) for t in v.TABLES):
             continue  # idle: its apply would do nothing
-        spec = FUSED.get(type(v)) if only is None or type(v) in only else None
+        spec = FUSED.get(type(v))
         at = _ORDER.index(type(v)) if spec is not None else -1
         if spec is None or at <= last:
             return None
@@ -103,3 +96,24 @@ def fused_plan(
     if xtc is not None:  # drawn only now: a plan given up draws nothing
         plan[XTC_U] = xtc.uniforms(logits, False)
     return plan
+
+
+def truncate_rows_(logits: torch.Tensor, rows: list[int], plan: dict[str, torch.Tensor]) -> None:
+    """The plan's steps after min-p (the truncations, XTC) on ``rows`` of ``logits``, in place,
+    by the processors' own torch steps, each row as their batched ``apply`` masks it: what the
+    fused ``exact`` pass leaves to torch where it cannot be certain (``exact.rs``)."""
+    idx = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    sub = logits.index_select(0, idx)
+
+    def column(key: str) -> torch.Tensor:
+        return plan[key].index_select(0, idx).unsqueeze(1)
+
+    for cls in _ORDER:
+        key = FUSED[cls][0][0]
+        if cls is MinPLogitsProcessor or key not in plan:
+            continue
+        if cls is XTCLogitsProcessor:
+            xtc_mask_(sub, column(key), column(FUSED[cls][1][0]), column(XTC_U))
+        elif issubclass(cls, TruncationView):
+            cls.mask_(sub, column(key))
+    logits.index_copy_(0, idx, sub)

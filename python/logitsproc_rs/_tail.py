@@ -19,8 +19,9 @@ path instead, and ``TAIL_STATS`` counts it. So the kept set always equals the so
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -290,20 +291,24 @@ def fused_exponential_(
     top_p: torch.Tensor | None,
     generators: dict[int, torch.Generator],
     need: Sequence[bool],
+    truncate: Callable[[torch.Tensor, list[int]], None] | None = None,
     margin: float | None = None,
 ) -> torch.Tensor:
     """The fused ``exact`` tail on float32 CPU ``logits`` (``exact.rs``), in place: divide by
-    ``temperature`` (per row, 1 for greedy rows), min-p (``steps["log_min_p"]``, from
-    ``_fused.fused_plan``), top-k / top-p (strict, as ``mask_top_k_top_p_``), then
-    ``random_sample_exact``'s tokens and generator states, with the softmax of torch only for
-    the rows whose race is too close to call without it (``TAIL_STATS.rows_softmax``) and the
-    rows only the sort can mask. The processed logits are the separate steps', bitwise.
+    ``temperature`` (per row, 1 for greedy rows), the ``steps`` of ``_fused.fused_plan``,
+    top-k / top-p (strict, as ``mask_top_k_top_p_``), then ``random_sample_exact``'s tokens
+    and generator states. Rust decides what it can be certain of; the rest goes through torch
+    as the separate path would: rows whose top-p only the sort decides (``_sort_rows``), rows
+    left after min-p (a truncation too close to call, typical-p, XTC: ``truncate(logits,
+    rows)`` runs the processors' own steps on them, then top-k / top-p), and torch's softmax
+    for the rows whose race is too close to call without it, or that Rust did not finish
+    (``TAIL_STATS.rows_softmax``). The processed logits are the separate steps', bitwise.
     ``margin``: how certain the race must be (tests only: a huge one sends every row to
     torch's softmax)."""
     rows, vocab = logits.shape
     default, gens, seeded = _streams(generators, rows)
     stride = logits.stride(0) if rows > 1 else vocab
-    tokens, default_state, states, needs_sort, left = unsafe_fused_exponential(
+    tokens, default_state, states, needs_sort, truncated, left = unsafe_fused_exponential(
         logits.data_ptr(),
         rows,
         vocab,
@@ -313,17 +318,26 @@ def fused_exponential_(
         seeded,
         [_state_bytes(g) for g in gens],
         temperature=None if temperature is None else list(temperature),
-        log_min_p=_floats(steps.get("log_min_p")),
         top_k=None if top_k is None else top_k.tolist(),
         top_p=None if top_p is None else top_p.tolist(),
         margin=margin,
+        **_step_values(steps),
     )
     _write_back(default, default_state, gens, states)
     if top_k is not None or top_p is not None:
-        TAIL_STATS.rows_masked += rows - len(needs_sort)
+        TAIL_STATS.rows_masked += rows - len(needs_sort) - len(truncated)
     if needs_sort:
         TAIL_STATS.rows_sorted += len(needs_sort)
         _sort_rows(logits, needs_sort, top_k, top_p)
+    if truncated:
+        if truncate is None:
+            raise InputError("fused_exponential_: rows left for the truncations, no truncate")
+        truncate(logits, truncated)
+        idx = torch.tensor(truncated, dtype=torch.long)
+        sub = logits.index_select(0, idx)
+        pick = None if top_k is None else top_k.index_select(0, idx)
+        mask_top_k_top_p_(sub, pick, None if top_p is None else top_p.index_select(0, idx))
+        logits.index_copy_(0, idx, sub)
     TAIL_STATS.rows_softmax += len(left)
     for row, state in left:
         g = torch.Generator()
@@ -351,6 +365,27 @@ def gumbel_race(
 
 def _floats(v: Sequence[float] | torch.Tensor | None) -> list[float] | None:
     return None if v is None else (v.tolist() if isinstance(v, torch.Tensor) else list(v))
+
+
+#: The fused passes' step keywords (``_fused.fused_plan``'s keys), each a float per row.
+STEP_KEYWORDS = (
+    "log_min_p",
+    "top_n_sigma",
+    "typical_p",
+    "epsilon",
+    "eta",
+    "xtc_probability",
+    "xtc_threshold",
+    "xtc_u",
+)
+
+
+def _step_values(steps: Mapping[str, Sequence[float] | torch.Tensor]) -> dict[str, Any]:
+    """The plan's steps as the bindings take them (lists; ``None`` for a step not in it)."""
+    unknown = set(steps) - set(STEP_KEYWORDS)
+    if unknown:
+        raise InputError(f"fused steps: unknown {sorted(unknown)}")
+    return {k: _floats(steps.get(k)) for k in STEP_KEYWORDS}
 
 
 def fused_gumbel_(
@@ -384,14 +419,7 @@ def fused_gumbel_(
         temperature=None if temperature is None else list(temperature),
         top_k=None if top_k is None else top_k.tolist(),
         top_p=None if top_p is None else top_p.tolist(),
-        log_min_p=_floats(steps.get("log_min_p")),
-        top_n_sigma=_floats(steps.get("top_n_sigma")),
-        typical_p=_floats(steps.get("typical_p")),
-        epsilon=_floats(steps.get("epsilon")),
-        eta=_floats(steps.get("eta")),
-        xtc_probability=_floats(steps.get("xtc_probability")),
-        xtc_threshold=_floats(steps.get("xtc_threshold")),
-        xtc_u=_floats(steps.get("xtc_u")),
+        **_step_values(steps),
     )
     if top_k is not None or top_p is not None:
         TAIL_STATS.rows_masked += rows - len(left)

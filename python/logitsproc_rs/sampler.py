@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
-from ._fused import EXACT, fused_plan
+from ._fused import fused_plan, truncate_rows_
 from ._logits_check import check_sampler_logits
 
 # The tail's public names come from here (``_tail`` is internal): the sampling modes, the
@@ -290,7 +291,7 @@ class Sampler:
                 if plan is not None:
                     return self._sample_fused(logits, md, plan, greedy)
         elif self.sampling == "exact" and _host_f32(logits):
-            plan = fused_plan(self.logitsprocs, logits, EXACT)
+            plan = fused_plan(self.logitsprocs, logits)
             if plan is not None:
                 return self._sample_fused_exact(logits, md, plan, greedy)
         logits = self.random_logits(logits, md)
@@ -347,8 +348,8 @@ class Sampler:
     ) -> SamplerOutput:
         """``exact`` in one Rust pass per row on float32 CPU logits (``_tail.
         fused_exponential_``): the processed logits, tokens and generator states of
-        ``random_logits`` then ``draw``, torch's softmax only for the rows too close to call
-        without it."""
+        ``random_logits`` then ``draw``; torch (the processors' own steps, the sort, the
+        softmax) only for what the pass cannot be certain of."""
         assert md.temperature is not None
         temp = md.temperature
         if not md.all_random:
@@ -362,6 +363,7 @@ class Sampler:
             md.top_p,
             md.generators,
             self._random_rows(md, rows),
+            partial(truncate_rows_, plan=plan),
         )
         if greedy is not None:
             sampled = torch.where(md.temperature < _SAMPLING_EPS, greedy, sampled)

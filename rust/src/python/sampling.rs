@@ -180,27 +180,30 @@ fn states_after<'py>(
     (default_out, outs)
 }
 
-/// [`RaceOutcome`], the rows only the sort can mask and the rows to draw with torch's
-/// softmax, each with its stream's state before its draws.
+/// [`RaceOutcome`], the rows only the sort can mask, the rows left for the truncations' own
+/// steps and the rows to draw with torch's softmax, each with its stream's state before its
+/// draws.
 type FusedRaceOutcome<'py> = (
     Vec<i64>,
     Option<Bound<'py, PyBytes>>,
     Vec<Bound<'py, PyBytes>>,
     Vec<usize>,
+    Vec<usize>,
     Vec<(usize, Bound<'py, PyBytes>)>,
 );
 
-/// The fused `exact` tail (`crate::sampling::exact`) over every row, in place: temperature
-/// (divisors), min-p (`ln min_p`), top-k, top-p (strict; each `None` when no row sets it,
-/// else one entry per row, neutral where unset), then vLLM 0.25.1's race for the `need`ed
-/// rows on the streams of `unsafe_exponential_race`. Returns its tokens and states, the rows
-/// left for the sort (not masked by top-k / top-p, not drawn) and the rows to draw with
-/// torch's softmax from the state given (those, and the rows too close to call). `margin`:
-/// the certainty the race needs (tests only).
+/// The fused `exact` tail (`crate::sampling::exact`) over every row, in place: the steps of
+/// `unsafe_fused_gumbel` (top-p strict, the truncations certified), then vLLM 0.25.1's race
+/// for the `need`ed rows on the streams of `unsafe_exponential_race`. Returns its tokens and
+/// states, the rows left for the sort (not masked by top-k / top-p), the rows left after
+/// min-p (a truncation too close to call, typical-p, XTC) and the rows to draw with torch's
+/// softmax from the state given (those two kinds when needed, and the races too close to
+/// call). `margin`: the certainty the race needs (tests only).
 #[pyfunction]
 #[pyo3(signature = (
     ptr, rows, vocab, row_stride, need, default_state, seeded, states, temperature=None,
-    log_min_p=None, top_k=None, top_p=None, margin=None
+    log_min_p=None, top_n_sigma=None, typical_p=None, epsilon=None, eta=None,
+    xtc_probability=None, xtc_threshold=None, xtc_u=None, top_k=None, top_p=None, margin=None
 ))]
 pub fn unsafe_fused_exponential<'py>(
     py: Python<'py>,
@@ -214,36 +217,42 @@ pub fn unsafe_fused_exponential<'py>(
     states: Vec<Vec<u8>>,
     temperature: Option<Vec<f32>>,
     log_min_p: Option<Vec<f32>>,
+    top_n_sigma: Option<Vec<f32>>,
+    typical_p: Option<Vec<f32>>,
+    epsilon: Option<Vec<f32>>,
+    eta: Option<Vec<f32>>,
+    xtc_probability: Option<Vec<f32>>,
+    xtc_threshold: Option<Vec<f32>>,
+    xtc_u: Option<Vec<f32>>,
     top_k: Option<Vec<i64>>,
     top_p: Option<Vec<f32>>,
     margin: Option<f64>,
 ) -> PyResult<FusedRaceOutcome<'py>> {
     per_row(Some(&need), rows, "need")?;
-    for (name, v) in [
-        ("temperature", &temperature),
-        ("log_min_p", &log_min_p),
-        ("top_p", &top_p),
-    ] {
-        per_row(v.as_deref(), rows, name)?;
-    }
-    per_row(top_k.as_deref(), rows, "top_k")?;
+    let steps = Steps {
+        temperature,
+        log_min_p,
+        top_n_sigma,
+        typical_p,
+        epsilon,
+        eta,
+        xtc_probability,
+        xtc_threshold,
+        xtc_u,
+        top_k,
+        top_p,
+    };
+    steps.check(rows)?;
     let (mut default, mut gens) = generators(rows, &default_state, &seeded, &states)?;
-    let at = |v: &Option<Vec<f32>>, r: usize, neutral: f32| v.as_ref().map_or(neutral, |v| v[r]);
     // SAFETY: the Python caller checked the tensor (see the module docs).
     let data = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
     let out = py.detach(|| {
-        let params = |r: usize| RowParams {
-            temperature: at(&temperature, r, 1.0),
-            log_min_p: at(&log_min_p, r, f32::NEG_INFINITY),
-            top_k: row_top_k(&top_k, r),
-            top_p: top_p.as_ref().map(|p| p[r]),
-            ..RowParams::default()
-        };
         let streams = Streams {
             default: default.as_mut(),
             seeded: &seeded,
             generators: &mut gens,
         };
+        let params = |r: usize| steps.row(r);
         exact_fused(
             data, rows, vocab, row_stride, params, &need, streams, margin,
         )
@@ -260,7 +269,14 @@ pub fn unsafe_fused_exponential<'py>(
         })
         .collect();
     let (default_out, outs) = states_after(py, &default_state, &default, &states, &gens);
-    Ok((out.tokens, default_out, outs, out.needs_sort, left))
+    Ok((
+        out.tokens,
+        default_out,
+        outs,
+        out.needs_sort,
+        out.truncate,
+        left,
+    ))
 }
 
 /// The batch-invariant Gumbel race over each needed row's finite entries, keyed by
@@ -300,6 +316,66 @@ pub fn unsafe_gumbel_race(
     }))
 }
 
+/// The per-row values of the fused tails' steps, as given (`None`: no row sets it; else one
+/// entry per row, neutral where unset).
+struct Steps {
+    temperature: Option<Vec<f32>>,
+    log_min_p: Option<Vec<f32>>,
+    top_n_sigma: Option<Vec<f32>>,
+    typical_p: Option<Vec<f32>>,
+    epsilon: Option<Vec<f32>>,
+    eta: Option<Vec<f32>>,
+    xtc_probability: Option<Vec<f32>>,
+    xtc_threshold: Option<Vec<f32>>,
+    xtc_u: Option<Vec<f32>>,
+    top_k: Option<Vec<i64>>,
+    top_p: Option<Vec<f32>>,
+}
+
+impl Steps {
+    fn floats(&self) -> [(&'static str, &Option<Vec<f32>>); 10] {
+        [
+            ("temperature", &self.temperature),
+            ("log_min_p", &self.log_min_p),
+            ("top_n_sigma", &self.top_n_sigma),
+            ("typical_p", &self.typical_p),
+            ("epsilon", &self.epsilon),
+            ("eta", &self.eta),
+            ("xtc_probability", &self.xtc_probability),
+            ("xtc_threshold", &self.xtc_threshold),
+            ("xtc_u", &self.xtc_u),
+            ("top_p", &self.top_p),
+        ]
+    }
+
+    /// `Err` naming the first argument without one entry per row.
+    fn check(&self, rows: usize) -> PyResult<()> {
+        for (name, v) in self.floats() {
+            per_row(v.as_deref(), rows, name)?;
+        }
+        per_row(self.top_k.as_deref(), rows, "top_k")
+    }
+
+    /// Row `r`'s steps.
+    fn row(&self, r: usize) -> RowParams {
+        let at = |v: &Option<Vec<f32>>, neutral: f32| v.as_ref().map_or(neutral, |v| v[r]);
+        let off = RowParams::default();
+        RowParams {
+            temperature: at(&self.temperature, off.temperature),
+            log_min_p: at(&self.log_min_p, off.log_min_p),
+            top_n_sigma: at(&self.top_n_sigma, off.top_n_sigma),
+            typical_p: at(&self.typical_p, off.typical_p),
+            epsilon: at(&self.epsilon, off.epsilon),
+            eta: at(&self.eta, off.eta),
+            xtc_probability: at(&self.xtc_probability, off.xtc_probability),
+            xtc_threshold: at(&self.xtc_threshold, off.xtc_threshold),
+            xtc_u: at(&self.xtc_u, off.xtc_u),
+            top_k: row_top_k(&self.top_k, r),
+            top_p: self.top_p.as_ref().map(|p| p[r]),
+        }
+    }
+}
+
 /// The fused `batch_invariant` tail (`crate::sampling::fused`) over every row, in place:
 /// temperature (divisors), min-p (`ln min_p`), top-n-sigma, typical-p, epsilon, eta, XTC
 /// (probability, threshold and the row's uniform draw), top-k, top-p (each `None` when no row
@@ -337,23 +413,20 @@ pub fn unsafe_fused_gumbel(
     per_row(Some(&need), rows, "need")?;
     per_row(Some(&seeds), rows, "seeds")?;
     per_row(Some(&positions), rows, "positions")?;
-    for (name, v) in [
-        ("temperature", &temperature),
-        ("log_min_p", &log_min_p),
-        ("top_n_sigma", &top_n_sigma),
-        ("typical_p", &typical_p),
-        ("epsilon", &epsilon),
-        ("eta", &eta),
-        ("xtc_probability", &xtc_probability),
-        ("xtc_threshold", &xtc_threshold),
-        ("xtc_u", &xtc_u),
-        ("top_p", &top_p),
-    ] {
-        per_row(v.as_deref(), rows, name)?;
-    }
-    per_row(top_k.as_deref(), rows, "top_k")?;
-    let at = |v: &Option<Vec<f32>>, r: usize, neutral: f32| v.as_ref().map_or(neutral, |v| v[r]);
-    let off = RowParams::default();
+    let steps = Steps {
+        temperature,
+        log_min_p,
+        top_n_sigma,
+        typical_p,
+        epsilon,
+        eta,
+        xtc_probability,
+        xtc_threshold,
+        xtc_u,
+        top_k,
+        top_p,
+    };
+    steps.check(rows)?;
     // SAFETY: the Python caller checked the tensor (see the module docs).
     let data = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
     let results = py.detach(|| {
@@ -364,21 +437,8 @@ pub fn unsafe_fused_gumbel(
             row_stride,
             rows * vocab,
             |row, r, s: &mut FusedScratch| {
-                let prm = RowParams {
-                    temperature: at(&temperature, r, off.temperature),
-                    log_min_p: at(&log_min_p, r, off.log_min_p),
-                    top_n_sigma: at(&top_n_sigma, r, off.top_n_sigma),
-                    typical_p: at(&typical_p, r, off.typical_p),
-                    epsilon: at(&epsilon, r, off.epsilon),
-                    eta: at(&eta, r, off.eta),
-                    xtc_probability: at(&xtc_probability, r, off.xtc_probability),
-                    xtc_threshold: at(&xtc_threshold, r, off.xtc_threshold),
-                    xtc_u: at(&xtc_u, r, off.xtc_u),
-                    top_k: row_top_k(&top_k, r),
-                    top_p: top_p.as_ref().map(|p| p[r]),
-                };
                 let key = need[r].then(|| row_key(seeds[r] as u64, positions[r] as u64));
-                fused_row(row, &prm, key, s)
+                fused_row(row, &steps.row(r), key, s)
             },
         )
     });

@@ -1,5 +1,8 @@
-//! The fused tail of `exact` (issue 41): per row, temperature, min-p and top-k / top-p in one
-//! pass ([`super::fused::apply_steps`], bitwise the separate steps'; top-p `strict`), then
+//! The fused tail of `exact` (issue 41): per row, temperature, min-p, top-n-sigma, epsilon,
+//! eta and top-k / top-p in one pass ([`super::fused::apply_steps_certified`]: temperature and
+//! min-p bitwise the separate steps', each truncation only where no entry is within
+//! [`super::fused::BOUNDARY_REL`] of its threshold, top-p `strict`; a row that is not certain
+//! is left to the caller after min-p, with typical-p and XTC rows), then
 //! vLLM 0.25.1's exponential race `argmax(softmax(x) / q)` on torch's own streams without
 //! torch's softmax: the race runs on our float32 `e^(x - max)` and keeps its winner only where
 //! it beats every other entry by more than [`CERTAIN_REL`] (the softmax's rounding cannot
@@ -8,7 +11,7 @@
 //! takes torch's softmax of it and replays the race from that state ([`super::race::race_row`]).
 
 use super::for_each_row_mut;
-use super::fused::{apply_steps, FusedScratch, RowParams};
+use super::fused::{apply_steps_certified, FusedScratch, RowParams};
 use super::kept::RowOutcome;
 use super::mt19937::Mt19937;
 use super::race::{race_certified, walk_streams, StreamOf, Streams, CERTAIN_REL};
@@ -27,14 +30,18 @@ pub struct ExactOutcome {
     pub tokens: Vec<i64>,
     /// Rows whose top-k / top-p only the sort can decide (the other steps applied).
     pub needs_sort: Vec<usize>,
+    /// Rows left as temperature and min-p made them: a truncation too close to call, or one
+    /// not certified here (`fused::apply_steps_certified`); the caller runs the truncations'
+    /// own steps, then top-k / top-p.
+    pub truncate: Vec<usize>,
     /// Rows to draw with torch's softmax: the ones above, and those the race could not
     /// certify, in the order their streams drew them.
     pub left: Vec<LeftRow>,
 }
 
 /// The fused `exact` tail over `rows` rows of `data` (stride `row_stride`), in place:
-/// `params(r)` gives each row's steps (temperature, min-p, top-k, top-p; the truncations and XTC
-/// must be off: their fused statistics are not torch's), then the race of the `need`ed rows on
+/// `params(r)` gives each row's steps (temperature, min-p, the truncations where certain,
+/// top-k, top-p), then the race of the `need`ed rows on
 /// `streams` (the others only advance them). `margin`: [`CERTAIN_REL`] (tests widen it to
 /// send every row to the caller).
 #[allow(clippy::too_many_arguments)]
@@ -54,7 +61,7 @@ pub fn exact_fused(
         vocab,
         row_stride,
         rows * vocab,
-        |row, r, s: &mut FusedScratch| apply_steps(row, &params(r), true, s),
+        |row, r, s: &mut FusedScratch| apply_steps_certified(row, &params(r), s),
     );
     let margin = margin.unwrap_or(CERTAIN_REL);
     let mut tokens = vec![0i64; rows];
@@ -69,8 +76,8 @@ pub fn exact_fused(
         |r, stream, before, words| {
             let row = &data[r * row_stride..r * row_stride + vocab];
             let token = match outcomes[r] {
-                RowOutcome::NeedsSort => None,
-                _ => race_certified(row, words, margin),
+                None | Some(RowOutcome::NeedsSort) => None,
+                Some(_) => race_certified(row, words, margin),
             };
             match token {
                 Some(t) => tokens[r] = t as i64,
@@ -82,12 +89,11 @@ pub fn exact_fused(
             }
         },
     );
-    let needs_sort = (0..rows)
-        .filter(|&r| outcomes[r] == RowOutcome::NeedsSort)
-        .collect();
+    let rows_with = |want: Option<RowOutcome>| (0..rows).filter(|&r| outcomes[r] == want).collect();
     ExactOutcome {
         tokens,
-        needs_sort,
+        needs_sort: rows_with(Some(RowOutcome::NeedsSort)),
+        truncate: rows_with(None),
         left,
     }
 }

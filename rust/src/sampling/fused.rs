@@ -88,6 +88,8 @@ impl Default for RowParams {
 pub struct FusedScratch {
     kept: Scratch,
     exps: Vec<f32>,
+    /// The row before the truncations, while a certifying pass may give it up.
+    saved: Vec<f32>,
     /// Typical-p's `(score, probability)` of each finite entry.
     scored: Vec<(f64, f64)>,
 }
@@ -320,6 +322,42 @@ pub fn apply_steps(
     strict: bool,
     s: &mut FusedScratch,
 ) -> RowOutcome {
+    steps(row, prm, strict, false, s).expect("only a certifying pass gives a row up")
+}
+
+/// [`apply_steps`] for `exact` (top-p `strict`), the truncations certified: `None` where an
+/// entry lies within [`BOUNDARY_REL`] of top-n-sigma's, epsilon's or eta's threshold (torch's
+/// float32 statistics might decide it the other way), or where typical-p or XTC acts (not
+/// certified here); the row is then left as temperature and min-p made it, for the caller to
+/// run the processors' own torch steps and top-k / top-p on it.
+pub fn apply_steps_certified(
+    row: &mut [f32],
+    prm: &RowParams,
+    s: &mut FusedScratch,
+) -> Option<RowOutcome> {
+    steps(row, prm, true, true, s)
+}
+
+/// Whether a finite entry lies within [`BOUNDARY_REL`] `* scale` of `threshold`.
+fn any_near(values: impl Iterator<Item = f64>, threshold: f64, scale: f64) -> bool {
+    let band = BOUNDARY_REL * scale;
+    values.fold(false, |near, x| near | ((x - threshold).abs() <= band))
+}
+
+/// Whether an entry other than the max (kept whatever its probability) has a weight within
+/// [`BOUNDARY_REL`] of `below` (relative).
+fn any_weight_near(row: &[f32], exps: &[f32], max: f32, below: f64) -> bool {
+    let kept = row.iter().zip(exps).filter(|(&x, _)| x < max);
+    any_near(kept.map(|(_, &e)| e as f64), below, below)
+}
+
+fn steps(
+    row: &mut [f32],
+    prm: &RowParams,
+    strict: bool,
+    certify: bool,
+    s: &mut FusedScratch,
+) -> Option<RowOutcome> {
     let (mut max, mut bad) = divide_and_max(row, prm.temperature);
     // A row holding NaN or +inf, or of all -inf: every statistic is NaN and the separate
     // processors leave it alone.
@@ -327,8 +365,27 @@ pub fn apply_steps(
     if !bad && prm.log_min_p > f32::NEG_INFINITY {
         mask_below(row, max + prm.log_min_p);
     }
+    let xtc_fires = prm.xtc_u < prm.xtc_probability;
+    if certify && !bad {
+        if prm.typical_p < 1.0 || xtc_fires {
+            return None; // not certified: the caller runs them
+        }
+        if prm.top_n_sigma > 0.0 || prm.epsilon > 0.0 || prm.eta > 0.0 {
+            s.saved.clear();
+            s.saved.extend_from_slice(row);
+        }
+    }
+    let give_up = |row: &mut [f32], saved: &[f32]| {
+        row.copy_from_slice(saved);
+        None
+    };
     if !bad && prm.top_n_sigma > 0.0 {
         if let Some(t) = top_n_sigma_threshold(row, max, prm.top_n_sigma) {
+            let scale = (max as f64).abs() + (max as f64 - t);
+            let finite = row.iter().filter(|x| x.is_finite()).map(|&x| x as f64);
+            if certify && any_near(finite, t, scale) {
+                return give_up(row, &s.saved);
+            }
             for x in row.iter_mut() {
                 if (*x as f64) < t {
                     *x = f32::NEG_INFINITY;
@@ -344,18 +401,25 @@ pub fn apply_steps(
     }
     if !bad && prm.epsilon > 0.0 {
         let sum = exps_and_sum(row, max, &mut s.exps);
-        mask_probability_below(row, &s.exps, sum, max, prm.epsilon as f64);
+        let cutoff = prm.epsilon as f64;
+        if certify && any_weight_near(row, &s.exps, max, cutoff * sum) {
+            return give_up(row, &s.saved);
+        }
+        mask_probability_below(row, &s.exps, sum, max, cutoff);
     }
     if !bad && prm.eta > 0.0 {
         let sum = exps_and_sum(row, max, &mut s.exps);
         let eps = prm.eta as f64;
         let cutoff = eps.min(eps.sqrt() * (-entropy(row, &s.exps, sum, max)).exp());
+        if certify && any_weight_near(row, &s.exps, max, cutoff * sum) {
+            return give_up(row, &s.saved);
+        }
         mask_probability_below(row, &s.exps, sum, max, cutoff);
     }
-    if !bad && prm.xtc_u < prm.xtc_probability {
+    if !bad && xtc_fires {
         mask_top_choices(row, max, prm.xtc_threshold as f64, &mut s.exps);
     }
-    mask_row(row, prm.top_k, prm.top_p, strict, &mut s.kept)
+    Some(mask_row(row, prm.top_k, prm.top_p, strict, &mut s.kept))
 }
 
 #[cfg(test)]
@@ -457,6 +521,53 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The certifying pass masks as the plain one where it answers, and otherwise leaves the
+    /// row as temperature and min-p made it; rows with an entry near a threshold do occur.
+    #[test]
+    fn certified_steps_answer_as_the_plain_ones_or_give_the_row_back() {
+        let mut seed = 21u64;
+        let mut s = FusedScratch::default();
+        let (mut given_up, mut answered) = (0, 0);
+        for case in 0..600 {
+            let v = [50usize, 400, 3000][case % 3];
+            let mut row: Vec<f32> = (0..v).map(|_| rng(&mut seed) * 6.0).collect();
+            if case % 4 == 0 {
+                row.iter_mut().for_each(|x| *x = (*x * 2.0).round()); // ties at thresholds
+            }
+            let prm = RowParams {
+                temperature: [1.0f32, 0.7][case % 2],
+                log_min_p: [f32::NEG_INFINITY, 0.01f32.ln()][(case / 2) % 2],
+                top_n_sigma: [0.0f32, 1.0, 2.0][(case / 4) % 3],
+                epsilon: [0.0f32, 1e-3][(case / 12) % 2],
+                eta: [0.0f32, 1e-3][(case / 24) % 2],
+                top_p: [None, Some(0.9f32)][(case / 5) % 2],
+                ..RowParams::default()
+            };
+            let mut plain = row.clone();
+            let want = apply_steps(&mut plain, &prm, true, &mut s);
+            let mut got = row.clone();
+            match apply_steps_certified(&mut got, &prm, &mut s) {
+                Some(outcome) => {
+                    answered += 1;
+                    assert_eq!(outcome, want, "case {case}");
+                    assert_eq!(got, plain, "case {case}");
+                }
+                None => {
+                    given_up += 1;
+                    let mut first = row.clone();
+                    let only_min_p = RowParams {
+                        temperature: prm.temperature,
+                        log_min_p: prm.log_min_p,
+                        ..RowParams::default()
+                    };
+                    apply_steps(&mut first, &only_min_p, true, &mut s);
+                    assert_eq!(got, first, "case {case}");
+                }
+            }
+        }
+        assert!(given_up > 0 && answered > 400, "{given_up} / {answered}");
     }
 
     #[test]
