@@ -1,10 +1,13 @@
 """The sampling tail without a sort: top-k / top-p kept sets and the draw, in two modes.
 
-- ``exact``: vLLM 0.25.1's tokens. The kept set is found without sorting (Rust, CPU), the
-  probabilities are torch's own ``softmax`` of the masked row, and the exponential race
-  ``argmax(probs / q)`` reads torch's CPU generators in Rust: the same ``q`` torch draws, the
-  same stream positions consumed, the states written back. Only the draws that can still
-  win are computed.
+- ``exact``: vLLM 0.25.1's tokens. The kept set is found without sorting (Rust, CPU), and the
+  exponential race ``argmax(probs / q)`` reads torch's CPU generators in Rust: the same ``q``
+  torch draws, the same stream positions consumed, the states written back. Only the draws
+  that can still win are computed. The separate form (``mask_top_k_top_p_``, then
+  ``random_sample_exact`` on torch's ``softmax``) is what the fused pass the ``Sampler`` runs
+  (``fused_exponential_``, ``exact.rs``) must equal: there temperature, min-p, the
+  truncations, top-k / top-p and the race are one Rust pass per row, the race on our own
+  exponentials where its winner is certain, torch's steps for the rest.
 - ``batch_invariant``: the Gumbel race ``argmax(x + g)`` over the kept set with counter-based
   noise ``g = G(seed, position, token)`` (``noise.rs``): a request's token depends on its own
   logits, seed and position only, never on its batch, its row or the batch size. On the CPU
@@ -12,9 +15,10 @@
   truncations, XTC, top-k / top-p and the race in one Rust pass per row.
 
 Top-p's boundary is decided in float64; where torch's float32 cumulative sums could decide it
-otherwise (the boundary within ``TOP_P_MARGIN`` of ``1 - p``) or where torch's unstable sort
-decides it (a run of equal values cut by the boundary), the row goes through vLLM's sort
-path instead, and ``TAIL_STATS`` counts it. So the kept set always equals the sort path's.
+otherwise (the boundary within ``TOP_P_MARGIN`` of ``1 - p``) the row is decided from its
+values sorted in Rust and vLLM's torch steps on them; where torch's unstable sort decides it
+(a run of equal values cut by the boundary), the row goes through vLLM's sort path itself.
+``TAIL_STATS`` counts both. So the kept set always equals the sort path's.
 """
 
 from __future__ import annotations
