@@ -1,7 +1,9 @@
-//! The sampling tail without a sort (issue 27): kept sets for top-k and top-p
-//! ([`kept`]), vLLM 0.25.1's exponential race on torch's own random streams ([`race`],
-//! [`mt19937`]) and a batch-invariant Gumbel race on counter-based noise ([`noise`]). Pure
-//! Rust over slices; the bindings pass the tensors' memory in.
+//! The sampling tail without a sort (issues 27, 41): kept sets for top-k and top-p
+//! ([`kept`]; a row only torch's arithmetic on its sorted values decides gets them from
+//! [`sorted`]), vLLM 0.25.1's exponential race on torch's own random streams ([`race`],
+//! [`mt19937`]), a batch-invariant Gumbel race on counter-based noise ([`noise`]), and the
+//! fused passes that run every step of a row in one call: `batch_invariant`'s ([`fused`]) and
+//! `exact`'s ([`exact`]). Pure Rust over slices; the bindings pass the tensors' memory in.
 
 pub mod exact;
 pub mod fast_math;
