@@ -247,3 +247,19 @@ def test_rows_left_to_torch_softmax_give_the_same(margin: float | None) -> None:
                 and not bool(want_logits[r].isnan().any() | (want_logits[r] == float("inf")).any())
             ]
             assert left == sum(need) - len(alone)
+
+
+def test_a_step_the_pass_does_not_have_is_refused() -> None:
+    """The bindings read the plan's steps by keyword: one they have no step for is a
+    ``ValueError`` naming it, before any row is touched."""
+    x = torch.randn(2, 50)
+    before = x.clone()
+    for call in (
+        lambda: tail.fused_exponential_(x, None, {"top_q": [0.5, 0.5]}, None, None, {}, [True] * 2),
+        lambda: tail.fused_gumbel_(
+            x, None, {"top_q": [0.5, 0.5]}, None, None, [1, 2], [0, 0], [True] * 2
+        ),
+    ):
+        with pytest.raises(ValueError, match="top_q"):
+            call()
+        assert torch.equal(x, before)

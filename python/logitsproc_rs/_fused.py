@@ -32,7 +32,8 @@ from .builtin.typical_p import TypicalPLogitsProcessor
 from .builtin.xtc import XTCLogitsProcessor, xtc_mask_
 from .state import LogitsProcessors
 
-#: Fused view → its (keyword of ``unsafe_fused_gumbel``, buffer of the per-row value) pairs.
+#: Fused view → its (step keyword of the fused passes' bindings, buffer of the per-row value)
+#: pairs.
 FUSED: dict[type, tuple[tuple[str, str], ...]] = {
     MinPLogitsProcessor: (("log_min_p", "min_p.log_min_p"),),
     TopNSigmaLogitsProcessor: (("top_n_sigma", "top_n_sigma.value"),),

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -325,7 +324,7 @@ def fused_exponential_(
         top_k=None if top_k is None else top_k.tolist(),
         top_p=None if top_p is None else top_p.tolist(),
         margin=margin,
-        **_step_values(steps),
+        steps=_step_values(steps),
     )
     _write_back(default, default_state, gens, states)
     if top_k is not None or top_p is not None:
@@ -367,29 +366,10 @@ def gumbel_race(
     return torch.tensor(tokens, dtype=torch.int64)
 
 
-def _floats(v: Sequence[float] | torch.Tensor | None) -> list[float] | None:
-    return None if v is None else (v.tolist() if isinstance(v, torch.Tensor) else list(v))
-
-
-#: The fused passes' step keywords (``_fused.fused_plan``'s keys), each a float per row.
-STEP_KEYWORDS = (
-    "log_min_p",
-    "top_n_sigma",
-    "typical_p",
-    "epsilon",
-    "eta",
-    "xtc_probability",
-    "xtc_threshold",
-    "xtc_u",
-)
-
-
-def _step_values(steps: Mapping[str, Sequence[float] | torch.Tensor]) -> dict[str, Any]:
-    """The plan's steps as the bindings take them (lists; ``None`` for a step not in it)."""
-    unknown = set(steps) - set(STEP_KEYWORDS)
-    if unknown:
-        raise InputError(f"fused steps: unknown {sorted(unknown)}")
-    return {k: _floats(steps.get(k)) for k in STEP_KEYWORDS}
+def _step_values(steps: Mapping[str, Sequence[float] | torch.Tensor]) -> dict[str, list[float]]:
+    """The plan's steps as the bindings take them: keyword → one float per row (the binding
+    refuses a keyword it has no step for)."""
+    return {k: v.tolist() if isinstance(v, torch.Tensor) else list(v) for k, v in steps.items()}
 
 
 def fused_gumbel_(
@@ -423,7 +403,7 @@ def fused_gumbel_(
         temperature=None if temperature is None else list(temperature),
         top_k=None if top_k is None else top_k.tolist(),
         top_p=None if top_p is None else top_p.tolist(),
-        **_step_values(steps),
+        steps=_step_values(steps),
     )
     if top_k is not None or top_p is not None:
         TAIL_STATS.rows_masked += rows - len(left)

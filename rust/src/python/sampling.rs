@@ -2,6 +2,8 @@
 //! memory of CPU tensors the Python caller (`logitsproc_rs/_tail.py`) has checked (float32,
 //! CPU, unit column stride, the shape given). The work runs with the GIL released.
 
+use std::collections::HashMap;
+
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -202,8 +204,7 @@ type FusedRaceOutcome<'py> = (
 #[pyfunction]
 #[pyo3(signature = (
     ptr, rows, vocab, row_stride, need, default_state, seeded, states, temperature=None,
-    log_min_p=None, top_n_sigma=None, typical_p=None, epsilon=None, eta=None,
-    xtc_probability=None, xtc_threshold=None, xtc_u=None, top_k=None, top_p=None, margin=None
+    steps=HashMap::new(), top_k=None, top_p=None, margin=None
 ))]
 pub fn unsafe_fused_exponential<'py>(
     py: Python<'py>,
@@ -216,33 +217,13 @@ pub fn unsafe_fused_exponential<'py>(
     seeded: Vec<(usize, usize)>,
     states: Vec<Vec<u8>>,
     temperature: Option<Vec<f32>>,
-    log_min_p: Option<Vec<f32>>,
-    top_n_sigma: Option<Vec<f32>>,
-    typical_p: Option<Vec<f32>>,
-    epsilon: Option<Vec<f32>>,
-    eta: Option<Vec<f32>>,
-    xtc_probability: Option<Vec<f32>>,
-    xtc_threshold: Option<Vec<f32>>,
-    xtc_u: Option<Vec<f32>>,
+    steps: HashMap<String, Vec<f32>>,
     top_k: Option<Vec<i64>>,
     top_p: Option<Vec<f32>>,
     margin: Option<f64>,
 ) -> PyResult<FusedRaceOutcome<'py>> {
     per_row(Some(&need), rows, "need")?;
-    let steps = Steps {
-        temperature,
-        log_min_p,
-        top_n_sigma,
-        typical_p,
-        epsilon,
-        eta,
-        xtc_probability,
-        xtc_threshold,
-        xtc_u,
-        top_k,
-        top_p,
-    };
-    steps.check(rows)?;
+    let steps = Steps::new(rows, temperature, steps, top_k, top_p)?;
     let (mut default, mut gens) = generators(rows, &default_state, &seeded, &states)?;
     // SAFETY: the Python caller checked the tensor (see the module docs).
     let data = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
@@ -333,27 +314,52 @@ struct Steps {
 }
 
 impl Steps {
-    fn floats(&self) -> [(&'static str, &Option<Vec<f32>>); 10] {
-        [
-            ("temperature", &self.temperature),
-            ("log_min_p", &self.log_min_p),
-            ("top_n_sigma", &self.top_n_sigma),
-            ("typical_p", &self.typical_p),
-            ("epsilon", &self.epsilon),
-            ("eta", &self.eta),
-            ("xtc_probability", &self.xtc_probability),
-            ("xtc_threshold", &self.xtc_threshold),
-            ("xtc_u", &self.xtc_u),
-            ("top_p", &self.top_p),
-        ]
-    }
-
-    /// `Err` naming the first argument without one entry per row.
-    fn check(&self, rows: usize) -> PyResult<()> {
-        for (name, v) in self.floats() {
-            per_row(v.as_deref(), rows, name)?;
+    /// The steps of a call: `temperature`, `top_k`, `top_p`, and the plan's `steps` by their
+    /// keyword (`_fused.FUSED`'s): each one entry per row. `Err` naming an unknown keyword or
+    /// the first argument without one entry per row.
+    fn new(
+        rows: usize,
+        temperature: Option<Vec<f32>>,
+        steps: HashMap<String, Vec<f32>>,
+        top_k: Option<Vec<i64>>,
+        top_p: Option<Vec<f32>>,
+    ) -> PyResult<Self> {
+        per_row(temperature.as_deref(), rows, "temperature")?;
+        per_row(top_k.as_deref(), rows, "top_k")?;
+        per_row(top_p.as_deref(), rows, "top_p")?;
+        let mut out = Steps {
+            temperature,
+            log_min_p: None,
+            top_n_sigma: None,
+            typical_p: None,
+            epsilon: None,
+            eta: None,
+            xtc_probability: None,
+            xtc_threshold: None,
+            xtc_u: None,
+            top_k,
+            top_p,
+        };
+        for (name, values) in steps {
+            per_row(Some(&values), rows, &name)?;
+            let slot = match name.as_str() {
+                "log_min_p" => &mut out.log_min_p,
+                "top_n_sigma" => &mut out.top_n_sigma,
+                "typical_p" => &mut out.typical_p,
+                "epsilon" => &mut out.epsilon,
+                "eta" => &mut out.eta,
+                "xtc_probability" => &mut out.xtc_probability,
+                "xtc_threshold" => &mut out.xtc_threshold,
+                "xtc_u" => &mut out.xtc_u,
+                _ => {
+                    return Err(PyValueError::new_err(format!(
+                        "fused steps: no step {name:?}"
+                    )))
+                }
+            };
+            *slot = Some(values);
         }
-        per_row(self.top_k.as_deref(), rows, "top_k")
+        Ok(out)
     }
 
     /// Row `r`'s steps.
@@ -377,17 +383,17 @@ impl Steps {
 }
 
 /// The fused `batch_invariant` tail (`crate::sampling::fused`) over every row, in place:
-/// temperature (divisors), min-p (`ln min_p`), top-n-sigma, typical-p, epsilon, eta, XTC
-/// (probability, threshold and the row's uniform draw), top-k, top-p (each `None` when no row
-/// sets it, else one entry per row, neutral where unset), then the Gumbel
-/// draw of the `need`ed rows keyed by (`seeds[r]`, `positions[r]`). Returns the tokens (0 for
-/// rows not drawn), the rows left for the sort (their other steps applied, not drawn) and the
-/// rows masked by an uncertain top-p decision.
+/// temperature (divisors), the plan's `steps` by keyword (`ln min_p` as `log_min_p`,
+/// `top_n_sigma`, `typical_p`, `epsilon`, `eta`, XTC's `xtc_probability`, `xtc_threshold` and
+/// the row's uniform draw `xtc_u`), top-k, top-p (each absent or `None` when no row sets it,
+/// else one entry per row, neutral where unset), then the Gumbel draw of the `need`ed rows
+/// keyed by (`seeds[r]`, `positions[r]`). Returns the tokens (0 for rows not drawn), the rows
+/// left for the sort (their other steps applied, not drawn) and the rows masked by an
+/// uncertain top-p decision.
 #[pyfunction]
 #[pyo3(signature = (
-    ptr, rows, vocab, row_stride, need, seeds, positions, temperature=None, log_min_p=None,
-    top_n_sigma=None, typical_p=None, epsilon=None, eta=None, xtc_probability=None,
-    xtc_threshold=None, xtc_u=None, top_k=None, top_p=None
+    ptr, rows, vocab, row_stride, need, seeds, positions, temperature=None,
+    steps=HashMap::new(), top_k=None, top_p=None
 ))]
 pub fn unsafe_fused_gumbel(
     py: Python<'_>,
@@ -399,34 +405,14 @@ pub fn unsafe_fused_gumbel(
     seeds: Vec<i64>,
     positions: Vec<i64>,
     temperature: Option<Vec<f32>>,
-    log_min_p: Option<Vec<f32>>,
-    top_n_sigma: Option<Vec<f32>>,
-    typical_p: Option<Vec<f32>>,
-    epsilon: Option<Vec<f32>>,
-    eta: Option<Vec<f32>>,
-    xtc_probability: Option<Vec<f32>>,
-    xtc_threshold: Option<Vec<f32>>,
-    xtc_u: Option<Vec<f32>>,
+    steps: HashMap<String, Vec<f32>>,
     top_k: Option<Vec<i64>>,
     top_p: Option<Vec<f32>>,
 ) -> PyResult<(Vec<i64>, Vec<usize>, Vec<usize>)> {
     per_row(Some(&need), rows, "need")?;
     per_row(Some(&seeds), rows, "seeds")?;
     per_row(Some(&positions), rows, "positions")?;
-    let steps = Steps {
-        temperature,
-        log_min_p,
-        top_n_sigma,
-        typical_p,
-        epsilon,
-        eta,
-        xtc_probability,
-        xtc_threshold,
-        xtc_u,
-        top_k,
-        top_p,
-    };
-    steps.check(rows)?;
+    let steps = Steps::new(rows, temperature, steps, top_k, top_p)?;
     // SAFETY: the Python caller checked the tensor (see the module docs).
     let data = unsafe { logits_rows::<f32>(ptr, rows, vocab, row_stride)? };
     let results = py.detach(|| {
