@@ -342,11 +342,16 @@ def fused_exponential_(
         mask_top_k_top_p_(sub, pick, None if top_p is None else top_p.index_select(0, idx))
         logits.index_copy_(0, idx, sub)
     TAIL_STATS.rows_softmax += len(left)
-    for row, state in left:
-        g = torch.Generator()
-        _set_state(g, state)
-        probs = logits[row : row + 1].softmax(dim=-1)
-        tokens[row] = int(random_sample_exact(probs, {0: g}, [True])[0])
+    if left:  # one race over them, each row on a generator holding its stream's saved state
+        replay: dict[int, torch.Generator] = {}
+        for j, (_, state) in enumerate(left):
+            replay[j] = torch.Generator()
+            _set_state(replay[j], state)
+        rows_left = torch.tensor([row for row, _ in left], dtype=torch.long)
+        probs = logits.index_select(0, rows_left).softmax(dim=-1)
+        drawn = random_sample_exact(probs, replay, [True] * len(left)).tolist()
+        for (row, _), token in zip(left, drawn, strict=True):
+            tokens[row] = token
     return torch.tensor(tokens, dtype=torch.int64)
 
 
